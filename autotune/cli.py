@@ -1,0 +1,159 @@
+"""The `autotune` command: parse, call the library, print. No tuning logic lives here."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from autotune.errors import USER_ERROR_EXIT_CODE, UserError
+
+app = typer.Typer(
+    name="autotune",
+    help="Measure, don't guess: tune speech-model training throughput with short timed trials on this machine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+stderr_console = Console(stderr=True)
+stdout_console = Console()
+
+EXIT_NO_STABLE_CONFIG = 1
+EXIT_INTERRUPTED = 130
+
+RUN_HELP = """Tune the training throughput of a model on this machine and write the fastest stable configuration.
+
+Runs the recipe's own configuration first as the baseline, then an Optuna search of short timed training trials
+(each in a fresh process, real model, real data pipeline), re-measures the leaders, and writes the winner as YAML.
+
+[bold]Examples[/bold]
+
+  autotune run --model cam++                          [dim]# embedded synthetic corpus[/dim]
+
+  autotune run --model cam++ --data data/train.csv --budget 30m
+
+  autotune run --model cam++ --data /data/vox/wav.scp_dir --trials 40 --out cam++.yaml
+"""
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '15m', '1h30m' or a plain number of seconds -> seconds."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
+    if not text or match is None:
+        raise UserError(f"cannot read duration {text!r}; write it like 90s, 15m or 1h30m")
+    hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+
+
+def _fail(message: str, code: int = USER_ERROR_EXIT_CODE) -> typer.Exit:
+    stderr_console.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@app.command(help=RUN_HELP)
+def run(
+    model: Annotated[str, typer.Option("--model", "-m", help="Workload name (see 'autotune models') or package.module:factory.")],
+    data: Annotated[Optional[str], typer.Option(help="3D-Speaker train.csv, a folder with wav.scp + utt2spk, or a folder of audio files. Default: the embedded synthetic corpus.")] = None,
+    trials: Annotated[int, typer.Option(help="Trials to run, the baseline included (confirmations come on top).")] = 24,
+    budget: Annotated[Optional[str], typer.Option(help="Wall-clock budget for the whole run, e.g. 15m or 1h.")] = "20m",
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite under --results-dir; a rerun continues the same study.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Result YAML. Default: RESULTS_DIR/MODEL/HARDWARE_FINGERPRINT.yaml.")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Folder for results, studies and logs of failed trials.")] = Path("results"),
+    space: Annotated[Optional[Path], typer.Option(help="Search-space YAML. Default: the built-in one of the model.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    sampler: Annotated[str, typer.Option(help="tpe (default), random or grid.")] = "tpe",
+    window: Annotated[float, typer.Option(help="Seconds of each timed window.")] = 10.0,
+    warmup_steps: Annotated[int, typer.Option(help="Training steps before the timed window.")] = 3,
+    trial_timeout: Annotated[str, typer.Option(help="Hard limit per trial; a trial past it is killed as a hang.")] = "5m",
+    confirm: Annotated[int, typer.Option(help="How many leading configurations to re-measure before choosing.")] = 3,
+    headroom: Annotated[float, typer.Option(help="Fraction of device memory a winner must leave free.")] = 0.10,
+    crop_seconds: Annotated[Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
+) -> None:
+    _setup_logging(verbose)
+    from autotune import runner
+    from autotune.cli_display import RichReporter, print_summary
+    from autotune.trial import TimingConfig
+    from autotune.tuner import TunerSettings
+
+    try:
+        if sampler not in ("tpe", "random", "grid"):
+            raise UserError(f"unknown sampler {sampler!r}; use tpe, random or grid")
+        if device not in ("auto", "cuda", "cpu"):
+            raise UserError(f"unknown device {device!r}; use auto, cuda or cpu")
+        if window <= 0 or warmup_steps < 1 or not 0 <= headroom < 1 or confirm < 0:
+            raise UserError("--window must be > 0, --warmup-steps >= 1, --headroom in [0, 1) and --confirm >= 0")
+        if crop_seconds is not None and crop_seconds <= 0:
+            raise UserError(f"--crop-seconds must be positive, got {crop_seconds}")
+        timing = TimingConfig(warmup_steps=warmup_steps, window_s=window, memory_headroom_fraction=headroom)
+        settings = TunerSettings(
+            trials=trials, budget_s=parse_duration(budget) if budget else None, sampler=sampler, seed=seed,
+            confirm_top_k=confirm, trial_timeout_s=parse_duration(trial_timeout), timing=timing,
+        )
+        request = runner.RunRequest(
+            model=model, data=data, space=str(space) if space else None, storage=storage,
+            out=str(out) if out else None, results_dir=str(results_dir), device=device, settings=settings,
+            workload_options={"crop_s": crop_seconds} if crop_seconds is not None else {},
+        )
+        stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
+        plan = runner.prepare(request)
+        reporter = RichReporter(stderr_console, plan)
+        with reporter:
+            report = runner.execute(plan, reporter)
+    except UserError as error:
+        raise _fail(str(error)) from None
+    except runner.TuningFailed as error:
+        raise _fail(str(error), EXIT_NO_STABLE_CONFIG) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED) from None
+    print_summary(stdout_console, report)
+
+
+@app.command()
+def models() -> None:
+    """List the built-in workloads with their task, parameter count and default data."""
+    from rich.table import Table
+
+    from autotune import workloads
+
+    table = Table(title="autotune workloads")
+    for column in ("model", "task", "parameters", "published", "default data", "description"):
+        table.add_column(column)
+    for name in workloads.names():
+        workload = workloads.get(name)
+        counted = workload.count_parameters() if workload.count_parameters else None
+        published = workload.published_parameters
+        table.add_row(
+            name, workload.task, f"{counted:,}" if counted else "-", f"{published:,}" if published else "-",
+            "synthetic corpus (generated on first use)", workload.description,
+        )
+    stdout_console.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except UserError as error:  # raised outside a command's own handling (e.g. while parsing)
+        stderr_console.print(f"error: {error}", highlight=False)
+        sys.exit(USER_ERROR_EXIT_CODE)

@@ -1,0 +1,128 @@
+"""What `autotune run` shows a person: a live progress line per trial and a summary they can read at a glance."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autotune.trial import TrialConfig
+
+if TYPE_CHECKING:
+    from autotune.runner import RunPlan, RunReport
+    from autotune.tuner import TrialRecord
+
+__all__ = ["RichReporter", "print_summary"]
+
+_STATUS_STYLE = {"ok": "green", "oom": "red", "timeout": "red", "signal": "red", "error": "red"}
+
+def _rate(value: float | None) -> str:
+    return f"{value:,.1f}" if value else "-"
+
+class RichReporter:
+    """Progress over trials with the best so far; one line per finished trial."""
+
+    def __init__(self, console: Console, plan: RunPlan) -> None:
+        settings = plan.request.settings
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, transient=True,
+        )
+        self.task = self.progress.add_task("starting", total=settings.trials + settings.confirm_top_k * settings.confirm_repeats)
+        data = plan.data.describe()
+        synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
+        console.print(f"[bold]autotune[/bold] {plan.workload.name} on {plan.hardware.describe()}")
+        console.print(
+            f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
+            f"{data['total_audio_hours']} h{synthetic}"
+        )
+        console.print(f"study: {plan.study_name}  ({plan.storage_url.split('://')[0]})", highlight=False)
+        console.print(f"space: {plan.space_file}; baseline = recipe: {TrialConfig.from_params(plan.space.baseline).short()}")
+        for note in plan.space.baseline_notes:
+            console.print(f"  [dim]baseline adapted: {note}[/dim]")
+
+    def __enter__(self) -> RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.progress.stop()
+
+    def trial_started(self, number: int, role: str, config: TrialConfig) -> None:
+        self.progress.update(self.task, description=f"#{number} {role}: {config.short()}")
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        result = record.result
+        style = _STATUS_STYLE.get(result.status, "yellow")
+        figure = f"{_rate(result.samples_per_second)} samples/s" if result.samples_per_second else result.reason
+        best_text = f"best {_rate(best.value)}" if best else "no stable config yet"
+        self.console.print(
+            f"#{record.number:<3} {record.role:<8} {record.config.short():<44} [{style}]{result.status:<9}[/{style}] "
+            f"{figure}  [dim]({best_text}, {result.wall_s or 0:.0f} s)[/dim]",
+            highlight=False, soft_wrap=True,
+        )
+        self.progress.advance(self.task)
+
+def print_summary(console: Console, report: RunReport) -> None:
+    """Baseline vs winner, the top trials, the failures with reasons, and where the YAML went."""
+    tuned, outcome = report.tuned, report.outcome
+    winner, baseline = tuned.metrics["winner"], tuned.metrics["baseline"]
+    table = Table(title="baseline (recipe) vs winner", show_lines=False)
+    for column in ("", "winner", "baseline"):
+        table.add_column(column)
+    base_config = outcome.baseline.config.short() if outcome.baseline else "-"
+    table.add_row("configuration", tuned.config.short(), base_config)
+    for key, label in (
+        ("samples_per_second", "samples/s (median)"), ("spread_fraction", "spread (max-min)/median"),
+        ("audio_seconds_per_second", "audio s / s"), ("step_time_median_s", "step time median s"),
+        ("data_wait_fraction", "data-wait fraction"), ("measurements", "measurements"),
+    ):
+        table.add_row(label, _fmt(winner.get(key)), _fmt(baseline.get(key, baseline.get("status"))))
+    table.add_row("peak memory GiB", _gib(winner.get("peak_memory_bytes")), _gib(baseline.get("peak_memory_bytes")))
+    console.print(table)
+    speedup = tuned.metrics.get("speedup")
+    if speedup:
+        console.print(f"[bold green]speedup over the recipe: {speedup:.2f}x[/bold green]")
+    _print_top(console, outcome.records)
+    _print_failures(console, outcome.records)
+    for note in tuned.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"result written to [bold]{report.result_path}[/bold]  (load with autotune.load_config)")
+
+def _print_top(console: Console, records: list[TrialRecord]) -> None:
+    feasible = sorted((r for r in records if r.result.feasible), key=lambda r: -r.value)[:5]
+    if not feasible:
+        return
+    table = Table(title="top trials")
+    for column in ("#", "role", "configuration", "samples/s", "data wait", "peak GiB"):
+        table.add_column(column)
+    for record in feasible:
+        result = record.result
+        table.add_row(
+            str(record.number), record.role, record.config.short(), _rate(result.samples_per_second),
+            _fmt(result.data_wait_fraction), _gib(result.peak_memory_bytes),
+        )
+    console.print(table)
+
+def _print_failures(console: Console, records: list[TrialRecord]) -> None:
+    failed = [r for r in records if not r.result.feasible]
+    if not failed:
+        return
+    table = Table(title=f"rejected configurations ({len(failed)})")
+    for column in ("#", "configuration", "status", "reason"):
+        table.add_column(column)
+    for record in failed:
+        table.add_row(str(record.number), record.config.short(), record.result.status, record.result.reason)
+    console.print(table)
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
+    return "-" if value is None else str(value)
+
+def _gib(value: object) -> str:
+    return f"{value / 2**30:.2f}" if isinstance(value, (int, float)) and value else "-"

@@ -1,0 +1,241 @@
+"""Probe the machine a study runs on, without initialising CUDA in this process.
+
+The parent process plans and records; only trial children touch CUDA. So GPUs are described through NVML (the
+`pynvml` module of nvidia-ml-py), which never creates a CUDA context, and the torch / CUDA / torchaudio versions
+are read from package metadata and `torch.version`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import platform
+import shutil
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.errors import UserError
+
+__all__ = ["GpuInfo", "Hardware", "probe", "available_cores"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuInfo:
+    """One visible NVIDIA GPU as NVML reports it."""
+
+    name: str
+    uuid: str
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+
+    @property
+    def supports_tf32(self) -> bool:
+        return self.compute_capability >= (8, 0)
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.compute_capability >= (8, 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Hardware:
+    """What a study runs on: device kind, models, memory and software versions."""
+
+    device_type: str  # "cuda" | "cpu"
+    gpus: tuple[GpuInfo, ...] = ()
+    cpu_model: str = ""
+    cpu_cores: int = 1
+    memory_bytes: int = 0
+    shm_bytes: int | None = None
+    driver_version: str | None = None
+    torch_version: str = ""
+    cuda_version: str | None = None
+    torchaudio_version: str | None = None
+    python_version: str = field(default_factory=platform.python_version)
+
+    @property
+    def device_count(self) -> int:
+        return len(self.gpus) if self.device_type == "cuda" else 1
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """Memory of one training device: a GPU's memory, or the machine's RAM on a CPU."""
+        return self.gpus[0].memory_bytes if self.gpus else self.memory_bytes
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        """Precisions this hardware can train in: tf32 needs compute capability 8.0, bf16 needs CUDA bf16 or a CPU."""
+        if self.device_type == "cpu":
+            return ("fp32", "bf16")  # CPU autocast takes fp16 too, but it is slower and has no GradScaler
+        precisions = ["fp32", "fp16"]
+        if all(gpu.supports_tf32 for gpu in self.gpus):
+            precisions.insert(1, "tf32")
+        if all(gpu.supports_bf16 for gpu in self.gpus):
+            precisions.append("bf16")
+        return tuple(precisions)
+
+    def fingerprint(self) -> str:
+        """A short stable id of the hardware identity (not the software stack, so upgrades keep the study)."""
+        identity = [self.device_type, self.cpu_model, str(self.cpu_cores)]
+        identity += [f"{gpu.name}:{gpu.memory_bytes}" for gpu in self.gpus]
+        digest = hashlib.sha256("|".join(identity).encode()).hexdigest()[:10]
+        kind = _slug(self.gpus[0].name) if self.gpus else "cpu"
+        count = len(self.gpus) if self.gpus else self.cpu_cores
+        return f"{kind}-x{count}-{digest}"
+
+    def describe(self) -> str:
+        """One human line, e.g. '1x NVIDIA H100 80GB HBM3 (79.6 GiB), driver 560.35' or 'CPU: Intel Xeon (2 cores)'."""
+        if self.gpus:
+            gpu = self.gpus[0]
+            return f"{len(self.gpus)}x {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB), driver {self.driver_version}"
+        return f"CPU: {self.cpu_model or 'unknown'} ({self.cpu_cores} cores, {self.memory_bytes / 2**30:.1f} GiB RAM)"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = [dict(gpu, compute_capability=list(gpu["compute_capability"])) for gpu in data["gpus"]]
+        data["fingerprint"] = self.fingerprint()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Hardware:
+        fields = {key: value for key, value in data.items() if key != "fingerprint"}
+        fields["gpus"] = tuple(
+            GpuInfo(**dict(gpu, compute_capability=tuple(gpu["compute_capability"]))) for gpu in fields.get("gpus", ())
+        )
+        return cls(**fields)
+
+
+def _slug(text: str) -> str:
+    keep = "".join(ch.lower() if ch.isalnum() else "-" for ch in text.replace("NVIDIA", ""))
+    return "-".join(part for part in keep.split("-") if part)[:24] or "gpu"
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (affinity and cgroup aware where the OS says so)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _shm_bytes() -> int | None:
+    try:
+        return shutil.disk_usage("/dev/shm").total
+    except OSError:
+        return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _visible(gpus: list[GpuInfo]) -> list[GpuInfo]:
+    """Apply CUDA_VISIBLE_DEVICES (indices or UUID prefixes) to NVML's list, which ignores that variable."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return gpus
+    chosen: list[GpuInfo] = []
+    for token in (part.strip() for part in visible.split(",") if part.strip()):
+        if token.isdigit():
+            if int(token) >= len(gpus):
+                break  # CUDA stops at the first invalid entry too
+            chosen.append(gpus[int(token)])
+        else:
+            match = [gpu for gpu in gpus if gpu.uuid.startswith(token) or gpu.uuid.startswith(f"GPU-{token}")]
+            if not match:
+                break
+            chosen.append(match[0])
+    return chosen
+
+
+def _nvml_gpus() -> tuple[list[GpuInfo], str | None]:
+    """GPUs and driver version through NVML; an absent or failing NVML means no GPUs, never a crash."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:  # no driver, no library: a CPU machine
+        logger.debug("NVML unavailable: %s", error)
+        return [], None
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append(
+                GpuInfo(
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
+                )
+            )
+        return gpus, _text(driver)
+    except pynvml.NVMLError as error:
+        logger.warning("NVML failed while listing GPUs (%s); tuning on the CPU", error)
+        return [], None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def probe(device: str = "auto") -> Hardware:
+    """Describe this machine.
+
+    Args:
+        device: "auto" (CUDA when NVML sees a GPU and torch is a CUDA build), "cuda" or "cpu".
+
+    Returns:
+        The Hardware record; on a CPU, gpus is empty.
+    """
+    import torch  # torch.version is static metadata: importing torch does not initialise CUDA
+
+    gpus, driver = _nvml_gpus()
+    gpus = _visible(gpus)
+    if device == "cuda" and not (gpus and torch.version.cuda):
+        raise UserError("--device cuda was asked for, but no usable NVIDIA GPU is visible; use --device cpu")
+    use_cuda = device == "cuda" or (device == "auto" and bool(gpus) and torch.version.cuda is not None)
+    return Hardware(
+        device_type="cuda" if use_cuda else "cpu",
+        gpus=tuple(gpus) if use_cuda else (),
+        cpu_model=_cpu_model(),
+        cpu_cores=available_cores(),
+        memory_bytes=_memory_bytes(),
+        shm_bytes=_shm_bytes(),
+        driver_version=driver,
+        torch_version=str(torch.__version__),
+        cuda_version=str(torch.version.cuda) if torch.version.cuda else None,
+        torchaudio_version=_version("torchaudio"),
+    )

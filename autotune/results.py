@@ -1,0 +1,193 @@
+"""The tuned configuration: what is written as YAML, read back with load_config, and applied in training code."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune import yamlio
+from autotune.errors import UserError
+from autotune.trial.precision import PrecisionSettings
+from autotune.trial.spec import TrialConfig, TrialResult
+
+__all__ = ["TunedConfig", "summarise_measurements", "load_config", "write_config"]
+
+_HEADER = """\
+# autotune result: the fastest stable training configuration measured on this machine.
+#
+# Use it from Python:
+#   cfg = autotune.load_config("{path}")
+#   loader = torch.utils.data.DataLoader(dataset, **cfg.dataloader_kwargs())
+#   cfg.apply_backend_flags()          # TF32 and cudnn.benchmark, set explicitly
+#   with cfg.autocast(): loss = ...    # bf16/fp16 autocast; a no-op for fp32/tf32
+#   scaler = cfg.grad_scaler()         # GradScaler for fp16 on CUDA, a no-op otherwise
+# or copy the values into your recipe: batch.per_device_batch_size is per process (WeNet, SpeechBrain);
+# batch.global_batch_size is what 3D-Speaker's and ESPnet's batch_size mean.
+# metrics: samples_per_second is end-to-end training throughput (data loading included), the median of
+# `measurements` timed windows; speedup compares the winner with the recipe baseline measured in the same run.
+"""
+
+
+def summarise_measurements(results: Sequence[TrialResult]) -> dict[str, Any]:
+    """Median figures over repeated measurements of one configuration, with their spread."""
+    feasible = [r for r in results if r.feasible and r.samples_per_second]
+    if not feasible:
+        failed = results[0] if results else None
+        return {"status": failed.status if failed else "missing", "reason": failed.reason if failed else ""}
+    values = [r.samples_per_second for r in feasible]
+
+    def median_of(name: str) -> float | None:
+        found = [getattr(r, name) for r in feasible if getattr(r, name) is not None]
+        return round(statistics.median(found), 6) if found else None
+
+    median = statistics.median(values)
+    return {
+        "status": "ok",
+        "samples_per_second": round(median, 3),
+        "samples_per_second_min": round(min(values), 3),
+        "samples_per_second_max": round(max(values), 3),
+        "spread_fraction": round((max(values) - min(values)) / median, 4) if median else None,
+        "measurements": len(values),
+        "audio_seconds_per_second": median_of("audio_seconds_per_second"),
+        "step_time_median_s": median_of("step_time_median_s"),
+        "step_time_p90_s": median_of("step_time_p90_s"),
+        "data_wait_fraction": median_of("data_wait_fraction"),
+        "peak_memory_bytes": max(r.peak_memory_bytes or 0 for r in feasible),
+        "memory_capacity_bytes": feasible[0].memory_capacity_bytes,
+        "setup_s": median_of("setup_s"),
+        "trial_wall_s": median_of("wall_s"),
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TunedConfig:
+    """A tuned configuration with the evidence behind it."""
+
+    workload: dict[str, Any]
+    config: TrialConfig
+    device_type: str
+    metrics: dict[str, Any]
+    hardware: dict[str, Any]
+    data: dict[str, Any]
+    search: dict[str, Any]
+    created: str
+    autotune_version: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def precision(self) -> PrecisionSettings:
+        return PrecisionSettings(
+            precision=self.config.precision, device_type=self.device_type, cudnn_benchmark=self.config.cudnn_benchmark
+        )
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch)."""
+        config = self.config
+        kwargs: dict[str, Any] = {
+            "batch_size": config.per_device_batch_size,
+            "num_workers": config.num_workers,
+            "pin_memory": config.pin_memory,
+            "drop_last": True,
+        }
+        if config.num_workers > 0:
+            kwargs["prefetch_factor"] = config.prefetch_factor or 2
+            kwargs["persistent_workers"] = config.persistent_workers
+        return kwargs
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """torch.autocast for bf16/fp16 on this result's device type; a no-op context for fp32/tf32."""
+        return self.precision.autocast()
+
+    def apply_backend_flags(self) -> str:
+        """Set TF32 (new fp32_precision API where torch has it, legacy flags otherwise) and cudnn.benchmark."""
+        if self.config.intra_op_threads is not None:
+            import torch
+
+            torch.set_num_threads(self.config.intra_op_threads)
+        return self.precision.apply_backend_flags()
+
+    def grad_scaler(self) -> Any:
+        return self.precision.grad_scaler()
+
+    def to_dict(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "autotune_version": self.autotune_version,
+            "created": self.created,
+            "workload": self.workload,
+            "device_type": self.device_type,
+            "batch": {
+                "per_device_batch_size": config.per_device_batch_size,
+                "world_size": config.world_size,
+                "grad_accum_steps": config.grad_accum_steps,
+                "global_batch_size": config.global_batch_size,
+            },
+            "dataloader": self.dataloader_kwargs(),
+            "precision": {
+                "name": config.precision,
+                "amp_dtype": self.precision.amp_dtype_name,
+                "tf32": self.precision.tf32,
+                "cudnn_benchmark": config.cudnn_benchmark,
+                "grad_scaler": self.precision.uses_grad_scaler,
+            },
+            "threads": {"intra_op_threads": config.intra_op_threads},
+            "workload_knobs": dict(config.extra),
+            "metrics": self.metrics,
+            "notes": list(self.notes),
+            "hardware": self.hardware,
+            "data": self.data,
+            "search": self.search,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TunedConfig:
+        loader, batch, precision = data["dataloader"], data["batch"], data["precision"]
+        config = TrialConfig(
+            per_device_batch_size=batch["per_device_batch_size"],
+            num_workers=loader["num_workers"],
+            prefetch_factor=loader.get("prefetch_factor"),
+            pin_memory=loader["pin_memory"],
+            persistent_workers=loader.get("persistent_workers", False),
+            precision=precision["name"],
+            cudnn_benchmark=precision["cudnn_benchmark"],
+            intra_op_threads=data.get("threads", {}).get("intra_op_threads"),
+            world_size=batch["world_size"],
+            grad_accum_steps=batch["grad_accum_steps"],
+            extra=dict(data.get("workload_knobs") or {}),
+        )
+        return cls(
+            workload=data["workload"], config=config, device_type=data["device_type"], metrics=data["metrics"],
+            hardware=data["hardware"], data=data["data"], search=data["search"], created=data["created"],
+            autotune_version=data["autotune_version"], notes=list(data.get("notes") or []),
+        )
+
+    def to_yaml(self, path_hint: str = "RESULT.yaml") -> str:
+        return _HEADER.format(path=path_hint) + yamlio.dump_yaml(self.to_dict())
+
+    @classmethod
+    def from_yaml(cls, text: str) -> TunedConfig:
+        import yaml
+
+        return cls.from_dict(yaml.safe_load(text))
+
+
+def write_config(tuned: TunedConfig, path: str | Path) -> Path:
+    """Write the YAML atomically (temporary file + rename)."""
+    return yamlio.atomic_write_text(path, tuned.to_yaml(str(path)))
+
+
+def load_config(path: str | Path) -> TunedConfig:
+    """Read a result YAML written by autotune.
+
+    Raises:
+        UserError: the file is missing, not YAML, or not an autotune result.
+    """
+    data = yamlio.read_mapping(path, what="autotune result")
+    try:
+        return TunedConfig.from_dict(data)
+    except (KeyError, TypeError) as error:
+        raise UserError(f"{path} is not an autotune result (missing or wrong field {error}); pass a file written by 'autotune run'") from None

@@ -1,0 +1,205 @@
+"""One `autotune run`: validate everything up front, tune, write the result. The CLI only parses and prints."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import re
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune import __version__, space as space_module, workloads, yamlio
+from autotune.errors import UserError
+from autotune.hardware import Hardware, probe
+from autotune.results import TunedConfig, summarise_measurements, write_config
+from autotune.trial import TimingConfig, TrialConfig, TrialSpec
+from autotune.tuner import Reporter, Tuner, TunerSettings, TuningOutcome
+
+__all__ = ["RunRequest", "RunPlan", "RunReport", "TuningFailed", "prepare", "execute", "redact_url"]
+
+logger = logging.getLogger(__name__)
+
+
+class TuningFailed(RuntimeError):
+    """No configuration was both measured and stable."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRequest:
+    """Everything the user asked for."""
+
+    model: str
+    data: str | None = None
+    space: str | None = None
+    storage: str | None = None
+    out: str | None = None
+    results_dir: str = "results"
+    device: str = "auto"
+    settings: TunerSettings = field(default_factory=TunerSettings)
+    workload_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True, slots=True)
+class RunPlan:
+    """A validated request: every input checked, nothing measured yet."""
+
+    request: RunRequest
+    hardware: Hardware
+    workload: workloads.Workload
+    data: Any  # autotune.data.DataSource
+    space: space_module.SearchSpace
+    space_file: Path
+    storage_url: str
+    study_name: str
+    out_path: Path
+    workdir: Path
+    options: dict[str, Any]
+
+
+@dataclass(kw_only=True, slots=True)
+class RunReport:
+    """What a run did and produced."""
+
+    plan: RunPlan
+    outcome: TuningOutcome
+    tuned: TunedConfig
+    result_path: Path
+
+
+def redact_url(url: str) -> str:
+    """A storage URL without its password, for anything printed or written."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".autotune-check-"):
+            pass
+    except OSError as error:
+        raise UserError(
+            f"cannot write the result to {path} ({error.strerror or error}); choose a writable --out or --results-dir"
+        ) from None
+
+
+def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: TunerSettings) -> optuna.Study:
+    from autotune.tuner import make_sampler
+
+    try:
+        storage = optuna.storages.RDBStorage(url)
+    except Exception as error:  # SQLAlchemy raises many kinds for a bad URL; all mean the same to the user
+        raise UserError(
+            f"cannot open storage {redact_url(url)} ({type(error).__name__}); use sqlite:///path/to/file.db or "
+            "postgresql://user:password@host/db"
+        ) from None
+    sampler = make_sampler(settings.sampler, space, settings.seed)
+    return optuna.create_study(
+        storage=storage, study_name=name, sampler=sampler, direction="maximize", load_if_exists=True
+    )
+
+
+def prepare(request: RunRequest) -> RunPlan:
+    """Check every input before any trial runs; raises UserError with one line for the first problem."""
+    settings = request.settings
+    if settings.trials < 1:
+        raise UserError(f"--trials must be at least 1, got {settings.trials}")
+    if settings.budget_s is not None and settings.budget_s <= 0:
+        raise UserError("--budget must be positive, e.g. 15m or 1h")
+    workload = workloads.get(request.model)
+    unknown = set(request.workload_options) - set(workload.options)
+    if unknown:
+        raise UserError(f"unknown option {sorted(unknown)[0]!r} for {workload.name}; it takes {sorted(workload.options)}")
+    hardware = probe(request.device)
+    space_file = Path(request.space) if request.space else space_module.space_path(workload.space_file or workload.name)
+    space = space_module.load(space_file, hardware, extra_knobs=tuple(workload.knobs))
+    if settings.sampler == "grid":
+        space.grid()  # raises a one-line SpaceError for a continuous space
+    safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)
+    out_path = Path(request.out) if request.out else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}.yaml"
+    _check_writable(out_path)
+    storage_url = request.storage or f"sqlite:///{Path(request.results_dir).resolve() / 'studies.db'}"
+    data = workload.load_data(request.data)
+    study_name = f"{safe_name}-{data.fingerprint()}-{hardware.fingerprint()}"
+    _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    workdir = Path(request.results_dir) / safe_name / "trials" / f"{study_name}-{stamp}-{os.getpid()}"
+    return RunPlan(
+        request=request, hardware=hardware, workload=workload, data=data, space=space, space_file=space_file,
+        storage_url=storage_url, study_name=study_name, out_path=out_path, workdir=workdir,
+        options={**workload.options, **request.workload_options},
+    )
+
+
+def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
+    """Run the study and write the result YAML atomically."""
+    request, settings = plan.request, plan.request.settings
+    plan.workdir.mkdir(parents=True, exist_ok=True)
+    data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
+
+    def make_spec(config: TrialConfig, result_path: str) -> TrialSpec:
+        return TrialSpec(
+            workload=request.model, workload_options=dict(request.workload_options), data_file=str(data_file),
+            config=config, timing=settings.timing, device_type=plan.hardware.device_type, result_path=result_path,
+            seed=settings.seed,
+        )
+
+    study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
+    tuner = Tuner(
+        study=study, space=plan.space, make_spec=make_spec, settings=settings, workdir=plan.workdir,
+        reporter=reporter, world_size=1, extra_knobs=tuple(plan.workload.knobs),
+    )
+    outcome = tuner.run()
+    (plan.workdir / "data.json").unlink(missing_ok=True)
+    if outcome.winner is None:
+        reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
+        common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
+        raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}")
+    tuned = _tuned_config(plan, outcome)
+    return RunReport(plan=plan, outcome=outcome, tuned=tuned, result_path=write_config(tuned, plan.out_path))
+
+
+def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
+    assert outcome.winner is not None
+    winner = summarise_measurements([r.result for r in outcome.winner.records])
+    baseline = summarise_measurements([r.result for r in outcome.baseline.records]) if outcome.baseline else {}
+    speedup = None
+    if baseline.get("status") == "ok":
+        speedup = round(winner["samples_per_second"] / baseline["samples_per_second"], 3)
+    notes = [f"baseline adapted to this machine: {note}" for note in plan.space.baseline_notes]
+    if plan.data.synthetic:
+        notes.append("measured on autotune's synthetic default corpus; rerun with --data on your own list to be sure")
+    if baseline.get("status") not in (None, "ok"):
+        notes.append(f"the recipe baseline could not be used here: {baseline['status']}: {baseline.get('reason', '')}")
+    if winner["measurements"] < 2:
+        notes.append("the winner rests on a single measurement (budget too small for confirmation)")
+    return TunedConfig(
+        workload={"name": plan.workload.name, "model": plan.request.model, "task": plan.workload.task, "options": plan.options},
+        config=outcome.winner.config, device_type=plan.hardware.device_type,
+        metrics={"objective": "samples_per_second", "winner": winner, "baseline": baseline, "speedup": speedup},
+        hardware=plan.hardware.to_dict(), data=plan.data.describe(),
+        search=_search_summary(plan, outcome), created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        autotune_version=__version__, notes=notes,
+    )
+
+
+def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
+    settings = plan.request.settings
+    return {
+        "space_file": str(plan.space_file),
+        "space": plan.space.source,
+        "baseline_config": outcome.baseline.config.to_dict() if outcome.baseline else None,
+        "sampler": settings.sampler,
+        "study_name": plan.study_name,
+        "storage": redact_url(plan.storage_url),
+        "trials_this_run": len(outcome.records),
+        "trial_statuses": dict(Counter(r.result.status for r in outcome.records)),
+        "stopped_by": outcome.stopped_by,
+        "elapsed_s": round(outcome.elapsed_s, 1),
+        "timing": settings.timing.to_dict(),
+    }

@@ -1,0 +1,356 @@
+"""Search spaces: Optuna's vocabulary in YAML, conditions as data, filtered to what this hardware supports.
+
+A space file looks like::
+
+    workload: cam++
+    params:
+      per_device_batch_size: {type: categorical, choices: [32, 64, 128, 256]}
+      num_workers: {type: int, low: 0, high: auto}
+      prefetch_factor: {type: int, low: 1, high: 8, when: {num_workers: {at_least: 1}}}
+      precision: {type: categorical, choices: [fp32, tf32, bf16, fp16]}
+    fixed: {cudnn_benchmark: true}
+    baseline: {per_device_batch_size: 256, num_workers: 16, precision: fp32}
+    cpu: {params: {per_device_batch_size: {type: categorical, choices: [8, 16, 32]}}}
+
+`high: auto` means the CPU cores one trial may use. `when` holds conditions that are data, never code: a key is
+`device` or an earlier parameter; a value is a scalar (equals), a list (one of), or a mapping with `at_least`,
+`at_most`, `equals` or `one_of`. `from_dict` is the one pure function from a mapping to a SearchSpace.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna.distributions as od
+
+from autotune import yamlio
+from autotune.errors import SpaceError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.hardware import Hardware
+
+__all__ = ["CORE_PARAMS", "PRECISIONS", "Param", "SearchSpace", "contains", "from_dict", "load", "space_path"]
+
+# Every knob the trial runner understands, with its type; a workload may add its own (Workload.knobs).
+CORE_PARAMS: dict[str, type] = {
+    "per_device_batch_size": int,
+    "num_workers": int,
+    "prefetch_factor": int,
+    "pin_memory": bool,
+    "persistent_workers": bool,
+    "precision": str,
+    "intra_op_threads": int,
+    "cudnn_benchmark": bool,
+}
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+_CONDITION_OPS = {"at_least", "at_most", "equals", "one_of"}
+_TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "cpu", "cuda"}
+SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Param:
+    """One searched knob: its Optuna distribution and the conditions under which it exists."""
+
+    name: str
+    distribution: od.BaseDistribution
+    when: dict[str, Any] = field(default_factory=dict)
+
+    def applies(self, values: dict[str, Any], device_type: str) -> bool:
+        """Whether this knob exists given the values chosen so far."""
+        context = dict(values, device=device_type)
+        return all(_holds(context.get(key), rule) for key, rule in self.when.items())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpace:
+    """A validated space, already filtered to one machine."""
+
+    workload: str
+    params: tuple[Param, ...]
+    fixed: dict[str, Any]
+    baseline: dict[str, Any]
+    device_type: str
+    source: dict[str, Any] = field(default_factory=dict)  # the mapping it was built from, for the result file
+    baseline_notes: tuple[str, ...] = ()
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Ask the trial for every knob that applies, in declaration order; fixed values fill in the rest."""
+        values: dict[str, Any] = {}
+        for param in self.params:
+            if param.applies(values, self.device_type):
+                values[param.name] = _suggest(trial, param)
+        return {**self.fixed, **values}
+
+    def grid(self) -> dict[str, list[Any]]:
+        """Every value of every knob, for Optuna's GridSampler (finite spaces only)."""
+        grid: dict[str, list[Any]] = {}
+        for param in self.params:
+            dist = param.distribution
+            if isinstance(dist, od.CategoricalDistribution):
+                grid[param.name] = list(dist.choices)
+            elif isinstance(dist, od.IntDistribution) and not dist.log:
+                grid[param.name] = list(range(dist.low, dist.high + 1, dist.step))
+            else:
+                raise SpaceError(f"parameter {param.name!r} is not finite; a grid search needs choices or int steps")
+        return grid
+
+    def size(self) -> int | None:
+        """Number of distinct configurations, ignoring conditions (None when continuous)."""
+        try:
+            return math.prod(len(values) for values in self.grid().values())
+        except SpaceError:
+            return None
+
+
+def _suggest(trial: optuna.Trial, param: Param) -> Any:
+    dist = param.distribution
+    if isinstance(dist, od.CategoricalDistribution):
+        return trial.suggest_categorical(param.name, list(dist.choices))
+    if isinstance(dist, od.IntDistribution):
+        return trial.suggest_int(param.name, dist.low, dist.high, step=dist.step, log=dist.log)
+    assert isinstance(dist, od.FloatDistribution)
+    return trial.suggest_float(param.name, dist.low, dist.high, step=dist.step, log=dist.log)
+
+
+def contains(distribution: od.BaseDistribution, value: Any) -> bool:
+    """Whether a distribution can produce this value."""
+    if isinstance(distribution, od.CategoricalDistribution):
+        return any(type(value) is type(choice) and value == choice for choice in distribution.choices)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if not distribution.low <= value <= distribution.high:  # type: ignore[attr-defined]
+        return False
+    if isinstance(distribution, od.IntDistribution):
+        return isinstance(value, int) and (value - distribution.low) % distribution.step == 0
+    return True
+
+
+def space_path(name: str) -> Path:
+    """The built-in space file of a workload, by workload name or file name."""
+    return SPACES_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+
+
+def load(path: str | Path, hardware: Hardware, *, extra_knobs: tuple[str, ...] = ()) -> SearchSpace:
+    """Read and validate a space file for this hardware; every problem is a one-line SpaceError."""
+    data = yamlio.read_mapping(path, what="search space", error=SpaceError)
+    return from_dict(data, hardware, extra_knobs=extra_knobs, origin=str(path))
+
+
+def from_dict(
+    data: dict[str, Any], hardware: Hardware, *, extra_knobs: tuple[str, ...] = (), origin: str = "search space"
+) -> SearchSpace:
+    """Turn a space mapping into a SearchSpace for this hardware.
+
+    Args:
+        data: the parsed YAML mapping.
+        hardware: the machine; drops options it does not support and resolves `auto`.
+        extra_knobs: knob names the workload adds to the core ones.
+        origin: where the mapping came from, named in error messages.
+    """
+    unknown = set(data) - _TOP_LEVEL_KEYS
+    if unknown:
+        raise SpaceError(f"{origin}: unknown top-level key {sorted(unknown)[0]!r}; expected {sorted(_TOP_LEVEL_KEYS)}")
+    device_type = hardware.device_type
+    merged = _merge_device_section(data, device_type, origin)
+    known = {**CORE_PARAMS, **{name: object for name in extra_knobs}}
+    raw_params = merged.get("params")
+    if not isinstance(raw_params, dict) or not raw_params:
+        raise SpaceError(f"{origin}: 'params' must be a non-empty mapping of parameter name to distribution")
+    params: list[Param] = []
+    for name, spec in raw_params.items():
+        _check_name(name, known, origin)
+        param = _build_param(name, spec, hardware, origin, earlier={p.name for p in params})
+        if param is not None:
+            params.append(param)
+    fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
+    raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
+    space = SearchSpace(
+        workload=str(merged.get("workload", "")), params=tuple(params), fixed=fixed, baseline={},
+        device_type=device_type, source=copy.deepcopy(data),
+    )
+    baseline, notes = adapt_baseline(space, raw_baseline)
+    return SearchSpace(
+        workload=space.workload, params=space.params, fixed=fixed, baseline=baseline, device_type=device_type,
+        source=space.source, baseline_notes=notes,
+    )
+
+
+def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:
+    merged = {key: copy.deepcopy(value) for key, value in data.items() if key not in ("cpu", "cuda")}
+    section = data.get(device_type) or {}
+    if not isinstance(section, dict) or set(section) - {"params", "fixed", "baseline"}:
+        raise SpaceError(f"{origin}: '{device_type}' must be a mapping with only params, fixed and baseline")
+    for key, value in section.items():
+        if not isinstance(value, dict):
+            raise SpaceError(f"{origin}: '{device_type}.{key}' must be a mapping")
+        merged[key] = {**(merged.get(key) or {}), **value}
+    return merged
+
+
+def _check_name(name: Any, known: dict[str, Any], origin: str) -> None:
+    if name not in known:
+        raise SpaceError(f"{origin}: unknown parameter {name!r}; valid ones are {', '.join(sorted(known))}")
+
+
+def _check_values(values: Any, known: dict[str, Any], origin: str, section: str) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise SpaceError(f"{origin}: '{section}' must be a mapping of parameter name to value")
+    for name in values:
+        _check_name(name, known, origin)
+    return dict(values)
+
+
+def _resolve_auto(value: Any, hardware: Hardware) -> Any:
+    return hardware.cpu_cores if value == "auto" else value
+
+
+def _build_param(
+    name: str, spec: Any, hardware: Hardware, origin: str, earlier: set[str]
+) -> Param | None:
+    where = f"{origin}: parameter {name!r}"
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise SpaceError(f"{where} needs a mapping with 'type' (int, float or categorical)")
+    spec = dict(spec)
+    when = _check_when(spec.pop("when", None) or {}, earlier, where)
+    kind = spec.pop("type")
+    if kind == "categorical":
+        distribution = _categorical(name, spec, hardware, where)
+    elif kind in ("int", "float"):
+        distribution = _numeric(kind, spec, hardware, where)
+    else:
+        raise SpaceError(f"{where}: unknown type {kind!r}; use int, float or categorical")
+    # The device never changes within a study: a knob for another device is validated, then dropped here.
+    if "device" in when and not _holds(hardware.device_type, when.pop("device")):
+        return None
+    return Param(name=name, distribution=distribution, when=when)
+
+
+def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str) -> od.CategoricalDistribution | None:
+    if set(spec) != {"choices"} or not isinstance(spec["choices"], list) or not spec["choices"]:
+        raise SpaceError(f"{where}: a categorical needs exactly a non-empty 'choices' list")
+    choices = spec["choices"]
+    expected = CORE_PARAMS.get(name)
+    for choice in choices:
+        if expected is not None and not _is_type(choice, expected):
+            raise SpaceError(f"{where}: choice {choice!r} is not a {expected.__name__}")
+    if len(set(map(repr, choices))) != len(choices):
+        raise SpaceError(f"{where}: choices repeat a value")
+    if name == "precision":
+        unknown = [c for c in choices if c not in PRECISIONS]
+        if unknown:
+            raise SpaceError(f"{where}: unknown precision {unknown[0]!r}; use {', '.join(PRECISIONS)}")
+        choices = [c for c in choices if c in hardware.supported_precisions()]
+        if not choices:
+            raise SpaceError(f"{where}: none of the choices runs on this hardware ({hardware.describe()})")
+    if name in ("per_device_batch_size", "num_workers", "prefetch_factor", "intra_op_threads"):
+        if any(c < (0 if name == "num_workers" else 1) for c in choices):
+            raise SpaceError(f"{where}: choices must be positive")
+    return od.CategoricalDistribution(choices)
+
+
+def _is_type(value: Any, expected: type) -> bool:
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _numeric(kind: str, spec: dict[str, Any], hardware: Hardware, where: str) -> od.BaseDistribution:
+    allowed = {"low", "high", "step", "log"}
+    if set(spec) - allowed or not {"low", "high"} <= set(spec):
+        raise SpaceError(f"{where}: an {kind} needs 'low' and 'high' (optional 'step', 'log') and nothing else")
+    low, high = _resolve_auto(spec["low"], hardware), _resolve_auto(spec["high"], hardware)
+    number = int if kind == "int" else (int, float)
+    if not all(isinstance(v, number) and not isinstance(v, bool) for v in (low, high)):
+        raise SpaceError(f"{where}: 'low' and 'high' must be {kind}s (or 'auto' for the CPU cores)")
+    if low > high:
+        raise SpaceError(f"{where}: low {low} is above high {high}")
+    log, step = bool(spec.get("log", False)), spec.get("step")
+    if log and step not in (None, 1):
+        raise SpaceError(f"{where}: 'log' and 'step' cannot be combined")
+    if log and low <= 0:
+        raise SpaceError(f"{where}: 'log' needs low > 0")
+    try:
+        if kind == "int":
+            return od.IntDistribution(low, high, log=log, step=int(step or 1))
+        return od.FloatDistribution(float(low), float(high), log=log, step=step)
+    except ValueError as error:
+        raise SpaceError(f"{where}: {error}") from None
+
+
+def _check_when(when: Any, earlier: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(when, dict):
+        raise SpaceError(f"{where}: 'when' must be a mapping of device or an earlier parameter to a condition")
+    for key, rule in when.items():
+        if key != "device" and key not in earlier:
+            raise SpaceError(f"{where}: 'when' refers to {key!r}, which is neither 'device' nor an earlier parameter")
+        if isinstance(rule, dict) and (not rule or set(rule) - _CONDITION_OPS):
+            raise SpaceError(f"{where}: condition on {key!r} may use only {', '.join(sorted(_CONDITION_OPS))}")
+    return dict(when)
+
+
+def _holds(value: Any, rule: Any) -> bool:
+    if isinstance(rule, list):
+        return value in rule
+    if not isinstance(rule, dict):
+        return value == rule
+    if value is None:
+        return False
+    checks = {
+        "at_least": lambda bound: value >= bound,
+        "at_most": lambda bound: value <= bound,
+        "equals": lambda expected: value == expected,
+        "one_of": lambda options: value in options,
+    }
+    return all(checks[op](arg) for op, arg in rule.items())
+
+
+# What a training script gets when it does not set a knob: torch's own defaults (all cores for intra-op threads).
+_UNSET_DEFAULTS: dict[str, Any] = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
+
+
+def adapt_baseline(space: SearchSpace, recipe: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Fit the recipe's configuration into this machine's space, saying what had to change and why.
+
+    Knobs the recipe does not set get what an untouched training script gets, so that the sampler never picks
+    them for the baseline.
+    """
+    baseline: dict[str, Any] = {}
+    notes: list[str] = []
+    for param in space.params:
+        if not param.applies(baseline, space.device_type):
+            continue
+        wanted = recipe.get(param.name)
+        if wanted is None:
+            default = _UNSET_DEFAULTS.get(param.name, getattr(param.distribution, "high", None))
+            wanted = default if param.name != "precision" else "fp32"
+        value = _nearest(param.distribution, wanted)
+        if param.name in recipe and value != wanted:
+            notes.append(f"{param.name}: recipe {wanted!r} -> {value!r} (outside this machine's space)")
+        baseline[param.name] = value
+    searched = {param.name for param in space.params}
+    for name in recipe:
+        if name not in searched and name not in space.fixed:
+            notes.append(f"{name}: recipe {recipe[name]!r} does not apply to this device")
+    return {**space.fixed, **baseline}, tuple(notes)
+
+
+def _nearest(distribution: od.BaseDistribution, wanted: Any) -> Any:
+    if contains(distribution, wanted):
+        return wanted
+    if isinstance(distribution, od.CategoricalDistribution):
+        numeric = [c for c in distribution.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if numeric and isinstance(wanted, (int, float)):
+            return min(numeric, key=lambda c: (abs(c - wanted), -c))
+        return "fp32" if "fp32" in distribution.choices else distribution.choices[0]
+    low, high = distribution.low, distribution.high  # type: ignore[attr-defined]
+    if isinstance(distribution, od.IntDistribution):
+        clamped = min(max(int(wanted), low), high)
+        return low + (clamped - low) // distribution.step * distribution.step
+    return float(min(max(wanted, low), high))

@@ -1,0 +1,105 @@
+"""Peak memory of a trial: CUDA's allocator peak on a GPU, the process tree's resident memory on a CPU."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["PeakMemory", "process_tree_rss_bytes", "available_memory_bytes"]
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children += [int(child) for child in task.read_text().split()]
+        except (OSError, ValueError):
+            continue  # the task ended while we looked
+    return children
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def process_tree_rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process and all its descendants (DataLoader workers included), from /proc.
+
+    Shared pages (torch's libraries mapped into each forked worker) are counted once per process, as the kernel's
+    RSS does, so this is an upper bound of what the tree really holds.
+    """
+    pending, total, seen = [pid or os.getpid()], 0, set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        total += _rss_bytes(current)
+        pending += _children(current)
+    return total
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (what can still be used without swapping), or 0 when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class PeakMemory:
+    """Tracks peak memory over the timed window and knows the device's capacity.
+
+    On CUDA: torch.cuda.max_memory_allocated against the device's total memory. On a CPU: the process tree's RSS,
+    sampled by a background thread, against the memory that was available when the trial started plus what the
+    trial already held then.
+    """
+
+    def __init__(self, device: torch.device, interval_s: float = 0.1) -> None:
+        self.device = device
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if device.type == "cuda":
+            self.capacity_bytes = int(torch.cuda.get_device_properties(device).total_memory)
+        else:
+            self.capacity_bytes = available_memory_bytes() + process_tree_rss_bytes()
+
+    def reset(self) -> None:
+        """Start a fresh peak (called when the timed window opens)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        self.peak_bytes = process_tree_rss_bytes()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._poll, name="autotune-rss", daemon=True)
+            self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, process_tree_rss_bytes())
+
+    def sample(self) -> int:
+        """Take a last reading and return the peak so far."""
+        if self.device.type == "cuda":
+            self.peak_bytes = max(self.peak_bytes, int(torch.cuda.max_memory_allocated(self.device)))
+        else:
+            self.peak_bytes = max(self.peak_bytes, process_tree_rss_bytes())
+        return self.peak_bytes
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)

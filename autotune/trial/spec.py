@@ -1,0 +1,152 @@
+"""What the parent sends a trial child (TrialSpec) and what the child answers (TrialResult), as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["TrialConfig", "TimingConfig", "TrialSpec", "TrialResult", "STATUSES", "FEASIBLE_STATUSES"]
+
+# "ok": measured and feasible. The others name why a configuration cannot be used.
+STATUSES = ("ok", "oom", "nonfinite", "timeout", "signal", "error", "headroom", "unstable")
+FEASIBLE_STATUSES = ("ok",)
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    return cls(**{key: value for key, value in data.items() if key in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialConfig:
+    """One point of the search: DataLoader, precision and thread settings for one training device."""
+
+    per_device_batch_size: int
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    precision: str = "fp32"  # fp32 | tf32 | bf16 | fp16
+    cudnn_benchmark: bool = True
+    intra_op_threads: int | None = None
+    world_size: int = 1
+    grad_accum_steps: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)  # workload-specific knobs
+
+    def __post_init__(self) -> None:
+        # DataLoader rejects these without workers; normalising here keeps equal configs equal.
+        if self.num_workers == 0:
+            object.__setattr__(self, "prefetch_factor", None)
+            object.__setattr__(self, "persistent_workers", False)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.per_device_batch_size * self.world_size * self.grad_accum_steps
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], *, world_size: int = 1, extra_knobs: tuple[str, ...] = ()) -> TrialConfig:
+        """Build from the flat parameter dict a search space suggests."""
+        core = {key: value for key, value in params.items() if key not in extra_knobs}
+        extra = {key: value for key, value in params.items() if key in extra_knobs}
+        return _from_dict(cls, {**core, "world_size": world_size, "extra": extra})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+        return _from_dict(cls, data)
+
+    def short(self) -> str:
+        """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16'."""
+        parts = [f"bs={self.per_device_batch_size}", f"w={self.num_workers}"]
+        if self.prefetch_factor is not None:
+            parts.append(f"pf={self.prefetch_factor}")
+        if self.pin_memory:
+            parts.append("pin")
+        if self.persistent_workers:
+            parts.append("persist")
+        parts.append(self.precision)
+        if self.intra_op_threads is not None:
+            parts.append(f"thr={self.intra_op_threads}")
+        parts += [f"{key}={value}" for key, value in self.extra.items()]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimingConfig:
+    """How long a trial warms up and measures."""
+
+    warmup_steps: int = 3
+    window_s: float = 10.0
+    min_window_steps: int = 5
+    max_window_steps: int = 10_000
+    memory_headroom_fraction: float = 0.10
+    max_step_time_cv: float | None = None  # coefficient of variation above which a config is 'unstable'
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TimingConfig:
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialSpec:
+    """Everything a trial child needs, in one JSON file: no live objects, no shell."""
+
+    workload: str  # registry name or "package.module:factory"
+    workload_options: dict[str, Any]
+    data_file: str  # JSON of DataSource.to_dict(), written once per run
+    config: TrialConfig
+    timing: TimingConfig
+    device_type: str  # "cuda" | "cpu"
+    result_path: str
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["config"], data["timing"] = self.config.to_dict(), self.timing.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+        data = dict(data)
+        data["config"] = TrialConfig.from_dict(data["config"])
+        data["timing"] = TimingConfig.from_dict(data["timing"])
+        return _from_dict(cls, data)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialResult:
+    """What one trial measured, or why it could not."""
+
+    status: str
+    reason: str = ""
+    samples_per_second: float | None = None
+    audio_seconds_per_second: float | None = None
+    step_time_median_s: float | None = None
+    step_time_p90_s: float | None = None
+    step_time_cv: float | None = None
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    memory_capacity_bytes: int | None = None
+    all_losses_finite: bool | None = None
+    window_steps: int = 0
+    window_s: float | None = None
+    warmup_s: float | None = None
+    setup_s: float | None = None  # interpreter start, imports, model and loader build
+    wall_s: float | None = None  # whole trial as the parent saw it
+    log_tail: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.status in FEASIBLE_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        return _from_dict(cls, data)

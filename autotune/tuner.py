@@ -1,0 +1,234 @@
+"""The study: baseline first, an Optuna search, confirmation of the leaders, a winner chosen on medians."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+
+from autotune.space import SearchSpace
+from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
+
+__all__ = ["TunerSettings", "TrialRecord", "Candidate", "TuningOutcome", "Reporter", "Tuner", "make_sampler"]
+
+logger = logging.getLogger(__name__)
+FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TunerSettings:
+    """How long and how carefully to search."""
+
+    trials: int = 24
+    budget_s: float | None = None
+    sampler: str = "tpe"  # tpe | random | grid
+    seed: int = 0
+    confirm_top_k: int = 3
+    confirm_repeats: int = 2
+    trial_timeout_s: float = 300.0
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialRecord:
+    """One measured trial of this run."""
+
+    number: int
+    role: str  # baseline | search | confirm
+    config: TrialConfig
+    result: TrialResult
+
+    @property
+    def value(self) -> float:
+        return self.result.samples_per_second or 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class Candidate:
+    """A configuration and every measurement of it in this run."""
+
+    config: TrialConfig
+    records: list[TrialRecord]
+
+    @property
+    def feasible(self) -> bool:
+        return all(record.result.feasible for record in self.records)
+
+    @property
+    def values(self) -> list[float]:
+        return [record.value for record in self.records if record.result.feasible]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class TuningOutcome:
+    """What a run found."""
+
+    records: list[TrialRecord]
+    baseline: Candidate | None
+    winner: Candidate | None
+    stopped_by: str
+    elapsed_s: float
+    confirmed: list[Candidate] = field(default_factory=list)
+
+
+class Reporter(Protocol):
+    """Receives progress; the CLI draws it, tests may record it."""
+
+    def trial_started(self, number: int, role: str, config: TrialConfig) -> None: ...
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None: ...
+
+
+class _SilentReporter:
+    def trial_started(self, number: int, role: str, config: TrialConfig) -> None:
+        return None
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        return None
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
+    """TPE suits tens of trials over a mixed, conditional space; random and grid serve comparisons."""
+    if name == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group=True is marked experimental
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def _config_key(config: TrialConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+class Tuner:
+    """Runs one tuning session against an Optuna study.
+
+    Args:
+        study: the Optuna study (maximising samples per second).
+        space: the search space for this machine.
+        make_spec: turns a TrialConfig and a result path into a TrialSpec.
+        settings: counts, budget and timing.
+        workdir: where trial folders go; a successful trial's folder is removed, a failed one's log is kept.
+        reporter: progress callbacks.
+        world_size: devices per trial.
+        extra_knobs: workload knobs among the space's parameters.
+    """
+
+    def __init__(
+        self, *, study: optuna.Study, space: SearchSpace, make_spec: Callable[[TrialConfig, str], TrialSpec],
+        settings: TunerSettings, workdir: Path, reporter: Reporter | None = None, world_size: int = 1,
+        extra_knobs: tuple[str, ...] = (),
+    ) -> None:
+        self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
+        self.workdir, self.reporter = workdir, reporter or _SilentReporter()
+        self.world_size, self.extra_knobs = world_size, extra_knobs
+        self.records: list[TrialRecord] = []
+        self._started = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started
+
+    def _config(self, params: dict[str, Any]) -> TrialConfig:
+        return TrialConfig.from_params(params, world_size=self.world_size, extra_knobs=self.extra_knobs)
+
+    def _run_one(self, role: str, params: dict[str, Any] | None = None) -> TrialRecord:
+        if params is not None:
+            self.study.enqueue_trial(params, user_attrs={"role": role})
+        trial = self.study.ask()
+        values = self.space.suggest(trial)
+        config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
+        self.reporter.trial_started(trial.number, role, config)
+        folder = self.workdir / f"trial-{trial.number:04d}"
+        try:
+            spec = self.make_spec(config, str(folder / "result.json"))
+            result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s)
+        except BaseException:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        record = TrialRecord(number=trial.number, role=role, config=config, result=result)
+        trial.set_user_attr("role", role)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("result", {k: v for k, v in result.to_dict().items() if k != "log_tail"})
+        trial.set_constraint(FEASIBILITY, 0.0 if result.feasible else 1.0)
+        self.study.tell(trial, record.value)
+        if result.feasible:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.records.append(record)
+        self.reporter.trial_finished(record, self.best())
+        return record
+
+    def best(self) -> TrialRecord | None:
+        feasible = [record for record in self.records if record.result.feasible]
+        return max(feasible, key=lambda record: record.value, default=None)
+
+    def _reserve_s(self) -> float:
+        """Time to keep for confirmation, from the median wall time of trials so far."""
+        walls = [record.result.wall_s for record in self.records if record.result.wall_s]
+        return (statistics.median(walls) if walls else 0.0) * self.settings.confirm_top_k * self.settings.confirm_repeats
+
+    def _out_of_budget(self) -> bool:
+        budget = self.settings.budget_s
+        return budget is not None and self.elapsed_s() + self._reserve_s() >= budget
+
+    def run(self) -> TuningOutcome:
+        """Baseline, search until the trial count or budget is spent, confirm the leaders, pick the winner."""
+        baseline = self._run_one("baseline", dict(self.space.baseline))
+        stopped_by = "trials"
+        for _ in range(self.settings.trials - 1):
+            if self._out_of_budget():
+                stopped_by = "budget"
+                break
+            self._run_one("search")
+        confirmed = self._confirm()
+        winner = max((c for c in confirmed if c.feasible), key=lambda c: c.median, default=None)
+        baseline_candidate = self._candidates().get(_config_key(baseline.config))
+        return TuningOutcome(
+            records=list(self.records), baseline=baseline_candidate, winner=winner, stopped_by=stopped_by,
+            elapsed_s=self.elapsed_s(), confirmed=confirmed,
+        )
+
+    def _candidates(self) -> dict[str, Candidate]:
+        candidates: dict[str, Candidate] = {}
+        for record in self.records:
+            key = _config_key(record.config)
+            candidates.setdefault(key, Candidate(config=record.config, records=[])).records.append(record)
+        return candidates
+
+    def _confirm(self) -> list[Candidate]:
+        """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""
+        leaders = sorted((c for c in self._candidates().values() if c.feasible), key=lambda c: -c.median)
+        leaders = leaders[: max(1, self.settings.confirm_top_k)]
+        budget = self.settings.budget_s
+        for _ in range(self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0):
+            for leader in leaders:
+                if budget is not None and self.elapsed_s() >= budget:
+                    logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
+                    break
+                params = {k: v for k, v in leader.config.to_dict().items() if k not in ("world_size", "grad_accum_steps", "extra")}
+                params.update(leader.config.extra)
+                self._run_one("confirm", _space_params(params, self.space))
+        by_key = self._candidates()
+        return [by_key[_config_key(leader.config)] for leader in leaders]
+
+
+def _space_params(params: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """Only the parameters the space knows, so that enqueue_trial gets exactly what suggest() asks for."""
+    names = {param.name for param in space.params} | set(space.fixed)
+    return {key: value for key, value in params.items() if key in names}

@@ -1,0 +1,9 @@
+"""Workloads: the model families autotune can train, and the plugin loader for users' own."""
+
+from __future__ import annotations
+
+from autotune.workloads import speaker as _speaker  # noqa: F401  (registers the built-ins)
+from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext, move_to_device
+from autotune.workloads.registry import WORKLOADS, get, names, register
+
+__all__ = ["WORKLOADS", "TrainingSetup", "Workload", "WorkloadContext", "get", "move_to_device", "names", "register"]

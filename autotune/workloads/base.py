@@ -1,0 +1,93 @@
+"""The workload protocol: what a model family must provide so that trials can train it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from autotune.data import DataSource
+    from autotune.trial.spec import TrialConfig
+
+__all__ = ["Workload", "WorkloadContext", "TrainingSetup", "move_to_device"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadContext:
+    """What a workload's build function gets inside a trial process."""
+
+    data: DataSource
+    config: TrialConfig
+    options: dict[str, Any]
+    device: torch.device
+
+
+def move_to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """Move every tensor of a (nested) batch to the device."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(item, device, non_blocking) for item in batch)
+    if isinstance(batch, dict):
+        return {key: move_to_device(value, device, non_blocking) for key, value in batch.items()}
+    return batch
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingSetup:
+    """Live objects for one trial: the model (with its loss head), optimiser, data and the loss of a batch.
+
+    Attributes:
+        model: every module with trainable parameters (embedding network and classifier head).
+        optimizer: built over model.parameters().
+        dataset: a map-style dataset whose items are decoded and featurised in DataLoader workers.
+        collate_fn: turns a list of items into a batch.
+        loss_fn: (model, batch already on the device) -> scalar loss tensor.
+        samples_in: number of training samples in a batch.
+        audio_seconds_in: seconds of audio in a batch.
+        batch_to_device: moves a batch to the device (non_blocking when memory is pinned).
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    dataset: torch.utils.data.Dataset[Any]
+    collate_fn: Callable[[list[Any]], Any] | None
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+    samples_in: Callable[[Any], int]
+    audio_seconds_in: Callable[[Any], float]
+    batch_to_device: Callable[[Any, torch.device, bool], Any] = move_to_device
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """A trainable model family: how to build it, its data, its recipe and its search space.
+
+    Attributes:
+        name: the CLI name (`autotune run --model NAME`).
+        task: "speaker-verification", "asr", "tts", ...
+        description: one line for `autotune models`.
+        build: makes the TrainingSetup inside a trial process.
+        load_data: turns `--data PATH` (or None for the embedded default corpus) into a DataSource.
+        count_parameters: builds the model alone and counts its parameters (no head, as papers count).
+        published_parameters: the figure the model's authors publish, asserted by tests.
+        space_file: the search-space YAML used when the user gives none.
+        options: workload options and their defaults (e.g. crop_s), overridable per run.
+        knobs: workload-specific search parameters beyond the core DataLoader/precision ones.
+    """
+
+    name: str
+    task: str
+    description: str
+    build: Callable[[WorkloadContext], TrainingSetup]
+    load_data: Callable[[str | None], DataSource]
+    count_parameters: Callable[[], int] | None = None
+    published_parameters: int | None = None
+    space_file: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    knobs: Sequence[str] = ()

@@ -1,0 +1,94 @@
+"""Speaker-embedding workloads trained as the 3D-Speaker recipe: AAM-softmax over speakers, SGD with Nesterov."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
+from autotune.workloads.registry import register
+
+__all__ = ["speaker_workload", "load_speaker_data"]
+
+# 3D-Speaker egs/voxceleb/sv-cam++/conf/cam++.yaml
+RECIPE_OPTIMIZER = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4}
+RECIPE_MARGIN = {"scale": 32.0, "margin": 0.2}
+
+
+def load_speaker_data(path: str | None) -> Any:
+    """`--data PATH` as a speaker list or folder, or the embedded synthetic corpus when no path is given."""
+    from autotune import data
+
+    return data.default_source() if path is None else data.load_source(path)
+
+
+def _build_speaker_setup(make_embedder: Callable[[dict[str, Any]], Any], context: WorkloadContext) -> TrainingSetup:
+    import torch
+    from torch import nn
+
+    from autotune.data import SpeakerCropDataset, collate_speaker_batch
+    from autotune.models.margin import ArcMarginLoss, CosineClassifier
+
+    options = context.options
+    embedder = make_embedder(options)
+    model = nn.ModuleDict(
+        {
+            "embedder": embedder,
+            "classifier": CosineClassifier(options["embedding_size"], len(context.data.speakers)),
+            "loss": ArcMarginLoss(**RECIPE_MARGIN),
+        }
+    )
+    crop_s = float(options["crop_s"])
+
+    def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        features, labels = batch
+        return module["loss"](module["classifier"](module["embedder"](features)), labels)
+
+    return TrainingSetup(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), **RECIPE_OPTIMIZER),
+        dataset=SpeakerCropDataset(context.data.utterances, context.data.speakers, crop_s=crop_s),
+        collate_fn=collate_speaker_batch,
+        loss_fn=loss_fn,
+        samples_in=lambda batch: int(batch[1].shape[0]),
+        audio_seconds_in=lambda batch: int(batch[1].shape[0]) * crop_s,
+    )
+
+
+def speaker_workload(
+    *,
+    name: str,
+    description: str,
+    make_embedder: Callable[[dict[str, Any]], Any],
+    published_parameters: int,
+    options: dict[str, Any],
+) -> Workload:
+    """A speaker-embedding workload around one embedding network."""
+    return Workload(
+        name=name,
+        task="speaker-verification",
+        description=description,
+        build=lambda context: _build_speaker_setup(make_embedder, context),
+        load_data=load_speaker_data,
+        count_parameters=lambda: sum(p.numel() for p in make_embedder(options).parameters()),
+        published_parameters=published_parameters,
+        space_file=f"{name}.yaml",
+        options=options,
+    )
+
+
+def _campplus(options: dict[str, Any]) -> Any:
+    from autotune.models.campplus import CAMPPlus
+
+    return CAMPPlus(embedding_size=options["embedding_size"], memory_efficient=options.get("memory_efficient", False))
+
+
+@register
+def campplus() -> Workload:
+    return speaker_workload(
+        name="cam++",
+        description="CAM++ speaker embedding (3D-Speaker VoxCeleb recipe, 512-d), AAM-softmax, SGD",
+        make_embedder=_campplus,
+        published_parameters=7_176_224,
+        options={"crop_s": 3.0, "embedding_size": 512, "memory_efficient": False},
+    )

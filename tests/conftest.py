@@ -1,0 +1,40 @@
+"""Shared fixtures: hardware records without probing, and a tiny real audio corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.hardware import GpuInfo, Hardware
+
+
+def make_cpu(cores: int = 2) -> Hardware:
+    return Hardware(device_type="cpu", cpu_model="Test CPU", cpu_cores=cores, memory_bytes=16 * 2**30, torch_version="x")
+
+
+def make_cuda(name: str = "NVIDIA A100-SXM4-80GB", capability: tuple[int, int] = (8, 0), count: int = 1) -> Hardware:
+    gpus = tuple(
+        GpuInfo(name=name, uuid=f"GPU-{index:08d}-aaaa", memory_bytes=80 * 2**30, compute_capability=capability)
+        for index in range(count)
+    )
+    return Hardware(
+        device_type="cuda", gpus=gpus, cpu_model="Test CPU", cpu_cores=16, memory_bytes=256 * 2**30,
+        driver_version="560.35", torch_version="x", cuda_version="13.0",
+    )
+
+
+@pytest.fixture
+def cpu_hardware() -> Hardware:
+    return make_cpu()
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 speakers x 3 real WAV files of 1-2 s, generated once per test session."""
+    from autotune.data.synth import generate_corpus
+
+    return generate_corpus(
+        tmp_path_factory.mktemp("corpus") / "tiny", n_speakers=4, files_per_speaker=3, min_duration_s=1.0,
+        max_duration_s=2.0, seed=1,
+    )

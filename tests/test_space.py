@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import space
+from autotune.errors import SpaceError
+from tests.conftest import make_cpu, make_cuda
+
+CAM = space.space_path("cam++")
+
+
+def _names(loaded: space.SearchSpace) -> list[str]:
+    return [param.name for param in loaded.params]
+
+
+def _choices(loaded: space.SearchSpace, name: str) -> list:
+    return list(next(p for p in loaded.params if p.name == name).distribution.choices)
+
+
+@pytest.mark.parametrize(
+    ("hardware", "precisions"),
+    [
+        (make_cpu(), ["fp32", "bf16"]),
+        (make_cuda(capability=(8, 0)), ["fp32", "tf32", "bf16", "fp16"]),
+        (make_cuda(name="Tesla V100-SXM2-32GB", capability=(7, 0)), ["fp32", "fp16"]),
+    ],
+    ids=["cpu", "a100", "v100"],
+)
+def test_precisions_follow_the_hardware(hardware, precisions):
+    assert _choices(space.load(CAM, hardware), "precision") == precisions
+
+
+def test_cpu_space_has_threads_not_pinning_and_small_batches():
+    loaded = space.load(CAM, make_cpu(cores=2))
+    assert "intra_op_threads" in _names(loaded) and "pin_memory" not in _names(loaded)
+    assert _choices(loaded, "per_device_batch_size") == [8, 16, 32, 64]
+    workers = next(p for p in loaded.params if p.name == "num_workers").distribution
+    assert (workers.low, workers.high) == (0, 2)  # high: auto = the cores
+
+
+def test_cuda_space_has_pinning_not_threads():
+    loaded = space.load(CAM, make_cuda())
+    assert "pin_memory" in _names(loaded) and "intra_op_threads" not in _names(loaded)
+
+
+def test_baseline_is_the_recipe_adapted_to_the_machine():
+    gpu = space.load(CAM, make_cuda())
+    assert gpu.baseline["per_device_batch_size"] == 256 and gpu.baseline["precision"] == "fp32"
+    assert gpu.baseline["num_workers"] == 16 and gpu.baseline["cudnn_benchmark"] is True
+    cpu = space.load(CAM, make_cpu(cores=2))
+    assert cpu.baseline["per_device_batch_size"] == 64 and cpu.baseline["num_workers"] == 2
+    assert any("per_device_batch_size: recipe 256 -> 64" in note for note in cpu.baseline_notes)
+
+
+def test_suggest_respects_conditions():
+    loaded = space.load(CAM, make_cpu(cores=2))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3), direction="maximize")
+    seen_without_workers = seen_with_workers = False
+    for _ in range(30):
+        trial = study.ask()
+        values = loaded.suggest(trial)
+        if values["num_workers"] == 0:
+            seen_without_workers = True
+            assert "prefetch_factor" not in values and "persistent_workers" not in values
+        else:
+            seen_with_workers = True
+            assert 1 <= values["prefetch_factor"] <= 8
+        assert values["cudnn_benchmark"] is True
+        study.tell(trial, 1.0)
+    assert seen_with_workers and seen_without_workers
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("params: [1, 2\n", "not valid YAML at line"),
+        ("- a\n- b\n", "must hold a YAML mapping"),
+        ("params: {}\n", "'params' must be a non-empty mapping"),
+        ("params: {batch: {type: int, low: 1, high: 2}}\n", "unknown parameter 'batch'; valid ones are"),
+        ("params: {num_workers: {type: integer, low: 0, high: 2}}\n", "unknown type 'integer'"),
+        ("params: {num_workers: {type: int, low: 4, high: 2}}\n", "low 4 is above high 2"),
+        ("params: {num_workers: {type: int, low: 0}}\n", "needs 'low' and 'high'"),
+        ("params: {precision: {type: categorical, choices: []}}\n", "non-empty 'choices'"),
+        ("params: {precision: {type: categorical, choices: [fp8]}}\n", "unknown precision 'fp8'"),
+        ("params: {precision: {type: categorical, choices: [tf32, fp16]}}\n", "none of the choices runs"),
+        ("params: {pin_memory: {type: categorical, choices: [1, 2]}}\n", "is not a bool"),
+        (
+            "params:\n  prefetch_factor: {type: int, low: 1, high: 4, when: {num_workers: {at_least: 1}}}\n"
+            "  num_workers: {type: int, low: 0, high: 2}\n",
+            "neither 'device' nor an earlier parameter",
+        ),
+        (
+            "params:\n  num_workers: {type: int, low: 0, high: 2}\n"
+            "  prefetch_factor: {type: int, low: 1, high: 4, when: {num_workers: {more_than: 1}}}\n",
+            "condition on 'num_workers' may use only",
+        ),
+        ("params: {num_workers: {type: int, low: 0, high: 2}}\nbaselines: {}\n", "unknown top-level key 'baselines'"),
+        ("params: {num_workers: {type: int, low: 0, high: 2}}\nbaseline: {workers: 2}\n", "unknown parameter 'workers'"),
+    ],
+    ids=lambda value: value if len(value) < 30 else None,
+)
+def test_invalid_spaces_give_one_line_errors(tmp_path, text, words):
+    with pytest.raises(SpaceError) as caught:
+        space.load(_write(tmp_path, text), make_cpu())
+    assert words in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_space_file(tmp_path):
+    with pytest.raises(SpaceError, match="does not exist"):
+        space.load(tmp_path / "nope.yaml", make_cpu())
+
+
+def test_grid_and_size():
+    loaded = space.from_dict(
+        {"params": {"per_device_batch_size": {"type": "categorical", "choices": [1, 2]},
+                    "num_workers": {"type": "int", "low": 0, "high": 4, "step": 2}}},
+        make_cpu(),
+    )
+    assert loaded.grid() == {"per_device_batch_size": [1, 2], "num_workers": [0, 2, 4]}
+    assert loaded.size() == 6
