@@ -224,8 +224,13 @@ def probe(device: str = "auto") -> Hardware:
 
     gpus, driver = _nvml_gpus()
     gpus = _visible(gpus)
-    if device == "cuda" and not (gpus and torch.version.cuda):
+    if device == "cuda" and not gpus:
         raise UserError("--device cuda was asked for, but no usable NVIDIA GPU is visible; use --device cpu")
+    if device == "cuda" and not torch.version.cuda:
+        raise UserError(
+            f"--device cuda was asked for, but torch {torch.__version__} is a CPU-only build; "
+            "install a CUDA build of torch or use --device cpu"
+        )
     use_cuda = device == "cuda" or (device == "auto" and bool(gpus) and torch.version.cuda is not None)
     return Hardware(
         device_type="cuda" if use_cuda else "cpu",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,8 @@ class TunedConfig:
             "drop_last": True,
         }
         if config.num_workers > 0:
-            kwargs["prefetch_factor"] = config.prefetch_factor or 2
+            if config.prefetch_factor is not None:  # unset: DataLoader's own default, and the YAML reads back equal
+                kwargs["prefetch_factor"] = config.prefetch_factor
             kwargs["persistent_workers"] = config.persistent_workers
         return kwargs
 
@@ -154,7 +155,7 @@ class TunedConfig:
             persistent_workers=loader.get("persistent_workers", False),
             precision=precision["name"],
             cudnn_benchmark=precision["cudnn_benchmark"],
-            intra_op_threads=data.get("threads", {}).get("intra_op_threads"),
+            intra_op_threads=(data.get("threads") or {}).get("intra_op_threads"),
             world_size=batch["world_size"],
             grad_accum_steps=batch["grad_accum_steps"],
             extra=dict(data.get("workload_knobs") or {}),
@@ -189,5 +190,7 @@ def load_config(path: str | Path) -> TunedConfig:
     data = yamlio.read_mapping(path, what="autotune result")
     try:
         return TunedConfig.from_dict(data)
-    except (KeyError, TypeError) as error:
-        raise UserError(f"{path} is not an autotune result (missing or wrong field {error}); pass a file written by 'autotune run'") from None
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise UserError(
+            f"{path} is not an autotune result (missing or wrong field {error}); pass a file written by 'autotune run'"
+        ) from None

@@ -109,7 +109,9 @@ def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.Ba
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+        # The grid is walked by enqueuing its points (Tuner._grid_points); GridSampler's study.stop() only works
+        # inside study.optimize, and our ask-and-tell loop lives outside it.
+        return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}")
 
 
@@ -191,11 +193,15 @@ class Tuner:
         """Baseline, search until the trial count or budget is spent, confirm the leaders, pick the winner."""
         baseline = self._run_one("baseline", dict(self.space.baseline))
         stopped_by = "trials"
+        grid = self._grid_points() if self.settings.sampler == "grid" else None
         for _ in range(self.settings.trials - 1):
             if self._out_of_budget():
                 stopped_by = "budget"
                 break
-            self._run_one("search")
+            if grid is not None and not grid:
+                stopped_by = "grid exhausted"
+                break
+            self._run_one("search", grid.pop(0) if grid is not None else None)
         confirmed = self._confirm()
         winner = max((c for c in confirmed if c.feasible), key=lambda c: c.median, default=None)
         baseline_candidate = self._candidates().get(_config_key(baseline.config))
@@ -203,6 +209,16 @@ class Tuner:
             records=list(self.records), baseline=baseline_candidate, winner=winner, stopped_by=stopped_by,
             elapsed_s=self.elapsed_s(), confirmed=confirmed,
         )
+
+    def _grid_points(self) -> list[dict[str, Any]]:
+        """Every point of a finite space, in a seeded random order (so a cut-short grid is still a fair sample)."""
+        import itertools
+        import random
+
+        grid = self.space.grid()
+        points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+        random.Random(self.settings.seed).shuffle(points)
+        return points
 
     def _candidates(self) -> dict[str, Candidate]:
         candidates: dict[str, Candidate] = {}

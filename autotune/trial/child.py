@@ -15,6 +15,7 @@ __all__ = ["run_trial", "classify_exception"]
 logger = logging.getLogger(__name__)
 
 _WORKER_SIGNAL = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: (.+?)\.?\s*$", re.MULTILINE)
+_WORKER_DIED = re.compile(r"DataLoader worker \(pid\(s\) [\d, ]+\) exited unexpectedly")
 
 
 def classify_exception(error: BaseException) -> tuple[str, str]:
@@ -32,6 +33,8 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
     worker_signal = _WORKER_SIGNAL.search(str(error))
     if worker_signal:
         return "signal", f"a DataLoader worker was killed: {describe_signal_name(worker_signal.group(1))}"
+    if _WORKER_DIED.search(str(error)):
+        return "signal", "a DataLoader worker exited unexpectedly (killed by a signal or crashed)"
     return "error", f"{type(error).__name__}: {first_line}"
 
 

@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 
 from autotune import yamlio
-from autotune.trial.signals import describe_signal
+from autotune.trial.signals import describe_signal, describe_signal_name
 from autotune.trial.spec import TrialResult, TrialSpec
 
 __all__ = ["launch", "child_environment"]
 
 logger = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
+_WORKER_BUS_ERROR = "Unexpected bus error encountered in worker"
 
 
 def child_environment(spec: TrialSpec) -> dict[str, str]:
@@ -96,7 +97,10 @@ def _result(spec: TrialSpec, returncode: int | None, timeout_s: float, log_path:
     result_path = Path(spec.result_path)
     if returncode == 0 and result_path.exists():
         result = TrialResult.from_dict(yamlio.read_json(result_path))
-        result.log_tail = result.log_tail or ""
+        if result.status == "signal" and _WORKER_BUS_ERROR in tail:
+            # torch's worker handler prints this before dying; the parent only sees "exited unexpectedly".
+            result.reason = f"a DataLoader worker was killed: {describe_signal_name('SIGBUS')}"
+        result.log_tail = result.log_tail or tail
         return result
     if returncode < 0:
         return TrialResult(status="signal", reason=f"killed by {describe_signal(-returncode)}", log_tail=tail)

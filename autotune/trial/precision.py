@@ -51,7 +51,7 @@ class PrecisionSettings:
             yield
 
     def apply_backend_flags(self, torch_module: ModuleType | None = None) -> str:
-        """Set TF32 and cudnn.benchmark for this process; returns which TF32 API was used ("fp32_precision"/"legacy")."""
+        """Set TF32 and cudnn.benchmark for this process; returns the TF32 API used ("fp32_precision" or "legacy")."""
         return apply_backend_flags(tf32=self.tf32, cudnn_benchmark=self.cudnn_benchmark, torch_module=torch_module)
 
     def grad_scaler(self) -> Any:
@@ -102,8 +102,11 @@ class NullScaler:
     def scale(self, loss: Any) -> Any:
         return loss
 
-    def step(self, optimizer: Any) -> None:
-        optimizer.step()
+    def unscale_(self, optimizer: Any) -> None:
+        return None  # gradients are not scaled; training code that clips gradients calls this
+
+    def step(self, optimizer: Any) -> Any:
+        return optimizer.step()
 
     def update(self) -> None:
         return None

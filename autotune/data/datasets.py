@@ -1,0 +1,113 @@
+"""Speaker-classification dataset doing the 3D-Speaker recipe's per-item work: decode, crop, resample, fbank."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import soundfile as sf
+import torch
+import torch.nn.functional as F
+import torchaudio.functional as AF
+
+from autotune.data.features import FbankConfig, compute_fbank
+from autotune.data.sources import Utterance
+from autotune.errors import DataError
+
+__all__ = ["SpeakerCropDataset", "collate_speaker_batch"]
+
+
+class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Random fixed-length crops of utterances as fbank features, labelled with the speaker's index.
+
+    The work happens in ``__getitem__`` (so in DataLoader workers), which is what makes data loading a real cost
+    for the tuner to measure: only the crop window is decoded, converted to mono float32, resampled when the file's
+    rate differs from the fbank rate, zero-padded at the end when the utterance is shorter than the crop, and turned
+    into mean-normalised fbank. Crop positions come from torch's RNG, which DataLoader seeds per worker.
+    """
+
+    def __init__(
+        self,
+        utterances: Sequence[Utterance],
+        speakers: Sequence[str],
+        *,
+        crop_s: float = 3.0,
+        fbank: FbankConfig = FbankConfig(),  # noqa: B008 - frozen, so a shared default is safe
+    ) -> None:
+        """Index the utterances.
+
+        Args:
+            utterances: the items, e.g. ``DataSource.utterances``.
+            speakers: speaker names; an item's label is its speaker's index here (``DataSource.speakers``).
+            crop_s: length of every crop in seconds.
+            fbank: feature settings; ``fbank.sample_rate`` is the rate crops are resampled to.
+        """
+        self.utterances = tuple(utterances)
+        self.speakers = tuple(speakers)
+        label_of = {name: index for index, name in enumerate(self.speakers)}
+        unknown = sorted({u.speaker for u in self.utterances} - label_of.keys())
+        if unknown:
+            raise ValueError(f"speakers {unknown[:5]} of the utterances are not in the speakers list")
+        self.labels = tuple(label_of[u.speaker] for u in self.utterances)
+        self.crop_s = crop_s
+        self.fbank = fbank
+        self.crop_samples = round(crop_s * fbank.sample_rate)
+        self.num_frames = fbank.num_frames(self.crop_samples)
+        if self.num_frames == 0:
+            raise ValueError(f"crop_s={crop_s} is shorter than one fbank frame")
+
+    def __len__(self) -> int:
+        """Number of utterances."""
+        return len(self.utterances)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """One random crop.
+
+        Args:
+            index: utterance index.
+
+        Returns:
+            (fbank of shape (num_frames, num_mel_bins), float32; speaker label).
+        """
+        return compute_fbank(self._read_crop(self.utterances[index]), self.fbank), self.labels[index]
+
+    def _read_crop(self, utt: Utterance) -> torch.Tensor:
+        """Decode a random crop_s window of the utterance's segment at fbank rate, zero-padded to crop_samples."""
+        try:
+            with sf.SoundFile(utt.path) as audio:
+                rate = audio.samplerate
+                start = utt.start_sample or 0
+                stop = audio.frames if utt.stop_sample is None else min(utt.stop_sample, audio.frames)
+                wanted = math.ceil(self.crop_s * rate)
+                available = max(stop - start, 0)
+                if available > wanted:
+                    start += int(torch.randint(available - wanted + 1, (1,)))
+                audio.seek(start)
+                data = audio.read(min(wanted, available), dtype="float32", always_2d=True)
+        except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+            reason = str(getattr(exc, "error_string", None) or exc).replace("\n", " ")
+            raise DataError(
+                f"cannot read audio file {utt.path} (utterance {utt.utt_id}): {reason}; it was readable when the "
+                "data was loaded, so check that the file and its storage are intact"
+            ) from exc
+        mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
+        waveform = torch.from_numpy(np.ascontiguousarray(mono))
+        if rate != self.fbank.sample_rate:
+            waveform = AF.resample(waveform, rate, self.fbank.sample_rate)
+        waveform = waveform[: self.crop_samples]
+        return F.pad(waveform, (0, self.crop_samples - waveform.numel()))
+
+
+def collate_speaker_batch(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack dataset items into a batch.
+
+    Args:
+        items: (fbank, label) pairs of equal fbank shape.
+
+    Returns:
+        (feats of shape (B, frames, num_mel_bins), labels of shape (B,) int64).
+    """
+    feats = torch.stack([feat for feat, _ in items])
+    labels = torch.tensor([label for _, label in items], dtype=torch.int64)
+    return feats, labels

@@ -1,0 +1,401 @@
+"""Training data sources: a 3D-Speaker train.csv, a Kaldi folder, a folder of audio files, or the synthetic corpus.
+
+Every source becomes a `DataSource`: validated utterances (each audio file checked with ``soundfile.info``) plus the
+sorted speaker names whose index is the class label.
+
+3D-Speaker train.csv units: ``egs/*/sv-*/local/prepare_data_csv.py`` in 3D-Speaker writes ``start`` and ``stop`` in
+SECONDS (chunk ``i`` of ``seg_dur`` seconds, 3.0 in egs/voxceleb and 4.0 in egs/3dspeaker, spans ``i*seg_dur`` to
+``min((i+1)*seg_dur, duration)``; with ``--random_seg`` one row spans 0 to the file duration), and ``dur`` is the
+duration of the whole file in seconds, not of the chunk. speakerlab's ``WavSVDataset`` ignores start/stop and crops at
+random from the whole file; autotune honours them. (SpeechBrain's csv, header ``ID,duration,wav,start,stop,spk_id``,
+stores samples instead; it is not accepted here.)
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+
+from autotune.errors import DataError
+
+__all__ = ["AUDIO_EXTENSIONS", "CSV_HEADER", "DataSource", "Utterance", "default_source", "load_source"]
+
+logger = logging.getLogger(__name__)
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
+CSV_HEADER = ("ID", "dur", "path", "start", "stop", "spk")
+_ACCEPTED = (
+    "give a 3D-Speaker train.csv, a Kaldi folder with wav.scp and utt2spk, or a folder of .wav/.flac/.ogg files "
+    "(one sub-folder per speaker)"
+)
+# A segment may end a little past the decoded length (float seconds written by another decoder); clamp, don't fail.
+_SEGMENT_SLACK_S = 0.05
+
+
+def _error(message: str) -> DataError:
+    """A DataError whose message is guaranteed to be one line."""
+    return DataError(" ".join(message.split("\n")).replace("\r", " "))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Utterance:
+    """One training item: a whole audio file or a segment of one."""
+
+    utt_id: str
+    path: str  # absolute path of the audio file
+    speaker: str
+    start_sample: int | None = None  # segment bounds at the file's own sample rate; None = whole file
+    stop_sample: int | None = None
+    duration_s: float  # of the segment, or of the whole file
+    sample_rate: int | None = None  # of the file, as soundfile reported it
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict of all fields."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Utterance:
+        """Inverse of `to_dict`."""
+        return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataSource:
+    """Validated utterances of one data list, folder or corpus."""
+
+    kind: str  # "3d-speaker-csv" | "kaldi" | "folder" | "synthetic"
+    path: str  # absolute path of what the user gave (or the corpus folder)
+    utterances: tuple[Utterance, ...]
+    speakers: tuple[str, ...]  # sorted unique speaker names of the whole list; label = index in this tuple
+    synthetic: bool = False
+    n_utterances_total: int | None = None  # entries in the list when a subset was kept; None = all kept
+
+    def total_audio_s(self) -> float:
+        """Seconds of audio over all kept utterances."""
+        return sum(u.duration_s for u in self.utterances)
+
+    def describe(self) -> dict[str, Any]:
+        """Summary for logs and result files.
+
+        Returns:
+            kind, path, synthetic, n_utterances, n_utterances_total, subset (whether only part of the list was kept),
+            n_speakers, total_audio_hours and the sample_rates seen.
+        """
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "synthetic": self.synthetic,
+            "n_utterances": len(self.utterances),
+            "n_utterances_total": self.n_utterances_total or len(self.utterances),
+            "subset": self.n_utterances_total is not None,
+            "n_speakers": len(self.speakers),
+            "total_audio_hours": round(self.total_audio_s() / 3600.0, 3),
+            "sample_rates": sorted({u.sample_rate for u in self.utterances if u.sample_rate is not None}),
+        }
+
+    def fingerprint(self) -> str:
+        """Short stable hash (12 hex digits) of the kind, path and every utterance's id, path, bounds and duration."""
+        items = [[u.utt_id, u.path, u.start_sample, u.stop_sample, u.duration_s] for u in self.utterances]
+        payload = json.dumps([self.kind, self.path, items], separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict; `from_dict` restores an equal DataSource."""
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "synthetic": self.synthetic,
+            "n_utterances_total": self.n_utterances_total,
+            "speakers": list(self.speakers),
+            "utterances": [u.to_dict() for u in self.utterances],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DataSource:
+        """Inverse of `to_dict`."""
+        return cls(
+            kind=d["kind"],
+            path=d["path"],
+            synthetic=d.get("synthetic", False),
+            n_utterances_total=d.get("n_utterances_total"),
+            speakers=tuple(d["speakers"]),
+            utterances=tuple(Utterance.from_dict(u) for u in d["utterances"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One parsed, not yet validated entry of a list; `where` locates it for error messages."""
+
+    utt_id: str
+    path: str
+    speaker: str
+    where: str
+    start_s: float | None = None
+    stop_s: float | None = None
+
+
+def _resolve(audio_path: str, base: Path) -> str:
+    """Absolute path of an audio path given relative to the list's folder."""
+    return os.path.normpath(os.path.join(base, os.path.expanduser(audio_path)))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise _error(f"data list {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
+    except OSError as exc:
+        raise _error(f"data list {path} cannot be read ({exc.strerror}); check its permissions") from exc
+
+
+def _seconds(text: str, column: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _error(f"{where}: {column} {text!r} is not a number; write it in seconds") from None
+    if not math.isfinite(value):
+        raise _error(f"{where}: {column} {text!r} is not a finite number; write it in seconds")
+    return value
+
+
+def _parse_csv_row(fields: list[str], where: str, base: Path) -> _Row:
+    """One data row of a 3D-Speaker train.csv."""
+    if len(fields) != len(CSV_HEADER):
+        raise _error(
+            f"{where}: expected 6 comma-separated fields ({','.join(CSV_HEADER)}), found {len(fields)}; fix it"
+        )
+    utt_id, dur, audio, start, stop, spk = (f.strip() for f in fields)
+    if not (utt_id and audio and spk):
+        raise _error(f"{where}: ID, path and spk must not be empty; fix the row")
+    _seconds(dur, "dur", where)
+    start_s, stop_s = _seconds(start, "start", where), _seconds(stop, "stop", where)
+    if not 0.0 <= start_s < stop_s:
+        raise _error(f"{where}: start {start} s must be >= 0 and below stop {stop} s; fix the row")
+    return _Row(utt_id, _resolve(audio, base), spk, where, start_s, stop_s)
+
+
+def _read_csv(path: Path) -> list[_Row]:
+    """Rows of a 3D-Speaker train.csv (header ID,dur,path,start,stop,spk; start/stop in seconds)."""
+    reader = csv.reader(io.StringIO(_read_text(path)), skipinitialspace=True)
+    rows: list[_Row] = []
+    first_line: dict[str, int] = {}
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise _error(f"data list {path} is empty; write the header {','.join(CSV_HEADER)} and one row per chunk")
+        if tuple(h.strip() for h in header) != CSV_HEADER:
+            raise _error(
+                f"data list {path} line 1: header is {','.join(header)!r} but a 3D-Speaker train.csv needs exactly "
+                f"{','.join(CSV_HEADER)!r}; fix the header"
+            )
+        for fields in reader:
+            if not any(f.strip() for f in fields):
+                continue
+            row = _parse_csv_row(fields, f"data list {path} line {reader.line_num}", path.parent)
+            if row.utt_id in first_line:
+                raise _error(
+                    f"{row.where}: ID {row.utt_id!r} is already used on line {first_line[row.utt_id]}; make IDs unique"
+                )
+            first_line[row.utt_id] = reader.line_num
+            rows.append(row)
+    except csv.Error as exc:
+        raise _error(f"data list {path} line {reader.line_num}: malformed csv ({exc}); fix the row") from exc
+    return rows
+
+
+def _table(path: Path, n_fields: int | None) -> Iterator[tuple[str, str, int]]:
+    """(key, rest of line, line number) of a Kaldi table; n_fields=2 also requires the rest to be one token."""
+    seen: dict[str, int] = {}
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        parts = line.strip().split(maxsplit=1)
+        if not parts:
+            continue
+        if len(parts) < 2 or (n_fields == 2 and len(parts[1].split()) != 1):
+            raise _error(f"{path} line {number}: expected '<key> <value>', found {line.strip()!r}; fix the line")
+        if parts[0] in seen:
+            raise _error(
+                f"{path} line {number}: key {parts[0]!r} already on line {seen[parts[0]]}; keys must be unique"
+            )
+        seen[parts[0]] = number
+        yield parts[0], parts[1].strip(), number
+
+
+def _read_kaldi(folder: Path) -> list[_Row]:
+    """Rows of a Kaldi data folder: wav.scp (key path) and utt2spk (key speaker)."""
+    scp, utt2spk_path = folder / "wav.scp", folder / "utt2spk"
+    if not utt2spk_path.is_file():
+        raise _error(
+            f"Kaldi folder {folder} has wav.scp but no utt2spk; add utt2spk with '<utterance> <speaker>' lines"
+        )
+    if (folder / "segments").is_file():  # its wav.scp keys are recordings, not utterances: refuse, don't misread
+        raise _error(
+            f"Kaldi folder {folder} has a segments file, which autotune does not read; cut the segments into "
+            "files or list them in a 3D-Speaker train.csv (start/stop in seconds)"
+        )
+    utt2spk = {key: value for key, value, _ in _table(utt2spk_path, 2)}
+    rows: list[_Row] = []
+    for key, value, number in _table(scp, None):
+        where = f"{scp} line {number}"
+        if value.endswith("|") or value.startswith("|"):
+            raise _error(
+                f"{where}: piped command {value!r} is not supported; write its output to an audio file (e.g. run "
+                "the command once into a .wav) and list that path"
+            )
+        if key not in utt2spk:
+            raise _error(
+                f"{where}: utterance {key!r} is missing from {utt2spk_path}; add '{key} <speaker>' there or "
+                "remove the line"
+            )
+        rows.append(_Row(key, _resolve(value, folder), utt2spk[key], where))
+    return rows
+
+
+def _read_folder(folder: Path) -> list[_Row]:
+    """One row per audio file under folder (recursive, sorted); the speaker is the file's parent folder name."""
+    rows: list[_Row] = []
+    visited: set[str] = set()
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in visited:  # a symlink cycle
+            dirs[:] = []
+            continue
+        visited.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            stem, ext = os.path.splitext(name)
+            if name.startswith(".") or ext.lower() not in AUDIO_EXTENSIONS:
+                continue
+            rel = os.path.relpath(os.path.join(root, stem), folder).replace(os.sep, "/")
+            rows.append(_Row(rel, os.path.join(root, name), os.path.basename(root), f"audio folder {folder}"))
+    if not rows:
+        raise _error(f"folder {folder} contains no .wav, .flac or .ogg files; {_ACCEPTED}")
+    return rows
+
+
+def _read_rows(path: Path) -> tuple[str, list[_Row]]:
+    """Pick the reader by what path is; returns (kind, rows)."""
+    if path.is_dir():
+        if (path / "wav.scp").is_file():
+            return "kaldi", _read_kaldi(path)
+        return "folder", _read_folder(path)
+    if path.name == "wav.scp":
+        return "kaldi", _read_kaldi(path.parent)
+    if path.suffix.lower() == ".csv":
+        return "3d-speaker-csv", _read_csv(path)
+    raise _error(f"data path {path} is not a supported list; {_ACCEPTED}")
+
+
+def _probe(path: str, where: str) -> tuple[int, int]:
+    """(sample_rate, frames) of an audio file, or a DataError saying why it cannot be used."""
+    try:
+        info = sf.info(path)
+    except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError or OSError depending on the failure
+        if not os.path.exists(path):
+            raise _error(f"{where}: audio file {path} does not exist; fix the path or remove the entry") from exc
+        reason = getattr(exc, "error_string", None) or str(exc)
+        raise _error(
+            f"{where}: audio file {path} cannot be read ({reason}); convert it to WAV or FLAC or remove the entry"
+        ) from exc
+    if info.frames <= 0 or info.samplerate <= 0:
+        raise _error(f"{where}: audio file {path} holds no audio; remove the entry")
+    return info.samplerate, info.frames
+
+
+def _to_utterance(row: _Row, sample_rate: int, frames: int) -> Utterance:
+    """An Utterance from a parsed row and its file's header, converting a segment's seconds into samples."""
+    start = stop = None
+    n_samples = frames
+    if row.start_s is not None and row.stop_s is not None:
+        start, stop = round(row.start_s * sample_rate), round(row.stop_s * sample_rate)
+        if start >= frames or stop > frames + _SEGMENT_SLACK_S * sample_rate:
+            raise _error(
+                f"{row.where}: segment {row.start_s:g}-{row.stop_s:g} s goes past the end of {row.path} "
+                f"({frames / sample_rate:.3f} s); start and stop are seconds, as 3D-Speaker writes them; fix the row"
+            )
+        stop = min(stop, frames)
+        n_samples = stop - start
+    return Utterance(
+        utt_id=row.utt_id,
+        path=row.path,
+        speaker=row.speaker,
+        start_sample=start,
+        stop_sample=stop,
+        duration_s=n_samples / sample_rate,
+        sample_rate=sample_rate,
+    )
+
+
+def load_source(path: str | os.PathLike[str], *, max_utterances: int | None = 20000, seed: int = 0) -> DataSource:
+    """Read and validate a data list or folder.
+
+    Args:
+        path: a 3D-Speaker train.csv, a Kaldi folder (or its wav.scp) with utt2spk, or a folder of audio files.
+            Relative audio paths in a list resolve against the list's folder.
+        max_utterances: keep at most this many entries, a seeded random subset in list order; None keeps all.
+            Only kept entries are validated. Speakers are counted over the whole list.
+        seed: seed of the subset.
+
+    Returns:
+        The validated DataSource.
+
+    Raises:
+        DataError: the path, the list or one of the kept audio files cannot be used; the message says how to fix it.
+    """
+    started = time.perf_counter()
+    given = Path(os.path.abspath(os.path.expanduser(path)))
+    if max_utterances is not None and max_utterances < 1:
+        raise _error(f"max_utterances is {max_utterances}; use at least 1, or no limit")
+    if not given.exists():
+        raise _error(f"data path {given} does not exist; {_ACCEPTED}")
+    kind, rows = _read_rows(given)
+    if not rows:
+        raise _error(f"{given} lists no utterances (no entries); add at least one")
+    total = len(rows)
+    speakers = tuple(sorted({r.speaker for r in rows}))
+    if max_utterances is not None and total > max_utterances:
+        keep = sorted(random.Random(seed).sample(range(total), max_utterances))
+        rows = [rows[i] for i in keep]
+        logger.info("keeping a seeded random %d of the %d entries of %s", max_utterances, total, given)
+    probed: dict[str, tuple[int, int]] = {}  # a csv lists each file once per chunk: probe it once
+    utterances = []
+    for row in rows:
+        if row.path not in probed:
+            probed[row.path] = _probe(row.path, row.where)
+        utterances.append(_to_utterance(row, *probed[row.path]))
+    source = DataSource(
+        kind=kind,
+        path=str(given),
+        utterances=tuple(utterances),
+        speakers=speakers,
+        n_utterances_total=total if total > len(rows) else None,
+    )
+    logger.info("loaded %s in %.2f s: %s", given, time.perf_counter() - started, source.describe())
+    return source
+
+
+def default_source(cache_dir: str | os.PathLike[str] | None = None) -> DataSource:
+    """The embedded synthetic corpus, generated into the cache on first use.
+
+    Args:
+        cache_dir: cache root; defaults to `autotune.data.synth.default_cache_dir()`.
+
+    Returns:
+        A DataSource of kind "synthetic" with synthetic=True, whose path is the corpus folder.
+    """
+    from autotune.data.synth import ensure_corpus
+
+    return replace(load_source(ensure_corpus(cache_dir), max_utterances=None), kind="synthetic", synthetic=True)

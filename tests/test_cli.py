@@ -1,0 +1,137 @@
+"""The CLI as a person meets it: bad input is one line and exit code 2; a real small run writes a usable YAML."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from autotune import load_config
+from autotune.cli import app, parse_duration
+
+runner = CliRunner()
+FAST = ["--crop-seconds", "0.5", "--window", "1", "--warmup-steps", "1", "--device", "cpu"]
+
+
+def _invoke(args: list[str]):
+    return runner.invoke(app, args, catch_exceptions=False)
+
+
+def _error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path) -> Path:
+    return tmp_path / "results"
+
+
+def test_help_has_examples():
+    result = _invoke(["run", "--help"])
+    assert result.exit_code == 0
+    assert "autotune run --model cam++" in result.output and "--budget" in result.output
+
+
+def test_models_lists_cam_plus_plus_with_its_parameters():
+    result = _invoke(["models"])
+    assert result.exit_code == 0
+    assert "cam++" in result.output and "7,176,224" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--model", "wav2vec9"], "unknown model 'wav2vec9'; choose one of"),
+        (["--model", "no_such_module:factory"], "cannot import plugin module 'no_such_module'"),
+        (["--model", "tests.fixtures.faulty_workload:not_a_workload"], "returned str, not autotune.Workload"),
+        (["--model", "cam++", "--trials", "0"], "--trials must be at least 1"),
+        (["--model", "cam++", "--budget", "0m"], "--budget must be positive"),
+        (["--model", "cam++", "--budget", "soon"], "cannot read duration 'soon'"),
+        (["--model", "cam++", "--sampler", "cmaes"], "unknown sampler 'cmaes'"),
+        (["--model", "cam++", "--data", "/no/such/list.csv"], "/no/such/list.csv"),
+        (["--model", "cam++", "--crop-seconds", "-1"], "--crop-seconds must be positive"),
+    ],
+    ids=["unknown-model", "plugin-import", "plugin-type", "trials", "budget", "duration", "sampler", "data", "crop"],
+)
+def test_bad_input_is_one_line_and_exit_2(args, words, results_dir):
+    result = _invoke(["run", *args, "--results-dir", str(results_dir)])
+    assert result.exit_code == 2
+    assert words in _error_line(result)
+
+
+def test_bad_space_file(tmp_path, tiny_corpus, results_dir):
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  per_device_batch_size: {type: categorical, choices: [8, 16]\n")
+    result = _invoke(["run", "--model", "cam++", "--data", str(tiny_corpus), "--space", str(space),
+                      "--results-dir", str(results_dir)])
+    assert result.exit_code == 2 and "is not valid YAML" in _error_line(result)
+
+
+def test_bad_storage_url_and_no_password_leak(tiny_corpus, results_dir):
+    result = _invoke(["run", "--model", "cam++", "--data", str(tiny_corpus), "--results-dir", str(results_dir),
+                      "--storage", "nosuchdb://alice:s3cret@localhost/x"])
+    assert result.exit_code == 2
+    line = _error_line(result)
+    assert "cannot open storage" in line and "s3cret" not in line
+
+
+def test_unreadable_audio_in_list(tmp_path, results_dir):
+    (tmp_path / "bad.wav").write_bytes(b"this is not audio")
+    (tmp_path / "wav.scp").write_text(f"utt1 {tmp_path / 'bad.wav'}\n")
+    (tmp_path / "utt2spk").write_text("utt1 spk1\n")
+    result = _invoke(["run", "--model", "cam++", "--data", str(tmp_path), "--results-dir", str(results_dir)])
+    assert result.exit_code == 2 and "bad.wav" in _error_line(result)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_output(tmp_path, tiny_corpus):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    result = _invoke(["run", "--model", "cam++", "--data", str(tiny_corpus), "--out", str(locked / "x" / "r.yaml")])
+    assert result.exit_code == 2 and "cannot write the result" in _error_line(result)
+
+
+def test_output_under_a_file_is_unwritable(tmp_path, tiny_corpus):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = _invoke(["run", "--model", "cam++", "--data", str(tiny_corpus), "--out", str(blocker / "r.yaml"),
+                      "--results-dir", str(tmp_path / "results")])
+    assert result.exit_code == 2 and "cannot write the result" in _error_line(result)
+    assert not list((tmp_path / "results").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("1h30m", 5400)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.slow
+def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
+    out = results_dir / "cam.yaml"
+    result = _invoke(["run", "--model", "cam++", "--data", str(tiny_corpus), "--trials", "3", "--confirm", "1",
+                      "--results-dir", str(results_dir), "--out", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    assert "speedup over the recipe" in result.output or "baseline" in result.output
+    assert f"result written to {out}" in result.output.replace("\n", "")
+    tuned = load_config(out)
+    assert tuned.workload["name"] == "cam++" and tuned.device_type == "cpu"
+    assert tuned.metrics["winner"]["samples_per_second"] > 0
+    assert tuned.metrics["baseline"]["status"] == "ok" and tuned.metrics["speedup"] > 0
+    assert tuned.search["trials_this_run"] >= 3 and tuned.data["n_speakers"] == 4
+    kwargs = tuned.dataloader_kwargs()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(64, 2)), **kwargs)
+    assert next(iter(loader))[0].shape[0] == tuned.config.per_device_batch_size
+    with tuned.autocast():
+        product = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert product.dtype == (torch.bfloat16 if tuned.config.precision == "bf16" else torch.float32)
+    # A rerun continues the same study (same data, same hardware).
+    again = _invoke(["run", "--model", "cam++", "--data", str(tiny_corpus), "--trials", "1", "--confirm", "0",
+                     "--results-dir", str(results_dir), "--out", str(out), *FAST])
+    assert again.exit_code == 0, again.output
+    assert load_config(out).search["study_name"] == tuned.search["study_name"]

@@ -1,0 +1,237 @@
+"""TunedConfig: YAML round trips, atomic writes, loading errors, DataLoader kwargs and measurement summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from autotune import results, yamlio
+from autotune.errors import UserError
+from autotune.results import TunedConfig, load_config, summarise_measurements, write_config
+from autotune.trial.spec import TrialConfig, TrialResult
+from tests.conftest import make_cpu
+
+WITH_WORKERS = TrialConfig(
+    per_device_batch_size=32,
+    num_workers=4,
+    prefetch_factor=4,
+    pin_memory=True,
+    persistent_workers=True,
+    precision="bf16",
+    cudnn_benchmark=False,
+    intra_op_threads=2,
+    world_size=2,
+    grad_accum_steps=2,
+    extra={"crop_seconds": 2.5, "fbank_on_gpu": False},
+)
+WORKERS_DEFAULT_PREFETCH = TrialConfig(per_device_batch_size=16, num_workers=2, precision="fp32")
+NO_WORKERS = TrialConfig(per_device_batch_size=8, num_workers=0, precision="fp32")
+
+
+def make_tuned(config: TrialConfig = WITH_WORKERS, device_type: str = "cpu") -> TunedConfig:
+    return TunedConfig(
+        workload={"name": "cam++", "options": {"num_classes": 4}},
+        config=config,
+        device_type=device_type,
+        metrics={"winner": {"status": "ok", "samples_per_second": 123.456, "measurements": 3}, "speedup": 1.7},
+        hardware=make_cpu().to_dict(),
+        data={"source": "synthetic", "utterances": 12},
+        search={"trials": 20, "sampler": "TPESampler", "space": "search_spaces/cam++.yaml"},
+        created="2025-01-02T03:04:05+00:00",
+        autotune_version="0.1.0",
+        notes=["prefetch_factor: recipe 16 -> 8 (outside this machine's space)"],
+    )
+
+
+@pytest.mark.parametrize(
+    "config",
+    [WITH_WORKERS, WORKERS_DEFAULT_PREFETCH, NO_WORKERS],
+    ids=["workers", "workers-default-prefetch", "no-workers"],
+)
+def test_yaml_round_trip(config: TrialConfig) -> None:
+    tuned = make_tuned(config)
+    assert TunedConfig.from_yaml(tuned.to_yaml()) == tuned
+
+
+@pytest.mark.parametrize("config", [WITH_WORKERS, NO_WORKERS], ids=["workers", "no-workers"])
+def test_write_then_load_round_trip(tmp_path: Path, config: TrialConfig) -> None:
+    tuned = make_tuned(config)
+    path = write_config(tuned, tmp_path / "results" / "cam++" / "cpu.yaml")
+    assert load_config(path) == tuned
+
+
+def test_written_file_has_header_and_is_valid_yaml(tmp_path: Path) -> None:
+    path = write_config(make_tuned(), tmp_path / "out.yaml")
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# autotune result:")
+    assert f'autotune.load_config("{path}")' in text
+    data = yaml.safe_load(text)
+    assert data["batch"] == {
+        "per_device_batch_size": 32,
+        "world_size": 2,
+        "grad_accum_steps": 2,
+        "global_batch_size": 128,
+    }
+    assert data["precision"]["amp_dtype"] == "bfloat16"
+
+
+def test_write_config_replaces_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.yaml"
+    write_config(make_tuned(WITH_WORKERS), path)
+    write_config(make_tuned(NO_WORKERS), path)
+    assert load_config(path).config == NO_WORKERS
+    assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"]
+
+
+def test_write_config_failing_at_rename_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "out.yaml"
+    write_config(make_tuned(WITH_WORKERS), path)
+    before = path.read_bytes()
+
+    def failing_replace(src: str, dst: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(yamlio.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_config(make_tuned(NO_WORKERS), path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"]
+
+
+def test_write_config_failing_midway_through_writing_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "out.yaml"
+    write_config(make_tuned(WITH_WORKERS), path)
+    before = path.read_bytes()
+
+    def failing_fsync(fd: int) -> None:  # the text is half on its way to the disk
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(yamlio.os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="I/O error"):
+        write_config(make_tuned(NO_WORKERS), path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"]
+
+
+def test_dataloader_kwargs_with_workers() -> None:
+    assert make_tuned(WITH_WORKERS).dataloader_kwargs() == {
+        "batch_size": 32,
+        "num_workers": 4,
+        "pin_memory": True,
+        "drop_last": True,
+        "prefetch_factor": 4,
+        "persistent_workers": True,
+    }
+
+
+def test_dataloader_kwargs_without_workers_omit_worker_options() -> None:
+    kwargs = make_tuned(NO_WORKERS).dataloader_kwargs()
+    assert "prefetch_factor" not in kwargs
+    assert "persistent_workers" not in kwargs
+    assert kwargs == {"batch_size": 8, "num_workers": 0, "pin_memory": False, "drop_last": True}
+
+
+@pytest.mark.parametrize("config", [NO_WORKERS, WORKERS_DEFAULT_PREFETCH], ids=["no-workers", "workers"])
+def test_dataloader_kwargs_are_accepted_by_torch(config: TrialConfig) -> None:
+    dataset = torch.utils.data.TensorDataset(torch.arange(20.0).unsqueeze(1), torch.arange(20))
+    loader = torch.utils.data.DataLoader(dataset, **make_tuned(config).dataloader_kwargs())
+    batches = list(loader)
+    batch_size = config.per_device_batch_size
+    assert len(batches) == 20 // batch_size  # drop_last
+    assert all(features.shape == (batch_size, 1) for features, _ in batches)
+
+
+def _write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "result.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _edited_result(old: str, new: str) -> str:
+    """A result YAML with one section edited by hand."""
+    text = make_tuned().to_yaml()
+    assert old in text
+    return text.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("batch: [1, 2\nworkload: {", "not valid YAML"),
+        (b"\xff\xfe\x00binary", "cannot be read"),
+        ("- just\n- a list\n", "mapping"),
+        ("name: cam++\nbest: 3\n", "not an autotune result"),
+        ("dataloader: 5\nbatch: {}\nprecision: {}\n", "not an autotune result"),
+        (_edited_result("threads:\n  intra_op_threads: 2\n", "threads: [2]\n"), "not an autotune result"),
+        (_edited_result("workload_knobs:\n", "workload_knobs: [ab, cde]\nx:\n"), "not an autotune result"),
+    ],
+    ids=["missing", "not-yaml", "not-text", "not-a-mapping", "other-yaml", "wrong-types", "threads-list", "knobs-list"],
+)
+def test_load_config_errors_are_one_line(tmp_path: Path, content: str | bytes | None, message: str) -> None:
+    path = tmp_path / "missing.yaml" if content is None else _write(tmp_path, content)
+    with pytest.raises(UserError, match=message) as raised:
+        load_config(path)
+    assert "\n" not in str(raised.value)
+
+
+def test_load_config_takes_an_emptied_threads_section_as_unset(tmp_path: Path) -> None:
+    path = _write(tmp_path, _edited_result("threads:\n  intra_op_threads: 2\n", "threads:\n"))
+    assert load_config(path).config.intra_op_threads is None
+
+
+def _ok(samples_per_second: float, **fields: object) -> TrialResult:
+    return TrialResult(status="ok", samples_per_second=samples_per_second, **fields)  # type: ignore[arg-type]
+
+
+def test_summary_takes_median_and_spread() -> None:
+    measured = [
+        _ok(100.0, step_time_median_s=0.30, peak_memory_bytes=1_000, memory_capacity_bytes=9_000, wall_s=20.0),
+        _ok(120.0, step_time_median_s=0.25, peak_memory_bytes=3_000, memory_capacity_bytes=9_000, wall_s=22.0),
+        _ok(110.0, step_time_median_s=0.27, peak_memory_bytes=2_000, memory_capacity_bytes=9_000, wall_s=21.0),
+        TrialResult(status="oom", reason="CUDA out of memory"),
+    ]
+    summary = summarise_measurements(measured)
+    assert summary["status"] == "ok"
+    assert summary["samples_per_second"] == 110.0
+    assert (summary["samples_per_second_min"], summary["samples_per_second_max"]) == (100.0, 120.0)
+    assert summary["spread_fraction"] == pytest.approx(20 / 110, abs=1e-4)
+    assert summary["measurements"] == 3  # the OOM is ignored
+    assert summary["step_time_median_s"] == 0.27
+    assert summary["peak_memory_bytes"] == 3_000
+    assert summary["memory_capacity_bytes"] == 9_000
+    assert summary["trial_wall_s"] == 21.0
+    assert summary["audio_seconds_per_second"] is None  # never measured
+
+
+def test_summary_of_an_even_count_averages_the_middle_two() -> None:
+    summary = summarise_measurements([_ok(100.0), _ok(200.0), _ok(300.0), _ok(400.0)])
+    assert summary["samples_per_second"] == 250.0
+    assert summary["measurements"] == 4
+
+
+def test_summary_ignores_infeasible_and_unmeasured_results() -> None:
+    measured = [TrialResult(status="unstable", samples_per_second=999.0), _ok(50.0), TrialResult(status="ok")]
+    summary = summarise_measurements(measured)
+    assert (summary["samples_per_second"], summary["measurements"], summary["spread_fraction"]) == (50.0, 1, 0.0)
+
+
+def test_summary_when_all_are_infeasible_reports_the_first() -> None:
+    measured = [TrialResult(status="oom", reason="out of memory"), TrialResult(status="timeout", reason="hung")]
+    assert summarise_measurements(measured) == {"status": "oom", "reason": "out of memory"}
+
+
+def test_summary_of_nothing_is_missing() -> None:
+    assert summarise_measurements([]) == {"status": "missing", "reason": ""}
+
+
+def test_header_mentions_every_public_helper() -> None:
+    assert all(name in results._HEADER for name in ("load_config", "dataloader_kwargs", "autocast", "grad_scaler"))

@@ -1,0 +1,45 @@
+"""A real study over a workload that fails on purpose: every failure is recorded and the study goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import load_config, runner
+from autotune.trial import TimingConfig
+from autotune.tuner import TunerSettings
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.slow
+def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
+    settings = TunerSettings(
+        trials=7, sampler="grid", confirm_top_k=1, confirm_repeats=1, trial_timeout_s=15,
+        timing=TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2),
+    )
+    request = runner.RunRequest(
+        model="tests.fixtures.faulty_workload:workload", data=str(tiny_corpus),
+        space=str(FIXTURES / "faulty_space.yaml"), results_dir=str(tmp_path / "results"), device="cpu",
+        settings=settings,
+    )
+    report = runner.execute(runner.prepare(request))
+
+    statuses = {record.config.per_device_batch_size: record.result.status for record in report.outcome.records}
+    assert statuses == {1: "oom", 2: "nonfinite", 3: "timeout", 4: "signal", 5: "ok", 6: "signal"}
+    assert report.outcome.records[0].role == "baseline" and report.outcome.records[0].config.per_device_batch_size == 5
+    assert report.tuned.config.per_device_batch_size == 5
+    assert report.tuned.metrics["winner"]["measurements"] == 3  # baseline, its grid visit, one confirmation
+
+    # Optuna saw infeasible configurations as COMPLETE trials with a positive constraint, not as FAIL.
+    study = optuna.load_study(study_name=report.plan.study_name, storage=report.plan.storage_url)
+    assert all(trial.state == optuna.trial.TrialState.COMPLETE for trial in study.trials)
+    infeasible = [t for t in study.trials if t.user_attrs["result"]["status"] != "ok"]
+    assert len(infeasible) == 5 and all(t.constraints["infeasible"] > 0 for t in infeasible)
+
+    # The result reads back; failed trials keep their logs for the user, successful ones leave nothing behind.
+    assert load_config(report.result_path).config.per_device_batch_size == 5
+    logs = sorted(report.plan.workdir.glob("trial-*/trial.log"))
+    assert len(logs) == 5

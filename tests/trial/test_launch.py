@@ -1,0 +1,63 @@
+"""Failure classification through real trial subprocesses: each failure costs one trial, with a reason."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune import yamlio
+from autotune.data import load_source
+from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+
+FAULTY = "tests.fixtures.faulty_workload:workload"
+TIMING = TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2)
+
+
+def _spec(tmp_path: Path, corpus: Path, batch: int, num_workers: int = 0) -> TrialSpec:
+    data_file = yamlio.write_json(tmp_path / "data.json", load_source(corpus).to_dict())
+    return TrialSpec(
+        workload=FAULTY, workload_options={}, data_file=str(data_file),
+        config=TrialConfig(per_device_batch_size=batch, num_workers=num_workers), timing=TIMING,
+        device_type="cpu", result_path=str(tmp_path / "trial" / "result.json"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("batch", "workers", "status", "words"),
+    [
+        (5, 0, "ok", ""),
+        (1, 0, "oom", "out of memory"),
+        (2, 0, "nonfinite", "non-finite"),
+        (4, 0, "signal", "SIGBUS: shared memory (/dev/shm)"),
+        (6, 1, "signal", "DataLoader worker was killed: SIGBUS"),
+    ],
+    ids=["ok", "oom", "nan", "sigbus", "worker-sigbus"],
+)
+def test_failures_are_classified(tmp_path, tiny_corpus, batch, workers, status, words):
+    result = launch(_spec(tmp_path, tiny_corpus, batch, workers), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == status, result.log_tail
+    assert words in result.reason
+    assert "\n" not in result.reason
+    if status == "ok":
+        assert result.samples_per_second > 0 and result.window_steps >= 2 and result.all_losses_finite
+        assert 0.0 <= result.data_wait_fraction <= 1.0 and result.peak_memory_bytes > 0
+    else:
+        assert result.log_tail  # what the child printed, for the user to read
+
+
+def test_hang_is_killed_with_its_process_group(tmp_path, tiny_corpus):
+    result = launch(_spec(tmp_path, tiny_corpus, 3, num_workers=1), workdir=tmp_path / "trial", timeout_s=15)
+    assert result.status == "timeout" and "15 s" in result.reason
+    assert result.wall_s < 30
+    # The child ran in its own session: nothing of it (DataLoader worker included) may survive the kill.
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_trial_of(int(pid), tmp_path)]
+    assert leftovers == []
+
+
+def _is_trial_of(pid: int, tmp_path: Path) -> bool:
+    try:
+        return str(tmp_path) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False

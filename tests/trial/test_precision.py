@@ -1,0 +1,172 @@
+"""Precision settings: TF32 backend flags (new and legacy torch APIs), autocast and loss scaling."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from autotune.trial.precision import NullScaler, PrecisionSettings, apply_backend_flags, uses_new_tf32_api
+
+
+class NoLegacyFlags(SimpleNamespace):
+    """A backend namespace of a torch with the fp32_precision API: setting allow_tf32 would mix the two APIs."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "allow_tf32":
+            raise AssertionError(f"legacy flag {name} set on a torch with the fp32_precision API")
+        super().__setattr__(name, value)
+
+
+def new_api_torch() -> SimpleNamespace:
+    cuda = NoLegacyFlags(matmul=NoLegacyFlags(fp32_precision="none"))
+    cudnn = NoLegacyFlags(
+        benchmark=False, conv=NoLegacyFlags(fp32_precision="none"), rnn=NoLegacyFlags(fp32_precision="none")
+    )
+    return SimpleNamespace(backends=NoLegacyFlags(cuda=cuda, cudnn=cudnn, fp32_precision="none"))
+
+
+def legacy_torch() -> SimpleNamespace:
+    cuda = SimpleNamespace(matmul=SimpleNamespace(allow_tf32=None))
+    cudnn = SimpleNamespace(allow_tf32=None, benchmark=None)
+    return SimpleNamespace(backends=SimpleNamespace(cuda=cuda, cudnn=cudnn))
+
+
+def _new_api_values(fake: SimpleNamespace) -> tuple[str, str, str]:
+    backends = fake.backends
+    return (
+        backends.cuda.matmul.fp32_precision,
+        backends.cudnn.conv.fp32_precision,
+        backends.cudnn.rnn.fp32_precision,
+    )
+
+
+@pytest.mark.parametrize(("tf32", "expected"), [(True, "tf32"), (False, "ieee")], ids=["tf32", "fp32"])
+def test_new_api_sets_each_backend_and_no_legacy_flag(tf32: bool, expected: str) -> None:
+    fake = new_api_torch()
+    assert uses_new_tf32_api(fake)  # type: ignore[arg-type]
+    assert apply_backend_flags(tf32=tf32, cudnn_benchmark=True, torch_module=fake) == "fp32_precision"  # type: ignore[arg-type]
+    assert _new_api_values(fake) == (expected, expected, expected)
+    assert fake.backends.cudnn.benchmark is True
+    assert not hasattr(fake.backends.cudnn, "allow_tf32")
+    assert not hasattr(fake.backends.cuda.matmul, "allow_tf32")
+
+
+@pytest.mark.parametrize(("tf32", "benchmark"), [(True, False), (False, True)], ids=["tf32", "fp32"])
+def test_legacy_api_sets_allow_tf32_and_benchmark(tf32: bool, benchmark: bool) -> None:
+    fake = legacy_torch()
+    assert not uses_new_tf32_api(fake)  # type: ignore[arg-type]
+    assert apply_backend_flags(tf32=tf32, cudnn_benchmark=benchmark, torch_module=fake) == "legacy"  # type: ignore[arg-type]
+    assert fake.backends.cuda.matmul.allow_tf32 is tf32
+    assert fake.backends.cudnn.allow_tf32 is tf32
+    assert fake.backends.cudnn.benchmark is benchmark
+
+
+def test_matmul_precision_without_cudnn_conv_is_legacy() -> None:
+    fake = legacy_torch()
+    fake.backends.cuda.matmul.fp32_precision = "none"  # a torch midway between the two APIs
+    assert apply_backend_flags(tf32=True, cudnn_benchmark=True, torch_module=fake) == "legacy"  # type: ignore[arg-type]
+    assert fake.backends.cudnn.allow_tf32 is True
+
+
+def test_settings_apply_flags_through_the_module_function() -> None:
+    fake = new_api_torch()
+    settings = PrecisionSettings(precision="tf32", device_type="cuda", cudnn_benchmark=False)
+    assert settings.apply_backend_flags(torch_module=fake) == "fp32_precision"  # type: ignore[arg-type]
+    assert _new_api_values(fake) == ("tf32", "tf32", "tf32")
+    assert fake.backends.cudnn.benchmark is False
+
+
+@pytest.fixture
+def restore_torch_flags() -> Iterator[None]:
+    backends = torch.backends
+    saved = (*_new_api_values(torch), backends.cudnn.benchmark)  # type: ignore[arg-type]
+    yield
+    matmul, conv, rnn, benchmark = saved
+    backends.cuda.matmul.fp32_precision = matmul
+    backends.cudnn.conv.fp32_precision = conv
+    backends.cudnn.rnn.fp32_precision = rnn
+    backends.cudnn.benchmark = benchmark
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("fp32", "ieee"), ("tf32", "tf32")], ids=["fp32", "tf32"])
+def test_real_torch_takes_the_new_api(restore_torch_flags: None, precision: str, expected: str) -> None:
+    settings = PrecisionSettings(precision=precision, device_type="cpu")
+    assert settings.apply_backend_flags() == "fp32_precision"
+    assert torch.backends.cudnn.conv.fp32_precision == expected
+    assert torch.backends.cuda.matmul.fp32_precision == expected
+    assert torch.backends.cudnn.benchmark is True
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype_name", "tf32"),
+    [("fp32", None, False), ("tf32", None, True), ("bf16", "bfloat16", False), ("fp16", "float16", False)],
+    ids=["fp32", "tf32", "bf16", "fp16"],
+)
+def test_amp_dtype_names(precision: str, dtype_name: str | None, tf32: bool) -> None:
+    settings = PrecisionSettings(precision=precision, device_type="cuda")
+    assert settings.amp_dtype_name == dtype_name
+    assert settings.tf32 is tf32
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [("bf16", torch.bfloat16), ("fp32", torch.float32), ("tf32", torch.float32)],
+    ids=["bf16", "fp32", "tf32"],
+)
+def test_cpu_autocast_sets_matmul_dtype(precision: str, dtype: torch.dtype) -> None:
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with PrecisionSettings(precision=precision, device_type="cpu").autocast():
+        out = a @ b
+    assert out.dtype == dtype
+    assert (a @ b).dtype == torch.float32  # autocast ends with the context
+
+
+class RecordingGradScaler:
+    made: list[tuple[Any, ...]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        RecordingGradScaler.made.append((args, kwargs))
+
+
+@pytest.fixture
+def fake_grad_scaler(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    RecordingGradScaler.made = []
+    monkeypatch.setattr(torch.amp, "GradScaler", RecordingGradScaler)
+    return RecordingGradScaler.made
+
+
+@pytest.mark.parametrize(
+    ("precision", "device_type"),
+    [("fp16", "cpu"), ("bf16", "cpu"), ("bf16", "cuda"), ("fp32", "cuda"), ("tf32", "cuda")],
+    ids=["cpu-fp16", "cpu-bf16", "cuda-bf16", "cuda-fp32", "cuda-tf32"],
+)
+def test_no_loss_scaling_outside_cuda_fp16(fake_grad_scaler: list, precision: str, device_type: str) -> None:
+    settings = PrecisionSettings(precision=precision, device_type=device_type)
+    assert not settings.uses_grad_scaler
+    assert isinstance(settings.grad_scaler(), NullScaler)
+    assert fake_grad_scaler == []
+
+
+def test_cuda_fp16_makes_a_cuda_grad_scaler(fake_grad_scaler: list) -> None:
+    scaler = PrecisionSettings(precision="fp16", device_type="cuda").grad_scaler()
+    assert isinstance(scaler, RecordingGradScaler)
+    assert fake_grad_scaler == [(("cuda",), {})]
+
+
+def test_null_scaler_steps_the_optimizer() -> None:
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scaler = NullScaler()
+    loss = (weight * 2).sum()
+    scaled = scaler.scale(loss)
+    assert scaled is loss
+    scaled.backward()
+    scaler.unscale_(optimizer)  # gradient clipping code calls this between backward and step
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.equal(weight.detach(), torch.zeros(2))
+    assert scaler.get_scale() == 1.0
