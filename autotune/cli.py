@@ -56,7 +56,8 @@ def parse_duration(text: str) -> float:
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     import optuna
@@ -71,22 +72,43 @@ def _fail(message: str, code: int = USER_ERROR_EXIT_CODE) -> typer.Exit:
 
 @app.command(help=RUN_HELP)
 def run(
-    model: Annotated[str, typer.Option("--model", "-m", help="Workload name (see 'autotune models') or package.module:factory.")],
-    data: Annotated[Optional[str], typer.Option(help="3D-Speaker train.csv, a folder with wav.scp + utt2spk, or a folder of audio files. Default: the embedded synthetic corpus.")] = None,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Workload name (see 'autotune models') or package.module:factory.")
+    ],
+    data: Annotated[
+        Optional[str],
+        typer.Option(
+            help="3D-Speaker train.csv, a folder with wav.scp + utt2spk, or a folder of audio files. "
+            "Default: the embedded synthetic corpus."
+        ),
+    ] = None,
     trials: Annotated[int, typer.Option(help="Trials to run, the baseline included (confirmations come on top).")] = 24,
     budget: Annotated[Optional[str], typer.Option(help="Wall-clock budget for the whole run, e.g. 15m or 1h.")] = "20m",
-    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL. Default: sqlite under --results-dir; a rerun continues the same study.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Result YAML. Default: RESULTS_DIR/MODEL/HARDWARE_FINGERPRINT.yaml.")] = None,
-    results_dir: Annotated[Path, typer.Option(help="Folder for results, studies and logs of failed trials.")] = Path("results"),
-    space: Annotated[Optional[Path], typer.Option(help="Search-space YAML. Default: the built-in one of the model.")] = None,
+    storage: Annotated[
+        Optional[str],
+        typer.Option(help="Optuna storage URL. Default: sqlite under --results-dir; a rerun continues the same study."),
+    ] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="Result YAML. Default: RESULTS_DIR/MODEL/HARDWARE_FINGERPRINT.yaml.")
+    ] = None,
+    results_dir: Annotated[Path, typer.Option(help="Folder for results, studies and logs of failed trials.")] = Path(
+        "results"
+    ),
+    space: Annotated[
+        Optional[Path], typer.Option(help="Search-space YAML. Default: the built-in one of the model.")
+    ] = None,
     device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
     sampler: Annotated[str, typer.Option(help="tpe (default), random or grid.")] = "tpe",
     window: Annotated[float, typer.Option(help="Seconds of each timed window.")] = 10.0,
     warmup_steps: Annotated[int, typer.Option(help="Training steps before the timed window.")] = 3,
-    trial_timeout: Annotated[str, typer.Option(help="Hard limit per trial; a trial past it is killed as a hang.")] = "5m",
+    trial_timeout: Annotated[
+        str, typer.Option(help="Hard limit per trial; a trial past it is killed as a hang.")
+    ] = "5m",
     confirm: Annotated[int, typer.Option(help="How many leading configurations to re-measure before choosing.")] = 3,
     headroom: Annotated[float, typer.Option(help="Fraction of device memory a winner must leave free.")] = 0.10,
-    crop_seconds: Annotated[Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")] = None,
+    crop_seconds: Annotated[
+        Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
@@ -107,15 +129,31 @@ def run(
             raise UserError(f"--crop-seconds must be positive, got {crop_seconds}")
         timing = TimingConfig(warmup_steps=warmup_steps, window_s=window, memory_headroom_fraction=headroom)
         settings = TunerSettings(
-            trials=trials, budget_s=parse_duration(budget) if budget else None, sampler=sampler, seed=seed,
-            confirm_top_k=confirm, trial_timeout_s=parse_duration(trial_timeout), timing=timing,
+            trials=trials,
+            budget_s=parse_duration(budget) if budget else None,
+            sampler=sampler,
+            seed=seed,
+            confirm_top_k=confirm,
+            trial_timeout_s=parse_duration(trial_timeout),
+            timing=timing,
         )
         request = runner.RunRequest(
-            model=model, data=data, space=str(space) if space else None, storage=storage,
-            out=str(out) if out else None, results_dir=str(results_dir), device=device, settings=settings,
+            model=model,
+            data=data,
+            space=str(space) if space else None,
+            storage=storage,
+            out=str(out) if out else None,
+            results_dir=str(results_dir),
+            device=device,
+            settings=settings,
             workload_options={"crop_s": crop_seconds} if crop_seconds is not None else {},
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
+        if data is None:
+            stderr_console.print(
+                "[dim]no --data: using the embedded synthetic corpus "
+                "(generated once into the cache, about 300 MB)[/dim]"
+            )
         plan = runner.prepare(request)
         reporter = RichReporter(stderr_console, plan)
         with reporter:
@@ -125,7 +163,9 @@ def run(
     except runner.TuningFailed as error:
         raise _fail(str(error), EXIT_NO_STABLE_CONFIG) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED) from None
+        raise _fail(
+            "interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED
+        ) from None
     print_summary(stdout_console, report)
 
 
@@ -144,8 +184,12 @@ def models() -> None:
         counted = workload.count_parameters() if workload.count_parameters else None
         published = workload.published_parameters
         table.add_row(
-            name, workload.task, f"{counted:,}" if counted else "-", f"{published:,}" if published else "-",
-            "synthetic corpus (generated on first use)", workload.description,
+            name,
+            workload.task,
+            f"{counted:,}" if counted else "-",
+            f"{published:,}" if published else "-",
+            "synthetic corpus (generated on first use)",
+            workload.description,
         )
     stdout_console.print(table)
 

@@ -19,8 +19,10 @@ __all__ = ["RichReporter", "print_summary"]
 
 _STATUS_STYLE = {"ok": "green", "oom": "red", "timeout": "red", "signal": "red", "error": "red"}
 
+
 def _rate(value: float | None) -> str:
     return f"{value:,.1f}" if value else "-"
+
 
 class RichReporter:
     """Progress over trials with the best so far; one line per finished trial."""
@@ -29,10 +31,17 @@ class RichReporter:
         settings = plan.request.settings
         self.console = console
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, transient=True,
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
         )
-        self.task = self.progress.add_task("starting", total=settings.trials + settings.confirm_top_k * settings.confirm_repeats)
+        self.task = self.progress.add_task(
+            "starting", total=settings.trials + settings.confirm_top_k * settings.confirm_repeats
+        )
         data = plan.data.describe()
         synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
         console.print(f"[bold]autotune[/bold] {plan.workload.name} on {plan.hardware.describe()}")
@@ -41,7 +50,9 @@ class RichReporter:
             f"{data['total_audio_hours']} h{synthetic}"
         )
         console.print(f"study: {plan.study_name}  ({plan.storage_url.split('://')[0]})", highlight=False)
-        console.print(f"space: {plan.space_file}; baseline = recipe: {TrialConfig.from_params(plan.space.baseline).short()}")
+        console.print(
+            f"space: {plan.space_file}; baseline = recipe: {TrialConfig.from_params(plan.space.baseline).short()}"
+        )
         for note in plan.space.baseline_notes:
             console.print(f"  [dim]baseline adapted: {note}[/dim]")
 
@@ -63,9 +74,11 @@ class RichReporter:
         self.console.print(
             f"#{record.number:<3} {record.role:<8} {record.config.short():<44} [{style}]{result.status:<9}[/{style}] "
             f"{figure}  [dim]({best_text}, {result.wall_s or 0:.0f} s)[/dim]",
-            highlight=False, soft_wrap=True,
+            highlight=False,
+            soft_wrap=True,
         )
         self.progress.advance(self.task)
+
 
 def print_summary(console: Console, report: RunReport) -> None:
     """Baseline vs winner, the top trials, the failures with reasons, and where the YAML went."""
@@ -77,9 +90,12 @@ def print_summary(console: Console, report: RunReport) -> None:
     base_config = outcome.baseline.config.short() if outcome.baseline else "-"
     table.add_row("configuration", tuned.config.short(), base_config)
     for key, label in (
-        ("samples_per_second", "samples/s (median)"), ("spread_fraction", "spread (max-min)/median"),
-        ("audio_seconds_per_second", "audio s / s"), ("step_time_median_s", "step time median s"),
-        ("data_wait_fraction", "data-wait fraction"), ("measurements", "measurements"),
+        ("samples_per_second", "samples/s (median)"),
+        ("spread_fraction", "spread (max-min)/median"),
+        ("audio_seconds_per_second", "audio s / s"),
+        ("step_time_median_s", "step time median s"),
+        ("data_wait_fraction", "data-wait fraction"),
+        ("measurements", "measurements"),
     ):
         table.add_row(label, _fmt(winner.get(key)), _fmt(baseline.get(key, baseline.get("status"))))
     table.add_row("peak memory GiB", _gib(winner.get("peak_memory_bytes")), _gib(baseline.get("peak_memory_bytes")))
@@ -93,6 +109,7 @@ def print_summary(console: Console, report: RunReport) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"result written to [bold]{report.result_path}[/bold]  (load with autotune.load_config)")
 
+
 def _print_top(console: Console, records: list[TrialRecord]) -> None:
     feasible = sorted((r for r in records if r.result.feasible), key=lambda r: -r.value)[:5]
     if not feasible:
@@ -103,10 +120,15 @@ def _print_top(console: Console, records: list[TrialRecord]) -> None:
     for record in feasible:
         result = record.result
         table.add_row(
-            str(record.number), record.role, record.config.short(), _rate(result.samples_per_second),
-            _fmt(result.data_wait_fraction), _gib(result.peak_memory_bytes),
+            str(record.number),
+            record.role,
+            record.config.short(),
+            _rate(result.samples_per_second),
+            _fmt(result.data_wait_fraction),
+            _gib(result.peak_memory_bytes),
         )
     console.print(table)
+
 
 def _print_failures(console: Console, records: list[TrialRecord]) -> None:
     failed = [r for r in records if not r.result.feasible]
@@ -119,10 +141,12 @@ def _print_failures(console: Console, records: list[TrialRecord]) -> None:
         table.add_row(str(record.number), record.config.short(), record.result.status, record.result.reason)
     console.print(table)
 
+
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
     return "-" if value is None else str(value)
+
 
 def _gib(value: object) -> str:
     return f"{value / 2**30:.2f}" if isinstance(value, (int, float)) and value else "-"

@@ -161,9 +161,16 @@ class TunedConfig:
             extra=dict(data.get("workload_knobs") or {}),
         )
         return cls(
-            workload=data["workload"], config=config, device_type=data["device_type"], metrics=data["metrics"],
-            hardware=data["hardware"], data=data["data"], search=data["search"], created=data["created"],
-            autotune_version=data["autotune_version"], notes=list(data.get("notes") or []),
+            workload=data["workload"],
+            config=config,
+            device_type=data["device_type"],
+            metrics=data["metrics"],
+            hardware=data["hardware"],
+            data=data["data"],
+            search=data["search"],
+            created=data["created"],
+            autotune_version=data["autotune_version"],
+            notes=list(data.get("notes") or []),
         )
 
     def to_yaml(self, path_hint: str = "RESULT.yaml") -> str:

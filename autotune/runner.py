@@ -14,11 +14,12 @@ from typing import Any
 
 import optuna
 
-from autotune import __version__, space as space_module, workloads, yamlio
+from autotune import __version__, workloads, yamlio
+from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
 from autotune.results import TunedConfig, summarise_measurements, write_config
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec
+from autotune.trial import TrialConfig, TrialSpec
 from autotune.tuner import Reporter, Tuner, TunerSettings, TuningOutcome
 
 __all__ = ["RunRequest", "RunPlan", "RunReport", "TuningFailed", "prepare", "execute", "redact_url"]
@@ -78,13 +79,14 @@ def redact_url(url: str) -> str:
 
 
 def _check_writable(path: Path) -> None:
+    """Fail now, with one line, if a file cannot be created where it must be written later."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".autotune-check-"):
             pass
     except OSError as error:
         raise UserError(
-            f"cannot write the result to {path} ({error.strerror or error}); choose a writable --out or --results-dir"
+            f"cannot write {path} ({error.strerror or error}); choose a writable --out or --results-dir"
         ) from None
 
 
@@ -114,15 +116,21 @@ def prepare(request: RunRequest) -> RunPlan:
     workload = workloads.get(request.model)
     unknown = set(request.workload_options) - set(workload.options)
     if unknown:
-        raise UserError(f"unknown option {sorted(unknown)[0]!r} for {workload.name}; it takes {sorted(workload.options)}")
+        raise UserError(
+            f"unknown option {sorted(unknown)[0]!r} for {workload.name}; it takes {sorted(workload.options)}"
+        )
     hardware = probe(request.device)
     space_file = Path(request.space) if request.space else space_module.space_path(workload.space_file or workload.name)
     space = space_module.load(space_file, hardware, extra_knobs=tuple(workload.knobs))
     if settings.sampler == "grid":
         space.grid()  # raises a one-line SpaceError for a continuous space
     safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)
-    out_path = Path(request.out) if request.out else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}.yaml"
+    out_path = (
+        Path(request.out) if request.out else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}.yaml"
+    )
     _check_writable(out_path)
+    if request.storage is None:
+        _check_writable(Path(request.results_dir) / "studies.db")
     storage_url = request.storage or f"sqlite:///{Path(request.results_dir).resolve() / 'studies.db'}"
     data = workload.load_data(request.data)
     study_name = f"{safe_name}-{data.fingerprint()}-{hardware.fingerprint()}"
@@ -130,8 +138,16 @@ def prepare(request: RunRequest) -> RunPlan:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     workdir = Path(request.results_dir) / safe_name / "trials" / f"{study_name}-{stamp}-{os.getpid()}"
     return RunPlan(
-        request=request, hardware=hardware, workload=workload, data=data, space=space, space_file=space_file,
-        storage_url=storage_url, study_name=study_name, out_path=out_path, workdir=workdir,
+        request=request,
+        hardware=hardware,
+        workload=workload,
+        data=data,
+        space=space,
+        space_file=space_file,
+        storage_url=storage_url,
+        study_name=study_name,
+        out_path=out_path,
+        workdir=workdir,
         options={**workload.options, **request.workload_options},
     )
 
@@ -144,15 +160,26 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
 
     def make_spec(config: TrialConfig, result_path: str) -> TrialSpec:
         return TrialSpec(
-            workload=request.model, workload_options=dict(request.workload_options), data_file=str(data_file),
-            config=config, timing=settings.timing, device_type=plan.hardware.device_type, result_path=result_path,
+            workload=request.model,
+            workload_options=dict(request.workload_options),
+            data_file=str(data_file),
+            config=config,
+            timing=settings.timing,
+            device_type=plan.hardware.device_type,
+            result_path=result_path,
             seed=settings.seed,
         )
 
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     tuner = Tuner(
-        study=study, space=plan.space, make_spec=make_spec, settings=settings, workdir=plan.workdir,
-        reporter=reporter, world_size=1, extra_knobs=tuple(plan.workload.knobs),
+        study=study,
+        space=plan.space,
+        make_spec=make_spec,
+        settings=settings,
+        workdir=plan.workdir,
+        reporter=reporter,
+        world_size=1,
+        extra_knobs=tuple(plan.workload.knobs),
     )
     outcome = tuner.run()
     (plan.workdir / "data.json").unlink(missing_ok=True)
@@ -179,12 +206,21 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     if winner["measurements"] < 2:
         notes.append("the winner rests on a single measurement (budget too small for confirmation)")
     return TunedConfig(
-        workload={"name": plan.workload.name, "model": plan.request.model, "task": plan.workload.task, "options": plan.options},
-        config=outcome.winner.config, device_type=plan.hardware.device_type,
+        workload={
+            "name": plan.workload.name,
+            "model": plan.request.model,
+            "task": plan.workload.task,
+            "options": plan.options,
+        },
+        config=outcome.winner.config,
+        device_type=plan.hardware.device_type,
         metrics={"objective": "samples_per_second", "winner": winner, "baseline": baseline, "speedup": speedup},
-        hardware=plan.hardware.to_dict(), data=plan.data.describe(),
-        search=_search_summary(plan, outcome), created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        autotune_version=__version__, notes=notes,
+        hardware=plan.hardware.to_dict(),
+        data=plan.data.describe(),
+        search=_search_summary(plan, outcome),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        autotune_version=__version__,
+        notes=notes,
     )
 
 

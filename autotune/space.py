@@ -172,13 +172,22 @@ def from_dict(
     fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
     raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
     space = SearchSpace(
-        workload=str(merged.get("workload", "")), params=tuple(params), fixed=fixed, baseline={},
-        device_type=device_type, source=copy.deepcopy(data),
+        workload=str(merged.get("workload", "")),
+        params=tuple(params),
+        fixed=fixed,
+        baseline={},
+        device_type=device_type,
+        source=copy.deepcopy(data),
     )
     baseline, notes = adapt_baseline(space, raw_baseline)
     return SearchSpace(
-        workload=space.workload, params=space.params, fixed=fixed, baseline=baseline, device_type=device_type,
-        source=space.source, baseline_notes=notes,
+        workload=space.workload,
+        params=space.params,
+        fixed=fixed,
+        baseline=baseline,
+        device_type=device_type,
+        source=space.source,
+        baseline_notes=notes,
     )
 
 
@@ -211,9 +220,7 @@ def _resolve_auto(value: Any, hardware: Hardware) -> Any:
     return hardware.cpu_cores if value == "auto" else value
 
 
-def _build_param(
-    name: str, spec: Any, hardware: Hardware, origin: str, earlier: set[str]
-) -> Param | None:
+def _build_param(name: str, spec: Any, hardware: Hardware, origin: str, earlier: set[str]) -> Param | None:
     where = f"{origin}: parameter {name!r}"
     if not isinstance(spec, dict) or "type" not in spec:
         raise SpaceError(f"{where} needs a mapping with 'type' (int, float or categorical)")

@@ -134,8 +134,15 @@ class Tuner:
     """
 
     def __init__(
-        self, *, study: optuna.Study, space: SearchSpace, make_spec: Callable[[TrialConfig, str], TrialSpec],
-        settings: TunerSettings, workdir: Path, reporter: Reporter | None = None, world_size: int = 1,
+        self,
+        *,
+        study: optuna.Study,
+        space: SearchSpace,
+        make_spec: Callable[[TrialConfig, str], TrialSpec],
+        settings: TunerSettings,
+        workdir: Path,
+        reporter: Reporter | None = None,
+        world_size: int = 1,
         extra_knobs: tuple[str, ...] = (),
     ) -> None:
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
@@ -183,7 +190,9 @@ class Tuner:
     def _reserve_s(self) -> float:
         """Time to keep for confirmation, from the median wall time of trials so far."""
         walls = [record.result.wall_s for record in self.records if record.result.wall_s]
-        return (statistics.median(walls) if walls else 0.0) * self.settings.confirm_top_k * self.settings.confirm_repeats
+        return (
+            (statistics.median(walls) if walls else 0.0) * self.settings.confirm_top_k * self.settings.confirm_repeats
+        )
 
     def _out_of_budget(self) -> bool:
         budget = self.settings.budget_s
@@ -206,8 +215,12 @@ class Tuner:
         winner = max((c for c in confirmed if c.feasible), key=lambda c: c.median, default=None)
         baseline_candidate = self._candidates().get(_config_key(baseline.config))
         return TuningOutcome(
-            records=list(self.records), baseline=baseline_candidate, winner=winner, stopped_by=stopped_by,
-            elapsed_s=self.elapsed_s(), confirmed=confirmed,
+            records=list(self.records),
+            baseline=baseline_candidate,
+            winner=winner,
+            stopped_by=stopped_by,
+            elapsed_s=self.elapsed_s(),
+            confirmed=confirmed,
         )
 
     def _grid_points(self) -> list[dict[str, Any]]:
@@ -216,7 +229,7 @@ class Tuner:
         import random
 
         grid = self.space.grid()
-        points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+        points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
         random.Random(self.settings.seed).shuffle(points)
         return points
 
@@ -237,7 +250,11 @@ class Tuner:
                 if budget is not None and self.elapsed_s() >= budget:
                     logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
                     break
-                params = {k: v for k, v in leader.config.to_dict().items() if k not in ("world_size", "grad_accum_steps", "extra")}
+                params = {
+                    k: v
+                    for k, v in leader.config.to_dict().items()
+                    if k not in ("world_size", "grad_accum_steps", "extra")
+                }
                 params.update(leader.config.extra)
                 self._run_one("confirm", _space_params(params, self.space))
         by_key = self._candidates()

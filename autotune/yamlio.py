@@ -53,11 +53,12 @@ def dump_yaml(data: Any) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write text to path through a temporary file in the same folder and a rename: readers see old or new, never half."""
+    """Write text through a temporary file in the same folder and a rename: readers see old or new, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes it owner-only; a result is an ordinary file
         with os.fdopen(handle, "w", encoding="utf-8") as temp:
             temp.write(text)
             temp.flush()
@@ -67,6 +68,12 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
         Path(temp_name).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:

@@ -10,7 +10,9 @@ from autotune.hardware import GpuInfo, Hardware
 
 
 def make_cpu(cores: int = 2) -> Hardware:
-    return Hardware(device_type="cpu", cpu_model="Test CPU", cpu_cores=cores, memory_bytes=16 * 2**30, torch_version="x")
+    return Hardware(
+        device_type="cpu", cpu_model="Test CPU", cpu_cores=cores, memory_bytes=16 * 2**30, torch_version="x"
+    )
 
 
 def make_cuda(name: str = "NVIDIA A100-SXM4-80GB", capability: tuple[int, int] = (8, 0), count: int = 1) -> Hardware:
@@ -19,8 +21,14 @@ def make_cuda(name: str = "NVIDIA A100-SXM4-80GB", capability: tuple[int, int] =
         for index in range(count)
     )
     return Hardware(
-        device_type="cuda", gpus=gpus, cpu_model="Test CPU", cpu_cores=16, memory_bytes=256 * 2**30,
-        driver_version="560.35", torch_version="x", cuda_version="13.0",
+        device_type="cuda",
+        gpus=gpus,
+        cpu_model="Test CPU",
+        cpu_cores=16,
+        memory_bytes=256 * 2**30,
+        driver_version="560.35",
+        torch_version="x",
+        cuda_version="13.0",
     )
 
 
@@ -35,6 +43,10 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from autotune.data.synth import generate_corpus
 
     return generate_corpus(
-        tmp_path_factory.mktemp("corpus") / "tiny", n_speakers=4, files_per_speaker=3, min_duration_s=1.0,
-        max_duration_s=2.0, seed=1,
+        tmp_path_factory.mktemp("corpus") / "tiny",
+        n_speakers=4,
+        files_per_speaker=3,
+        min_duration_s=1.0,
+        max_duration_s=2.0,
+        seed=1,
     )

@@ -104,7 +104,10 @@ def _write(tmp_path: Path, text: str) -> Path:
             "condition on 'num_workers' may use only",
         ),
         ("params: {num_workers: {type: int, low: 0, high: 2}}\nbaselines: {}\n", "unknown top-level key 'baselines'"),
-        ("params: {num_workers: {type: int, low: 0, high: 2}}\nbaseline: {workers: 2}\n", "unknown parameter 'workers'"),
+        (
+            "params: {num_workers: {type: int, low: 0, high: 2}}\nbaseline: {workers: 2}\n",
+            "unknown parameter 'workers'",
+        ),
     ],
     ids=lambda value: value if len(value) < 30 else None,
 )
@@ -122,8 +125,12 @@ def test_missing_space_file(tmp_path):
 
 def test_grid_and_size():
     loaded = space.from_dict(
-        {"params": {"per_device_batch_size": {"type": "categorical", "choices": [1, 2]},
-                    "num_workers": {"type": "int", "low": 0, "high": 4, "step": 2}}},
+        {
+            "params": {
+                "per_device_batch_size": {"type": "categorical", "choices": [1, 2]},
+                "num_workers": {"type": "int", "low": 0, "high": 4, "step": 2},
+            }
+        },
         make_cpu(),
     )
     assert loaded.grid() == {"per_device_batch_size": [1, 2], "num_workers": [0, 2, 4]}

@@ -17,12 +17,19 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.mark.slow
 def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
     settings = TunerSettings(
-        trials=7, sampler="grid", confirm_top_k=1, confirm_repeats=1, trial_timeout_s=15,
+        trials=7,
+        sampler="grid",
+        confirm_top_k=1,
+        confirm_repeats=1,
+        trial_timeout_s=15,
         timing=TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2),
     )
     request = runner.RunRequest(
-        model="tests.fixtures.faulty_workload:workload", data=str(tiny_corpus),
-        space=str(FIXTURES / "faulty_space.yaml"), results_dir=str(tmp_path / "results"), device="cpu",
+        model="tests.fixtures.faulty_workload:workload",
+        data=str(tiny_corpus),
+        space=str(FIXTURES / "faulty_space.yaml"),
+        results_dir=str(tmp_path / "results"),
+        device="cpu",
         settings=settings,
     )
     report = runner.execute(runner.prepare(request))

@@ -25,7 +25,9 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
     from autotune.trial.loop import NonFiniteLossError
     from autotune.trial.signals import describe_signal_name
 
-    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    lines = str(error).strip().splitlines() or [""]
+    # An exception from a DataLoader worker arrives wrapped: "Caught X in DataLoader worker...\nOriginal Traceback"
+    first_line = (lines[-1] if "Original Traceback" in str(error) else lines[0])[:300]
     if isinstance(error, torch.OutOfMemoryError):
         return "oom", f"out of memory: {first_line}"
     if isinstance(error, NonFiniteLossError):
@@ -53,11 +55,15 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
         torch.set_num_threads(config.intra_op_threads)
     torch.manual_seed(spec.seed)
     device = torch.device("cuda", 0) if spec.device_type == "cuda" else torch.device("cpu")
-    precision = PrecisionSettings(precision=config.precision, device_type=device.type, cudnn_benchmark=config.cudnn_benchmark)
+    precision = PrecisionSettings(
+        precision=config.precision, device_type=device.type, cudnn_benchmark=config.cudnn_benchmark
+    )
     precision.apply_backend_flags()
     workload = workloads.get(spec.workload)
     data = DataSource.from_dict(yamlio.read_json(spec.data_file))
-    context = WorkloadContext(data=data, config=config, options={**workload.options, **spec.workload_options}, device=device)
+    context = WorkloadContext(
+        data=data, config=config, options={**workload.options, **spec.workload_options}, device=device
+    )
     setup = workload.build(context)
     setup.model.to(device).train()
     total_batches = timing.warmup_steps + timing.max_window_steps + 1
@@ -66,7 +72,9 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
     setup_s = time.perf_counter() - started
     batches = iter(loader)
     try:
-        window = measure(setup, batches, config=config, timing=timing, precision=precision, device=device, memory=memory)
+        window = measure(
+            setup, batches, config=config, timing=timing, precision=precision, device=device, memory=memory
+        )
     finally:
         memory.stop()
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.

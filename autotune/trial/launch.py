@@ -70,8 +70,11 @@ def launch(spec: TrialSpec, *, workdir: Path, timeout_s: float) -> TrialResult:
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "autotune.trial", str(spec_path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=child_environment(spec), start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_environment(spec),
+            start_new_session=True,
         )
         try:
             returncode = process.wait(timeout=timeout_s)
@@ -93,7 +96,9 @@ def launch(spec: TrialSpec, *, workdir: Path, timeout_s: float) -> TrialResult:
 def _result(spec: TrialSpec, returncode: int | None, timeout_s: float, log_path: Path) -> TrialResult:
     tail = _tail(log_path)
     if returncode is None:
-        return TrialResult(status="timeout", reason=f"no result within {timeout_s:.0f} s (hang or far too slow)", log_tail=tail)
+        return TrialResult(
+            status="timeout", reason=f"no result within {timeout_s:.0f} s (hang or far too slow)", log_tail=tail
+        )
     result_path = Path(spec.result_path)
     if returncode == 0 and result_path.exists():
         result = TrialResult.from_dict(yamlio.read_json(result_path))
@@ -104,4 +109,6 @@ def _result(spec: TrialSpec, returncode: int | None, timeout_s: float, log_path:
         return result
     if returncode < 0:
         return TrialResult(status="signal", reason=f"killed by {describe_signal(-returncode)}", log_tail=tail)
-    return TrialResult(status="error", reason=f"trial process exited with code {returncode} and no result", log_tail=tail)
+    return TrialResult(
+        status="error", reason=f"trial process exited with code {returncode} and no result", log_tail=tail
+    )

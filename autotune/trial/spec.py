@@ -44,7 +44,9 @@ class TrialConfig:
         return self.per_device_batch_size * self.world_size * self.grad_accum_steps
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], *, world_size: int = 1, extra_knobs: tuple[str, ...] = ()) -> TrialConfig:
+    def from_params(
+        cls, params: dict[str, Any], *, world_size: int = 1, extra_knobs: tuple[str, ...] = ()
+    ) -> TrialConfig:
         """Build from the flat parameter dict a search space suggests."""
         core = {key: value for key, value in params.items() if key not in extra_knobs}
         extra = {key: value for key, value in params.items() if key in extra_knobs}

@@ -10,9 +10,18 @@ from autotune.workloads.registry import register
 
 __all__ = ["speaker_workload", "load_speaker_data"]
 
-# 3D-Speaker egs/voxceleb/sv-cam++/conf/cam++.yaml
-RECIPE_OPTIMIZER = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4}
-RECIPE_MARGIN = {"scale": 32.0, "margin": 0.2}
+# 3D-Speaker egs/voxceleb/sv-cam++/conf/cam++.yaml (ERes2Net's recipe uses the same optimiser and loss head)
+THREED_SPEAKER_RECIPE = {"optimizer": "sgd", "lr": 0.1, "scale": 32.0, "margin": 0.2}
+# SpeechBrain recipes/VoxCeleb/SpeakerRec/hparams/train_ecapa_tdnn.yaml
+SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2}
+
+
+def _optimizer(name: str, lr: float, parameters: Any) -> Any:
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    return torch.optim.Adam(parameters, lr=lr, weight_decay=2e-6)
 
 
 def load_speaker_data(path: str | None) -> Any:
@@ -35,7 +44,7 @@ def _build_speaker_setup(make_embedder: Callable[[dict[str, Any]], Any], context
         {
             "embedder": embedder,
             "classifier": CosineClassifier(options["embedding_size"], len(context.data.speakers)),
-            "loss": ArcMarginLoss(**RECIPE_MARGIN),
+            "loss": ArcMarginLoss(scale=options["scale"], margin=options["margin"]),
         }
     )
     crop_s = float(options["crop_s"])
@@ -46,7 +55,7 @@ def _build_speaker_setup(make_embedder: Callable[[dict[str, Any]], Any], context
 
     return TrainingSetup(
         model=model,
-        optimizer=torch.optim.SGD(model.parameters(), **RECIPE_OPTIMIZER),
+        optimizer=_optimizer(options["optimizer"], options["lr"], model.parameters()),
         dataset=SpeakerCropDataset(context.data.utterances, context.data.speakers, crop_s=crop_s),
         collate_fn=collate_speaker_batch,
         loss_fn=loss_fn,
@@ -90,5 +99,61 @@ def campplus() -> Workload:
         description="CAM++ speaker embedding (3D-Speaker VoxCeleb recipe, 512-d), AAM-softmax, SGD",
         make_embedder=_campplus,
         published_parameters=7_176_224,
-        options={"crop_s": 3.0, "embedding_size": 512, "memory_efficient": False},
+        options={"crop_s": 3.0, "embedding_size": 512, "memory_efficient": False, **THREED_SPEAKER_RECIPE},
+    )
+
+
+def _eres2net(options: dict[str, Any]) -> Any:
+    from autotune.models.eres2net import ERes2Net
+
+    return ERes2Net(m_channels=options["m_channels"], embedding_size=options["embedding_size"])
+
+
+@register
+def eres2net() -> Workload:
+    return speaker_workload(
+        name="eres2net",
+        description="ERes2Net-base speaker embedding (3D-Speaker, m=32, 192-d), AAM-softmax, SGD",
+        make_embedder=_eres2net,
+        published_parameters=6_610_688,
+        options={"crop_s": 3.0, "embedding_size": 192, "m_channels": 32, **THREED_SPEAKER_RECIPE},
+    )
+
+
+@register
+def eres2net_large() -> Workload:
+    return speaker_workload(
+        name="eres2net-large",
+        description="ERes2Net-large speaker embedding (3D-Speaker, m=64, 192-d), AAM-softmax, SGD",
+        make_embedder=_eres2net,
+        published_parameters=22_462_784,
+        options={"crop_s": 3.0, "embedding_size": 192, "m_channels": 64, **THREED_SPEAKER_RECIPE},
+    )
+
+
+def _ecapa(options: dict[str, Any]) -> Any:
+    from autotune.models.ecapa_tdnn import ECAPATDNN
+
+    return ECAPATDNN(channels=options["channels"], embedding_size=options["embedding_size"])
+
+
+@register
+def ecapa_tdnn() -> Workload:
+    return speaker_workload(
+        name="ecapa-tdnn",
+        description="ECAPA-TDNN speaker embedding (SpeechBrain VoxCeleb recipe, C=1024), AAM-softmax, Adam",
+        make_embedder=_ecapa,
+        published_parameters=20_767_552,
+        options={"crop_s": 3.0, "embedding_size": 192, "channels": 1024, **SPEECHBRAIN_RECIPE},
+    )
+
+
+@register
+def ecapa_tdnn_512() -> Workload:
+    return speaker_workload(
+        name="ecapa-tdnn-512",
+        description="ECAPA-TDNN speaker embedding (C=512), AAM-softmax, Adam",
+        make_embedder=_ecapa,
+        published_parameters=6_194_048,  # 'about 6.19M' published; this exact total is the faithful C=512 build
+        options={"crop_s": 3.0, "embedding_size": 192, "channels": 512, **SPEECHBRAIN_RECIPE},
     )

@@ -1,0 +1,48 @@
+"""One contract for every registered workload: it builds, its size is the published one, and it really trains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune import space, workloads, yamlio
+from autotune.hardware import probe
+from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+
+ALL = workloads.names()
+
+
+@pytest.mark.parametrize("name", ALL, ids=ALL)
+def test_parameter_count_is_the_published_one(name):
+    workload = workloads.get(name)
+    assert workload.published_parameters is not None
+    assert workload.count_parameters() == workload.published_parameters
+
+
+@pytest.mark.parametrize("name", ALL, ids=ALL)
+def test_search_space_loads_on_this_machine(name):
+    workload = workloads.get(name)
+    loaded = space.load(space.space_path(workload.space_file or name), probe("cpu"), extra_knobs=tuple(workload.knobs))
+    assert loaded.params and loaded.baseline["per_device_batch_size"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL, ids=ALL)
+def test_trains_for_real_in_a_trial_subprocess(name, tiny_corpus: Path, tmp_path: Path):
+    workload = workloads.get(name)
+    data = workload.load_data(str(tiny_corpus))
+    data_file = yamlio.write_json(tmp_path / "data.json", data.to_dict())
+    options = {"crop_s": 0.5} if "crop_s" in workload.options else {}
+    spec = TrialSpec(
+        workload=name,
+        workload_options=options,
+        data_file=str(data_file),
+        config=TrialConfig(per_device_batch_size=2, num_workers=1, prefetch_factor=2),
+        timing=TimingConfig(warmup_steps=1, window_s=0.1, min_window_steps=2),
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+    )
+    result = launch(spec, workdir=tmp_path / "trial", timeout_s=240)
+    assert result.status == "ok", result.log_tail
+    assert result.all_losses_finite and result.window_steps >= 2 and result.samples_per_second > 0
