@@ -200,3 +200,22 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     )
     assert again.exit_code == 0, again.output
     assert load_config(out).search["study_name"] == tuned.search["study_name"]
+
+
+def test_export_command_prints_the_framework_override_and_rejects_unknown_targets(tmp_path):
+    from autotune.results import TunedConfig, write_config
+    from autotune.trial import TrialConfig
+
+    tuned = TunedConfig(
+        workload={"name": "cam++", "model": "cam++", "task": "speaker-verification", "options": {}},
+        config=TrialConfig(per_device_batch_size=64, num_workers=4, prefetch_factor=4, precision="bf16"),
+        device_type="cuda", metrics={}, hardware={}, data={}, search={}, created="2026-11-21T00:00:00+00:00",
+        autotune_version="0.1.0",
+    )
+    path = write_config(tuned, tmp_path / "r.yaml")
+    result = _invoke(["export", str(path), "--to", "3d-speaker", "--world-size", "4"])
+    assert result.exit_code == 0 and "batch_size: 256" in result.output and "--nproc_per_node=4" in result.output
+    bad = _invoke(["export", str(path), "--to", "nemo"])
+    assert bad.exit_code == 2 and "unknown export target 'nemo'" in _error_line(bad)
+    missing = _invoke(["export", str(tmp_path / "nope.yaml"), "--to", "wenet"])
+    assert missing.exit_code == 2 and "does not exist" in _error_line(missing)

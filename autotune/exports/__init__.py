@@ -1,0 +1,12 @@
+"""Paste-ready exports of a tuned result for training frameworks (`autotune export RESULT.yaml --to TARGET`).
+
+Each target writes that framework's own key names with its own batch semantics, and says in plain notes what the
+framework cannot express (e.g. bf16 under WeNet's DDP engine, AMP in 3D-Speaker).
+"""
+
+from __future__ import annotations
+
+from autotune.exports import espnet, lightning, speakerlab, speechbrain, wenet  # noqa: F401  (register targets)
+from autotune.exports.base import TARGETS, Export, ExportContext, Exporter, export, register
+
+__all__ = ["TARGETS", "Export", "ExportContext", "Exporter", "export", "register"]
