@@ -99,6 +99,11 @@ def print_summary(console: Console, report: RunReport) -> None:
     ):
         table.add_row(label, _fmt(winner.get(key)), _fmt(baseline.get(key, baseline.get("status"))))
     table.add_row("peak memory GiB", _gib(winner.get("peak_memory_bytes")), _gib(baseline.get("peak_memory_bytes")))
+    if winner.get("gpu_utilization_percent") is not None:
+        table.add_row(
+            "GPU utilisation %", _fmt(winner["gpu_utilization_percent"]), _fmt(baseline.get("gpu_utilization_percent"))
+        )
+    table.add_row("trial setup s / wall s", _overhead(winner), _overhead(baseline))
     console.print(table)
     speedup = tuned.metrics.get("speedup")
     if speedup:
@@ -107,6 +112,7 @@ def print_summary(console: Console, report: RunReport) -> None:
     _print_failures(console, outcome.records)
     for note in tuned.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"stopped by {report.tuned.search['stopped_by']} after {outcome.elapsed_s / 60:.1f} min")
     console.print(f"result written to [bold]{report.result_path}[/bold]  (load with autotune.load_config)")
 
 
@@ -146,6 +152,12 @@ def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
     return "-" if value is None else str(value)
+
+
+def _overhead(metrics: dict) -> str:
+    """Process start, imports, model and loader build against the whole trial: what isolation costs."""
+    setup, wall = metrics.get("setup_s"), metrics.get("trial_wall_s")
+    return f"{setup:.1f} / {wall:.1f}" if setup is not None and wall else "-"
 
 
 def _gib(value: object) -> str:

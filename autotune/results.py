@@ -58,6 +58,8 @@ def summarise_measurements(results: Sequence[TrialResult]) -> dict[str, Any]:
         "data_wait_fraction": median_of("data_wait_fraction"),
         "peak_memory_bytes": max(r.peak_memory_bytes or 0 for r in feasible),
         "memory_capacity_bytes": feasible[0].memory_capacity_bytes,
+        "gpu_utilization_percent": median_of("gpu_utilization_percent"),
+        "gpu_power_watts": median_of("gpu_power_watts"),
         "setup_s": median_of("setup_s"),
         "trial_wall_s": median_of("wall_s"),
     }

@@ -203,6 +203,8 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         notes.append("measured on autotune's synthetic default corpus; rerun with --data on your own list to be sure")
     if baseline.get("status") not in (None, "ok"):
         notes.append(f"the recipe baseline could not be used here: {baseline['status']}: {baseline.get('reason', '')}")
+    if outcome.winner_reason and outcome.winner_reason != "fastest by median":
+        notes.append(outcome.winner_reason)
     if winner["measurements"] < 2:
         notes.append("the winner rests on a single measurement (budget too small for confirmation)")
     return TunedConfig(

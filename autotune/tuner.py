@@ -21,7 +21,14 @@ from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, la
 __all__ = ["TunerSettings", "TrialRecord", "Candidate", "TuningOutcome", "Reporter", "Tuner", "make_sampler"]
 
 logger = logging.getLogger(__name__)
-FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
+FEASIBILITY = "infeasible"
+MIN_NOISE_FRACTION = 0.01
+_PRECISION_RISK = {
+    "fp32": 0,
+    "tf32": 1,
+    "bf16": 2,
+    "fp16": 3,
+}  # fp16 can overflow; fp32 cannot  # the constraint told to Optuna: > 0 means the configuration cannot be used
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,6 +78,17 @@ class Candidate:
     def median(self) -> float:
         return statistics.median(self.values) if self.values else 0.0
 
+    @property
+    def spread_fraction(self) -> float:
+        """(max - min) / median of the measurements: this machine's noise for this configuration."""
+        values = self.values
+        return (max(values) - min(values)) / self.median if len(values) > 1 and self.median else 0.0
+
+    def safety_key(self) -> tuple[int, int, int]:
+        """Smaller is safer: memory (in 256 MiB steps, finer is noise), then workers, then numeric precision."""
+        peak = max((record.result.peak_memory_bytes or 0) for record in self.records)
+        return peak // 2**28, self.config.num_workers, _PRECISION_RISK.get(self.config.precision, 9)
+
 
 @dataclass(kw_only=True, slots=True)
 class TuningOutcome:
@@ -82,6 +100,7 @@ class TuningOutcome:
     stopped_by: str
     elapsed_s: float
     confirmed: list[Candidate] = field(default_factory=list)
+    winner_reason: str = ""
 
 
 class Reporter(Protocol):
@@ -212,7 +231,7 @@ class Tuner:
                 break
             self._run_one("search", grid.pop(0) if grid is not None else None)
         confirmed = self._confirm()
-        winner = max((c for c in confirmed if c.feasible), key=lambda c: c.median, default=None)
+        winner, winner_reason = pick_winner([c for c in confirmed if c.feasible])
         baseline_candidate = self._candidates().get(_config_key(baseline.config))
         return TuningOutcome(
             records=list(self.records),
@@ -221,6 +240,7 @@ class Tuner:
             stopped_by=stopped_by,
             elapsed_s=self.elapsed_s(),
             confirmed=confirmed,
+            winner_reason=winner_reason,
         )
 
     def _grid_points(self) -> list[dict[str, Any]]:
@@ -259,6 +279,26 @@ class Tuner:
                 self._run_one("confirm", _space_params(params, self.space))
         by_key = self._candidates()
         return [by_key[_config_key(leader.config)] for leader in leaders]
+
+
+def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:
+    """The fastest by median; among leaders within the measured noise of it, the safest (and say why)."""
+    if not candidates:
+        return None, ""
+    fastest = max(candidates, key=lambda c: c.median)
+    tied = []
+    for candidate in candidates:
+        noise = max(fastest.spread_fraction, candidate.spread_fraction, MIN_NOISE_FRACTION)
+        if candidate.median >= fastest.median * (1.0 - noise):
+            tied.append(candidate)
+    safest = min(tied, key=lambda c: (c.safety_key(), -c.median))
+    if safest is fastest:
+        return fastest, "fastest by median"
+    gap = 1.0 - safest.median / fastest.median
+    return safest, (
+        f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} slower, "
+        "within the measured noise, and safer (less memory, fewer workers or higher precision)"
+    )
 
 
 def _space_params(params: dict[str, Any], space: SearchSpace) -> dict[str, Any]:

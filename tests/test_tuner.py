@@ -50,3 +50,38 @@ def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
     assert load_config(report.result_path).config.per_device_batch_size == 5
     logs = sorted(report.plan.workdir.glob("trial-*/trial.log"))
     assert len(logs) == 5
+
+
+def _candidate(values, *, workers=2, precision="fp32", peak=2**30):
+    from autotune.trial import TrialConfig, TrialResult
+    from autotune.tuner import Candidate, TrialRecord
+
+    config = TrialConfig(per_device_batch_size=32, num_workers=workers, precision=precision)
+    records = [
+        TrialRecord(
+            number=i,
+            role="search",
+            config=config,
+            result=TrialResult(status="ok", samples_per_second=v, peak_memory_bytes=peak),
+        )
+        for i, v in enumerate(values)
+    ]
+    return Candidate(config=config, records=records)
+
+
+def test_winner_is_the_fastest_median_when_clearly_ahead():
+    from autotune.tuner import pick_winner
+
+    fast, slow = _candidate([100, 101, 99], precision="bf16"), _candidate([80, 81, 79])
+    winner, reason = pick_winner([slow, fast])
+    assert winner is fast and reason == "fastest by median"
+
+
+def test_within_noise_the_safer_configuration_wins_and_says_so():
+    from autotune.tuner import pick_winner
+
+    noisy_fast = _candidate([100, 94, 104], precision="fp16", workers=4)  # spread 10%
+    safe = _candidate([98, 97, 99], precision="fp32", workers=2)
+    winner, reason = pick_winner([noisy_fast, safe])
+    assert winner is safe
+    assert "within the measured noise" in reason and "safer" in reason

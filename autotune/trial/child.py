@@ -69,20 +69,41 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
     total_batches = timing.warmup_steps + timing.max_window_steps + 1
     loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed)
     memory = PeakMemory(device)
+    telemetry = _telemetry_for(device)
     setup_s = time.perf_counter() - started
     batches = iter(loader)
     try:
         window = measure(
-            setup, batches, config=config, timing=timing, precision=precision, device=device, memory=memory
+            setup,
+            batches,
+            config=config,
+            timing=timing,
+            precision=precision,
+            device=device,
+            memory=memory,
+            on_window_start=telemetry.start if telemetry else lambda: None,
         )
     finally:
         memory.stop()
+        gpu = telemetry.stop() if telemetry else {}
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
     summary = window.summary(len(setup.dataset), config)  # type: ignore[arg-type]
     summary.update(setup_s=setup_s, peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes)
-    return summary
+    return {**summary, **gpu}
+
+
+def _telemetry_for(device: Any) -> Any:
+    """NVML sampling of the trial's own GPU, found by UUID (NVML ignores CUDA_VISIBLE_DEVICES)."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    from autotune.telemetry import GpuTelemetry, nvml_uuid
+
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return GpuTelemetry(nvml_uuid(uuid)) if uuid is not None else None
 
 
 def _gate(result: TrialResult, spec: TrialSpec) -> TrialResult:

@@ -135,6 +135,9 @@ class TrialResult:
     peak_memory_bytes: int | None = None
     memory_capacity_bytes: int | None = None
     all_losses_finite: bool | None = None
+    gpu_utilization_percent: float | None = None  # NVML, mean over the window; None without NVML or on a CPU
+    gpu_memory_used_bytes: int | None = None
+    gpu_power_watts: float | None = None
     window_steps: int = 0
     window_s: float | None = None
     warmup_s: float | None = None

@@ -1,0 +1,106 @@
+"""GPU telemetry through NVML during a trial's timed window: utilisation, memory and power.
+
+Optional by design: without the `pynvml` module (nvidia-ml-py), without a driver, or for a metric the GPU does not
+support, the fields are None — never a crash. NVML ignores CUDA_VISIBLE_DEVICES, so the trial's GPU is found by the
+UUID that torch reports for it, not by index.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from types import ModuleType
+from typing import Any
+
+__all__ = ["GpuTelemetry", "nvml_uuid"]
+
+logger = logging.getLogger(__name__)
+
+
+def nvml_uuid(torch_uuid: Any) -> str:
+    """NVML's spelling of a GPU UUID ("GPU-xxxxxxxx-..."), from torch's device properties uuid."""
+    text = str(torch_uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _import_nvml() -> ModuleType | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+class GpuTelemetry:
+    """Samples one GPU in a background thread between start() and stop().
+
+    Args:
+        uuid: the GPU's UUID as NVML spells it.
+        interval_s: time between samples.
+        nvml: the pynvml module, or a stand-in for tests; None imports nvidia-ml-py's pynvml if present.
+    """
+
+    def __init__(self, uuid: str, *, interval_s: float = 0.2, nvml: ModuleType | None = None) -> None:
+        self.uuid, self.interval_s = uuid, interval_s
+        self.nvml = nvml if nvml is not None else _import_nvml()
+        self._handle: Any = None
+        self._samples: dict[str, list[float]] = {"utilization": [], "memory": [], "power": []}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.unavailable_reason: str | None = None
+
+    def start(self) -> None:
+        """Open NVML, find the GPU and start sampling; any NVML problem only disables telemetry."""
+        nvml = self.nvml
+        if nvml is None:
+            self.unavailable_reason = "pynvml (nvidia-ml-py) is not installed"
+            return
+        try:
+            nvml.nvmlInit()
+            self._handle = nvml.nvmlDeviceGetHandleByUUID(self.uuid.encode())
+        except nvml.NVMLError as error:
+            self.unavailable_reason = f"NVML unavailable: {error}"
+            logger.info("GPU telemetry off: %s", self.unavailable_reason)
+            self._handle = None
+            return
+        self._thread = threading.Thread(target=self._run, name="autotune-nvml", daemon=True)
+        self._thread.start()
+
+    def _read(self, name: str, call: Any) -> None:
+        if name not in self._samples:
+            return
+        try:
+            self._samples[name].append(float(call()))
+        except self.nvml.NVMLError as error:  # NotSupported, NoPermission...: this metric stays None
+            logger.debug("NVML metric %s unavailable: %s", name, error)
+            del self._samples[name]
+
+    def sample(self) -> None:
+        """Take one reading of every metric that still answers."""
+        nvml, handle = self.nvml, self._handle
+        self._read("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        self._read("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used)
+        self._read("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # milliwatts
+
+    def _run(self) -> None:
+        self.sample()
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> dict[str, float | int | None]:
+        """Stop sampling and summarise: mean utilisation %, peak memory used (bytes), mean power (W)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self._handle is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError:
+                pass
+        utilization, memory, power = (self._samples.get(name) or None for name in ("utilization", "memory", "power"))
+        return {
+            "gpu_utilization_percent": round(statistics.fmean(utilization), 1) if utilization else None,
+            "gpu_memory_used_bytes": int(max(memory)) if memory else None,
+            "gpu_power_watts": round(statistics.fmean(power), 1) if power else None,
+        }
