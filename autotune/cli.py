@@ -189,6 +189,52 @@ def export(
     typer.echo(text)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def schedule(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option("--model", "-m", help="Workload to retune nightly.")],
+    at: Annotated[str, typer.Option(help="Local time of day, HH:MM (24 h).")] = "02:30",
+    systemd: Annotated[bool, typer.Option("--systemd", help="A systemd user timer + service instead of cron.")] = False,
+    install: Annotated[
+        bool, typer.Option("--install", help="Install it (crontab, or ~/.config/systemd/user).")
+    ] = False,
+) -> None:
+    """Print (or install) a nightly retuning job; arguments after -- go to 'autotune run'.
+
+    Example: autotune schedule --model cam++ --at 02:30 -- --data /data/train.csv --budget 30m
+    """
+    from autotune import schedule as scheduling
+
+    try:
+        request = scheduling.ScheduleRequest(model=model, at=at, run_args=tuple(ctx.args), systemd=systemd)
+        if install:
+            lines = scheduling.install(request)
+        elif systemd:
+            lines = [f"# {name}\n{text}" for name, text in scheduling.systemd_units(request).items()]
+            lines.append(f"# then: {scheduling.enable_command(request)}")
+        else:
+            lines = [scheduling.cron_line(request)]
+    except UserError as error:
+        raise _fail(str(error)) from None
+    for line in lines:
+        typer.echo(line)
+
+
+@app.command()
+def history(
+    model: Annotated[str, typer.Option("--model", "-m", help="Workload whose results to list.")],
+    results_dir: Annotated[Path, typer.Option(help="Folder the results were written to.")] = Path("results"),
+) -> None:
+    """Show every accepted result of a model: date, hardware, versions, winner, throughput and speedup."""
+    from autotune import history as result_history
+
+    frame = result_history.load(results_dir, model)
+    if frame.empty:
+        stdout_console.print(f"no results recorded yet for {model} under {results_dir}")
+        return
+    stdout_console.print(result_history.render_table(frame))
+
+
 @app.command()
 def models() -> None:
     """List the built-in workloads with their task, parameter count and default data."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 
-from autotune import __version__, workloads, yamlio
+from autotune import __version__, history, workloads, yamlio
 from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
@@ -188,7 +188,12 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
         raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}")
     tuned = _tuned_config(plan, outcome)
-    return RunReport(plan=plan, outcome=outcome, tuned=tuned, result_path=write_config(tuned, plan.out_path))
+    result_path = write_config(tuned, plan.out_path)
+    try:
+        history.record(tuned, result_path)
+    except OSError as error:  # the result itself is written; a history we cannot append to must not fail the run
+        logger.warning("could not append to the history next to %s: %s", result_path, error)
+    return RunReport(plan=plan, outcome=outcome, tuned=tuned, result_path=result_path)
 
 
 def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:

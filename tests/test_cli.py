@@ -209,7 +209,12 @@ def test_export_command_prints_the_framework_override_and_rejects_unknown_target
     tuned = TunedConfig(
         workload={"name": "cam++", "model": "cam++", "task": "speaker-verification", "options": {}},
         config=TrialConfig(per_device_batch_size=64, num_workers=4, prefetch_factor=4, precision="bf16"),
-        device_type="cuda", metrics={}, hardware={}, data={}, search={}, created="2026-11-21T00:00:00+00:00",
+        device_type="cuda",
+        metrics={},
+        hardware={},
+        data={},
+        search={},
+        created="2026-11-21T00:00:00+00:00",
         autotune_version="0.1.0",
     )
     path = write_config(tuned, tmp_path / "r.yaml")
@@ -219,3 +224,49 @@ def test_export_command_prints_the_framework_override_and_rejects_unknown_target
     assert bad.exit_code == 2 and "unknown export target 'nemo'" in _error_line(bad)
     missing = _invoke(["export", str(tmp_path / "nope.yaml"), "--to", "wenet"])
     assert missing.exit_code == 2 and "does not exist" in _error_line(missing)
+
+
+def test_schedule_prints_a_cron_line_with_the_run_arguments():
+    import shlex
+
+    result = _invoke(["schedule", "--model", "cam++", "--at", "03:15", "--", "--data", "/d/my list.csv"])
+    assert result.exit_code == 0
+    line = result.output.strip()
+    assert line.startswith("15 3 * * * ")
+    assert ["--model", "cam++", "--data", "/d/my list.csv"] == shlex.split(line.split(" run ", 1)[1])[:4]
+
+
+def test_schedule_rejects_a_bad_time():
+    result = _invoke(["schedule", "--model", "cam++", "--at", "25:00"])
+    assert result.exit_code == 2 and "--at '25:00' is not a time of day" in _error_line(result)
+
+
+@pytest.mark.slow
+def test_history_lists_each_accepted_run(tiny_corpus, results_dir):
+    args = [
+        "run",
+        "--model",
+        "cam++",
+        "--data",
+        str(tiny_corpus),
+        "--trials",
+        "1",
+        "--confirm",
+        "0",
+        "--results-dir",
+        str(results_dir),
+        *FAST,
+    ]
+    assert _invoke(args).exit_code == 0
+    assert _invoke(args).exit_code == 0
+    from autotune import history
+
+    frame = history.load(results_dir, "cam++")
+    assert len(frame) == 2 and list(frame["config"].str.startswith("bs=")) == [True, True]
+    result = _invoke(["history", "--model", "cam++", "--results-dir", str(results_dir)])
+    assert result.exit_code == 0 and "autotune history: cam++" in result.output
+
+
+def test_history_without_results(results_dir):
+    result = _invoke(["history", "--model", "cam++", "--results-dir", str(results_dir)])
+    assert result.exit_code == 0 and "no results recorded yet" in result.output
