@@ -200,6 +200,13 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     )
     assert again.exit_code == 0, again.output
     assert load_config(out).search["study_name"] == tuned.search["study_name"]
+    # Both accepted results are in the history, and `autotune history` shows it.
+    from autotune import history
+
+    frame = history.load(results_dir, "cam++")
+    assert len(frame) == 2 and list(frame["config"].str.startswith("bs=")) == [True, True]
+    shown = _invoke(["history", "--model", "cam++", "--results-dir", str(results_dir)])
+    assert shown.exit_code == 0 and "autotune history: cam++" in shown.output
 
 
 def test_export_command_prints_the_framework_override_and_rejects_unknown_targets(tmp_path):
@@ -239,32 +246,6 @@ def test_schedule_prints_a_cron_line_with_the_run_arguments():
 def test_schedule_rejects_a_bad_time():
     result = _invoke(["schedule", "--model", "cam++", "--at", "25:00"])
     assert result.exit_code == 2 and "--at '25:00' is not a time of day" in _error_line(result)
-
-
-@pytest.mark.slow
-def test_history_lists_each_accepted_run(tiny_corpus, results_dir):
-    args = [
-        "run",
-        "--model",
-        "cam++",
-        "--data",
-        str(tiny_corpus),
-        "--trials",
-        "1",
-        "--confirm",
-        "0",
-        "--results-dir",
-        str(results_dir),
-        *FAST,
-    ]
-    assert _invoke(args).exit_code == 0
-    assert _invoke(args).exit_code == 0
-    from autotune import history
-
-    frame = history.load(results_dir, "cam++")
-    assert len(frame) == 2 and list(frame["config"].str.startswith("bs=")) == [True, True]
-    result = _invoke(["history", "--model", "cam++", "--results-dir", str(results_dir)])
-    assert result.exit_code == 0 and "autotune history: cam++" in result.output
 
 
 def test_history_without_results(results_dir):

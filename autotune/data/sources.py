@@ -1,4 +1,4 @@
-"""Training data sources: a 3D-Speaker train.csv, a Kaldi folder, a folder of audio files, or the synthetic corpus.
+"""Training data sources: 3D-Speaker train.csv, WeNet data.list, Kaldi folder, audio folder, or the synthetic corpus.
 
 Every source becomes a `DataSource`: validated utterances (each audio file checked with ``soundfile.info``) plus the
 sorted speaker names whose index is the class label.
@@ -8,7 +8,7 @@ SECONDS (chunk ``i`` of ``seg_dur`` seconds, 3.0 in egs/voxceleb and 4.0 in egs/
 ``min((i+1)*seg_dur, duration)``; with ``--random_seg`` one row spans 0 to the file duration), and ``dur`` is the
 duration of the whole file in seconds, not of the chunk. speakerlab's ``WavSVDataset`` ignores start/stop and crops at
 random from the whole file; autotune honours them. (SpeechBrain's csv, header ``ID,duration,wav,start,stop,spk_id``,
-stores samples instead; it is not accepted here.)
+stores samples instead; it is not accepted here.) WeNet data.list and Kaldi ``text`` formats: `asr_lists`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 import soundfile as sf
 
+from autotune.data.asr_lists import is_data_list, parse_data_list, parse_transcripts
 from autotune.errors import DataError
 
 __all__ = ["AUDIO_EXTENSIONS", "CSV_HEADER", "DataSource", "Utterance", "default_source", "load_source"]
@@ -38,8 +39,8 @@ logger = logging.getLogger(__name__)
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 CSV_HEADER = ("ID", "dur", "path", "start", "stop", "spk")
 _ACCEPTED = (
-    "give a 3D-Speaker train.csv, a Kaldi folder with wav.scp and utt2spk, or a folder of .wav/.flac/.ogg files "
-    "(one sub-folder per speaker)"
+    "give a 3D-Speaker train.csv, a WeNet data.list, a Kaldi folder with wav.scp and utt2spk (or text), or a folder "
+    "of .wav/.flac/.ogg files (one sub-folder per speaker)"
 )
 # A segment may end a little past the decoded length (float seconds written by another decoder); clamp, don't fail.
 _SEGMENT_SLACK_S = 0.05
@@ -61,6 +62,7 @@ class Utterance:
     stop_sample: int | None = None
     duration_s: float  # of the segment, or of the whole file
     sample_rate: int | None = None  # of the file, as soundfile reported it
+    text: str | None = None  # transcript, where the list has one (data.list txt, Kaldi text)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict of all fields."""
@@ -76,7 +78,7 @@ class Utterance:
 class DataSource:
     """Validated utterances of one data list, folder or corpus."""
 
-    kind: str  # "3d-speaker-csv" | "kaldi" | "folder" | "synthetic"
+    kind: str  # "3d-speaker-csv" | "wenet-data-list" | "kaldi" | "folder" | "synthetic"
     path: str  # absolute path of what the user gave (or the corpus folder)
     utterances: tuple[Utterance, ...]
     speakers: tuple[str, ...]  # sorted unique speaker names of the whole list; label = index in this tuple
@@ -146,6 +148,7 @@ class _Row:
     where: str
     start_s: float | None = None
     stop_s: float | None = None
+    text: str | None = None
 
 
 def _resolve(audio_path: str, base: Path) -> str:
@@ -235,9 +238,9 @@ def _table(path: Path, n_fields: int | None) -> Iterator[tuple[str, str, int]]:
 
 
 def _read_kaldi(folder: Path) -> list[_Row]:
-    """Rows of a Kaldi data folder: wav.scp (key path) and utt2spk (key speaker)."""
-    scp, utt2spk_path = folder / "wav.scp", folder / "utt2spk"
-    if not utt2spk_path.is_file():
+    """Rows of a Kaldi data folder: wav.scp, utt2spk (optional with text: speaker = utterance) and optional text."""
+    scp, utt2spk_path, text_path = folder / "wav.scp", folder / "utt2spk", folder / "text"
+    if not utt2spk_path.is_file() and not text_path.is_file():
         raise _error(
             f"Kaldi folder {folder} has wav.scp but no utt2spk; add utt2spk with '<utterance> <speaker>' lines"
         )
@@ -246,7 +249,8 @@ def _read_kaldi(folder: Path) -> list[_Row]:
             f"Kaldi folder {folder} has a segments file, which autotune does not read; cut the segments into "
             "files or list them in a 3D-Speaker train.csv (start/stop in seconds)"
         )
-    utt2spk = {key: value for key, value, _ in _table(utt2spk_path, 2)}
+    utt2spk = {key: value for key, value, _ in _table(utt2spk_path, 2)} if utt2spk_path.is_file() else None
+    texts = parse_transcripts(_read_text(text_path), text_path) if text_path.is_file() else {}
     rows: list[_Row] = []
     for key, value, number in _table(scp, None):
         where = f"{scp} line {number}"
@@ -255,13 +259,22 @@ def _read_kaldi(folder: Path) -> list[_Row]:
                 f"{where}: piped command {value!r} is not supported; write its output to an audio file (e.g. run "
                 "the command once into a .wav) and list that path"
             )
-        if key not in utt2spk:
+        if utt2spk is not None and key not in utt2spk:
             raise _error(
                 f"{where}: utterance {key!r} is missing from {utt2spk_path}; add '{key} <speaker>' there or "
                 "remove the line"
             )
-        rows.append(_Row(key, _resolve(value, folder), utt2spk[key], where))
+        speaker = key if utt2spk is None else utt2spk[key]
+        rows.append(_Row(key, _resolve(value, folder), speaker, where, text=texts.get(key)))
     return rows
+
+
+def _read_data_list(path: Path) -> list[_Row]:
+    """Rows of a WeNet raw data.list (JSON lines key/wav/txt, optional start/end in seconds and spk)."""
+    return [
+        _Row(e.key, _resolve(e.wav, path.parent), e.speaker, e.where, e.start_s, e.end_s, e.txt)
+        for e in parse_data_list(_read_text(path), path)
+    ]
 
 
 def _read_folder(folder: Path) -> list[_Row]:
@@ -291,11 +304,15 @@ def _read_rows(path: Path) -> tuple[str, list[_Row]]:
     if path.is_dir():
         if (path / "wav.scp").is_file():
             return "kaldi", _read_kaldi(path)
+        if (path / "data.list").is_file():
+            return "wenet-data-list", _read_data_list(path / "data.list")
         return "folder", _read_folder(path)
     if path.name == "wav.scp":
         return "kaldi", _read_kaldi(path.parent)
     if path.suffix.lower() == ".csv":
         return "3d-speaker-csv", _read_csv(path)
+    if is_data_list(path):
+        return "wenet-data-list", _read_data_list(path)
     raise _error(f"data path {path} is not a supported list; {_ACCEPTED}")
 
 
@@ -324,7 +341,7 @@ def _to_utterance(row: _Row, sample_rate: int, frames: int) -> Utterance:
         if start >= frames or stop > frames + _SEGMENT_SLACK_S * sample_rate:
             raise _error(
                 f"{row.where}: segment {row.start_s:g}-{row.stop_s:g} s goes past the end of {row.path} "
-                f"({frames / sample_rate:.3f} s); start and stop are seconds, as 3D-Speaker writes them; fix the row"
+                f"({frames / sample_rate:.3f} s); start and stop are seconds (as 3D-Speaker and WeNet write them)"
             )
         stop = min(stop, frames)
         n_samples = stop - start
@@ -336,6 +353,7 @@ def _to_utterance(row: _Row, sample_rate: int, frames: int) -> Utterance:
         stop_sample=stop,
         duration_s=n_samples / sample_rate,
         sample_rate=sample_rate,
+        text=row.text,
     )
 
 
@@ -343,8 +361,9 @@ def load_source(path: str | os.PathLike[str], *, max_utterances: int | None = 20
     """Read and validate a data list or folder.
 
     Args:
-        path: a 3D-Speaker train.csv, a Kaldi folder (or its wav.scp) with utt2spk, or a folder of audio files.
-            Relative audio paths in a list resolve against the list's folder.
+        path: a 3D-Speaker train.csv, a WeNet data.list (or a folder holding one), a Kaldi folder (or its wav.scp)
+            with utt2spk and/or text, or a folder of audio files. Relative audio paths resolve against the list's
+            folder. Transcripts (data.list txt, Kaldi text) fill Utterance.text.
         max_utterances: keep at most this many entries, a seeded random subset in list order; None keeps all.
             Only kept entries are validated. Speakers are counted over the whole list.
         seed: seed of the subset.

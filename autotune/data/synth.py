@@ -4,6 +4,13 @@ Throughput tuning needs audio that costs what real audio costs to decode, crop a
 classifier can tell apart (so the loss behaves), but no download. Each speaker is a small source-filter voice: a
 jittered, vibrato-modulated glottal pulse train plus aspiration noise, shaped by the speaker's own formants,
 bandwidths and spectral tilt, spoken as syllables at the speaker's own rate.
+
+Every file also has a transcript for ASR: the vowels of its syllables as characters, one character per syllable and
+no spaces (``"aeio"``), as an AISHELL transcript has one character per Mandarin syllable. A syllable is transcribed
+when its midpoint lies inside the file (the last one may be cut short). The corpus folder holds them three ways: in
+``manifest.json``, as a Kaldi ``text`` file and as a WeNet raw ``data.list`` (JSON lines key/wav/txt, plus the
+speaker as ``spk``, which WeNet ignores). Keys are the file stems (``spk000_utt000``); audio paths in data.list are
+relative to the corpus folder (autotune resolves them there; WeNet resolves paths against its working directory).
 """
 
 from __future__ import annotations
@@ -26,14 +33,18 @@ import soundfile as sf
 
 from autotune.errors import DataError
 
-__all__ = ["CORPUS_VERSION", "default_cache_dir", "ensure_corpus", "generate_corpus"]
+__all__ = ["CORPUS_VERSION", "VOWELS", "default_cache_dir", "ensure_corpus", "generate_corpus"]
 
 logger = logging.getLogger(__name__)
 
 # Bump when the generator's output changes, so cached corpora of the old version are not reused.
-CORPUS_VERSION = 1
+# 2: transcripts (text, data.list, manifest "text"); the audio is the same bytes as version 1.
+CORPUS_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 README_NAME = "README.txt"
+TEXT_NAME = "text"
+DATA_LIST_NAME = "data.list"
+VOWELS = "aeiou"  # the characters of transcripts, in the row order of _VOWEL_FORMANTS_HZ
 
 # Average adult-male formants F1-F4 (Hz) of five vowels (Peterson & Barney style values); speakers scale them.
 _VOWEL_FORMANTS_HZ = np.array(
@@ -114,33 +125,39 @@ def _excitation(voice: _Voice, rng: np.random.Generator, n_samples: int, sample_
     return source * envelope
 
 
-def _vocal_tract(voice: _Voice, rng: np.random.Generator, freqs_hz: np.ndarray) -> np.ndarray:
-    """Complex response of a cascade of formant resonators for a random vowel, times the glottal tilt."""
-    vowel = _VOWEL_FORMANTS_HZ[rng.integers(len(_VOWEL_FORMANTS_HZ))]
+def _vocal_tract(voice: _Voice, rng: np.random.Generator, freqs_hz: np.ndarray) -> tuple[np.ndarray, int]:
+    """Complex response of a cascade of formant resonators for a random vowel, times the glottal tilt; and the vowel."""
+    vowel_index = int(rng.integers(len(_VOWEL_FORMANTS_HZ)))
+    vowel = _VOWEL_FORMANTS_HZ[vowel_index]
     formants = vowel * voice.formant_scale * voice.formant_jitter * rng.uniform(0.95, 1.05, size=4)
     response = 1.0 / (1.0 + 1j * freqs_hz / voice.tilt_hz)
     centres = np.append(formants, voice.colour_hz)
     bandwidths = np.append(voice.bandwidths_hz, voice.colour_bandwidth_hz)
     for centre, bandwidth in zip(centres, bandwidths, strict=True):
         response = response * (centre**2 / (centre**2 - freqs_hz**2 + 1j * freqs_hz * bandwidth))
-    return response
+    return response, vowel_index
 
 
-def _syllable(voice: _Voice, rng: np.random.Generator, n_samples: int, sample_rate: int) -> np.ndarray:
-    """One voiced syllable, filtered in the frequency domain; returns n_samples plus a ringing tail."""
+def _syllable(voice: _Voice, rng: np.random.Generator, n_samples: int, sample_rate: int) -> tuple[np.ndarray, int]:
+    """One voiced syllable, filtered in the frequency domain: n_samples plus a ringing tail, and its vowel index."""
     n_fft = 1 << int(np.ceil(np.log2(n_samples + int(_TAIL_S * sample_rate))))
     spectrum = np.fft.rfft(_excitation(voice, rng, n_samples, sample_rate), n_fft)
-    spectrum *= _vocal_tract(voice, rng, np.fft.rfftfreq(n_fft, 1.0 / sample_rate))
-    return np.fft.irfft(spectrum, n_fft)[: n_samples + int(_TAIL_S * sample_rate)] * rng.uniform(0.4, 1.0)
+    response, vowel_index = _vocal_tract(voice, rng, np.fft.rfftfreq(n_fft, 1.0 / sample_rate))
+    spectrum *= response
+    audio = np.fft.irfft(spectrum, n_fft)[: n_samples + int(_TAIL_S * sample_rate)] * rng.uniform(0.4, 1.0)
+    return audio, vowel_index
 
 
-def _utterance(voice: _Voice, rng: np.random.Generator, n_samples: int, sample_rate: int) -> np.ndarray:
-    """Syllables separated by short pauses, plus a low noise floor, peak-normalised; float64 in [-1, 1]."""
+def _utterance(voice: _Voice, rng: np.random.Generator, n_samples: int, sample_rate: int) -> tuple[np.ndarray, str]:
+    """Syllables separated by short pauses, plus a low noise floor, peak-normalised to [-1, 1]; and the transcript."""
     out = np.zeros(n_samples + int(_TAIL_S * sample_rate))
+    vowels: list[str] = []
     pos = int(rng.uniform(0.02, 0.2) * sample_rate)
     while pos < n_samples:
         length = int(sample_rate * rng.uniform(0.5, 0.9) / voice.syllables_per_s)
-        syllable = _syllable(voice, rng, max(length, 64), sample_rate)
+        syllable, vowel_index = _syllable(voice, rng, max(length, 64), sample_rate)
+        if pos + max(length, 64) // 2 < n_samples:  # its midpoint is heard: transcribe it
+            vowels.append(VOWELS[vowel_index])
         end = min(pos + syllable.size, out.size)
         out[pos:end] += syllable[: end - pos]
         # Mostly short gaps between syllables, now and then a phrase break.
@@ -149,7 +166,7 @@ def _utterance(voice: _Voice, rng: np.random.Generator, n_samples: int, sample_r
     out = out[:n_samples]
     out *= rng.uniform(0.3, 0.8) / max(float(np.abs(out).max()), 1e-9)
     out += rng.uniform(1e-4, 1e-3) * rng.standard_normal(n_samples)
-    return np.clip(out, -1.0, 1.0)
+    return np.clip(out, -1.0, 1.0), "".join(vowels)
 
 
 def _readme_text(params: dict[str, Any], n_files: int, total_s: float) -> str:
@@ -160,12 +177,15 @@ def _readme_text(params: dict[str, Any], n_files: int, total_s: float) -> str:
         "throughput without downloading data.\n\n"
         f"Parameters: {json.dumps(params, sort_keys=True)}\n"
         f"Files: {n_files} ({total_s / 3600:.2f} h of 16-bit PCM WAV at {params['sample_rate']} Hz), layout "
-        "spkNNN/spkNNN_uttMMM.wav; the speaker of a file is its folder.\n\n"
+        "spkNNN/spkNNN_uttMMM.wav; the speaker of a file is its folder.\n"
+        f"Transcripts: {TEXT_NAME} (Kaldi '<key> <text>') and {DATA_LIST_NAME} (WeNet JSON lines key/wav/txt/spk, "
+        "wav relative to this folder); a transcript is the vowels of the file's syllables, one character each.\n\n"
         "How it was made: every speaker is a source-filter voice with its own fundamental-frequency range, formant\n"
         "frequencies (vocal-tract scale plus a per-formant offset) and bandwidths, one extra fixed resonance,\n"
         "spectral tilt, breathiness, speaking rate, vibrato and jitter. Each file is a sequence of voiced syllables\n"
         "(a jittered pulse train with vibrato and aspiration noise, filtered in the frequency domain by the formants\n"
-        "of a random vowel) separated by short pauses, plus a low noise floor. The same seed gives the same bytes.\n"
+        "of a random vowel, a/e/i/o/u) separated by short pauses, plus a low noise floor. The same seed gives the "
+        "same bytes.\n"
     )
 
 
@@ -207,7 +227,8 @@ def generate_corpus(
         seed: seed for everything random.
 
     Returns:
-        The output folder, with ``README.txt`` and, written last, ``manifest.json``.
+        The output folder, with ``README.txt``, the transcripts (``text``, ``data.list``) and, written last,
+        ``manifest.json``.
     """
     if n_speakers < 1 or files_per_speaker < 1 or not 0.1 <= min_duration_s <= max_duration_s:
         raise ValueError("need n_speakers >= 1, files_per_speaker >= 1 and 0.1 <= min_duration_s <= max_duration_s")
@@ -231,16 +252,29 @@ def generate_corpus(
         for utt in range(files_per_speaker):
             rng = np.random.default_rng([seed, spk, utt + 1])
             n_samples = round(rng.uniform(min_duration_s, max_duration_s) * sample_rate)
-            audio = np.round(_utterance(voice, rng, n_samples, sample_rate) * 32767.0).astype(np.int16)
+            waveform, text = _utterance(voice, rng, n_samples, sample_rate)
             rel = f"{name}/{name}_utt{utt:0{width}d}.wav"
+            audio = np.round(waveform * 32767.0).astype(np.int16)
             sf.write(out / rel, audio, sample_rate, subtype="PCM_16", format="WAV")
-            files.append({"path": rel, "speaker": name, "n_samples": n_samples})
+            files.append({"path": rel, "speaker": name, "n_samples": n_samples, "text": text})
     total_s = sum(f["n_samples"] for f in files) / sample_rate
     (out / README_NAME).write_text(_readme_text(params, len(files), total_s))
+    _write_transcripts(out, files)
     manifest = {"corpus_version": CORPUS_VERSION, "params": params, "total_audio_s": total_s, "files": files}
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     logger.info("generated %d files (%.2f h) in %.1f s", len(files), total_s / 3600, time.perf_counter() - started)
     return out
+
+
+def _write_transcripts(out: Path, files: list[dict[str, Any]]) -> None:
+    """The Kaldi ``text`` file and the WeNet ``data.list``, keyed by file stem, in generation order."""
+    keys = [Path(f["path"]).stem for f in files]
+    (out / TEXT_NAME).write_text("".join(f"{key} {f['text']}\n" for key, f in zip(keys, files, strict=True)))
+    lines = [
+        json.dumps({"key": key, "wav": f["path"], "txt": f["text"], "spk": f["speaker"]}, ensure_ascii=False)
+        for key, f in zip(keys, files, strict=True)
+    ]
+    (out / DATA_LIST_NAME).write_text("".join(line + "\n" for line in lines))
 
 
 # Captured once so the canonical parameters never depend on what generate_corpus is patched to in tests.

@@ -62,27 +62,31 @@ class WindowMeasurement:
         }
 
 
-def build_loader(setup: TrainingSetup, config: TrialConfig, *, total_batches: int, seed: int) -> torch.utils.data.DataLoader[Any]:
+def build_loader(
+    setup: TrainingSetup, config: TrialConfig, *, total_batches: int, seed: int
+) -> torch.utils.data.DataLoader[Any]:
     """A DataLoader as the user's training would build it, sampling enough batches for the whole trial.
 
     Sampling with replacement keeps one 'epoch' running for the trial however small the corpus, so the timed
     window measures steady state; epoch-boundary costs are accounted for separately (WindowMeasurement.summary).
     """
     generator = torch.Generator().manual_seed(seed)
-    sampler = torch.utils.data.RandomSampler(
-        setup.dataset, replacement=True, num_samples=total_batches * config.per_device_batch_size, generator=generator
-    )
     kwargs: dict[str, Any] = {}
     if config.num_workers > 0:
         kwargs = {"prefetch_factor": config.prefetch_factor or 2, "persistent_workers": config.persistent_workers}
+    if setup.batch_sampler_factory is not None:  # the workload batches by length itself
+        kwargs["batch_sampler"] = setup.batch_sampler_factory(config, total_batches, generator)
+    else:
+        kwargs["batch_size"], kwargs["drop_last"] = config.per_device_batch_size, True
+        num_samples = total_batches * config.per_device_batch_size
+        kwargs["sampler"] = torch.utils.data.RandomSampler(
+            setup.dataset, replacement=True, num_samples=num_samples, generator=generator
+        )
     return torch.utils.data.DataLoader(
         setup.dataset,
-        batch_size=config.per_device_batch_size,
-        sampler=sampler,
         num_workers=config.num_workers,
         pin_memory=config.pin_memory,
         collate_fn=setup.collate_fn,
-        drop_last=True,
         **kwargs,
     )
 
@@ -150,7 +154,8 @@ def measure(
         result.step_times_s.append(now - last)
         last = now
         steps = len(result.step_times_s)
-        if steps >= timing.max_window_steps or (now - window_start >= timing.window_s and steps >= timing.min_window_steps):
+        window_done = now - window_start >= timing.window_s and steps >= timing.min_window_steps
+        if steps >= timing.max_window_steps or window_done:
             break
     _synchronize(device)
     result.window_s = time.perf_counter() - window_start

@@ -39,6 +39,10 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
     return batch
 
 
+# (config, number of batches, generator) -> a sampler of batches of dataset indices
+BatchSamplerFactory = Callable[["TrialConfig", int, "torch.Generator"], "torch.utils.data.Sampler[list[int]]"]
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainingSetup:
     """Live objects for one trial: the model (with its loss head), optimiser, data and the loss of a batch.
@@ -52,6 +56,9 @@ class TrainingSetup:
         samples_in: number of training samples in a batch.
         audio_seconds_in: seconds of audio in a batch.
         batch_to_device: moves a batch to the device (non_blocking when memory is pinned).
+        batch_sampler_factory: (config, number of batches, generator) -> a batch sampler yielding lists of dataset
+            indices, for workloads that batch by length (WeNet's sorted static and dynamic batches); None = random
+            batches of config.per_device_batch_size.
     """
 
     model: nn.Module
@@ -62,6 +69,7 @@ class TrainingSetup:
     samples_in: Callable[[Any], int]
     audio_seconds_in: Callable[[Any], float]
     batch_to_device: Callable[[Any, torch.device, bool], Any] = move_to_device
+    batch_sampler_factory: BatchSamplerFactory | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

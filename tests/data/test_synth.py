@@ -1,4 +1,4 @@
-"""Tests for autotune.data.synth: layout, determinism, speaker differences and the cached default corpus."""
+"""Tests for autotune.data.synth: layout, determinism, transcripts, speaker differences and the cached corpus."""
 
 from __future__ import annotations
 
@@ -50,9 +50,35 @@ def test_folder_source_reads_it(corpus: Path) -> None:
 
 
 def test_same_seed_same_bytes(corpus: Path, tmp_path: Path) -> None:
-    assert _wav_bytes(generate_corpus(tmp_path / "again", **SMALL)) == _wav_bytes(corpus)
+    again = generate_corpus(tmp_path / "again", **SMALL)
+    assert _wav_bytes(again) == _wav_bytes(corpus)
+    for name in ("text", "data.list"):
+        assert (again / name).read_bytes() == (corpus / name).read_bytes()
     other = _wav_bytes(generate_corpus(tmp_path / "other", **SMALL, seed=1))
     assert other.keys() == _wav_bytes(corpus).keys() and other != _wav_bytes(corpus)
+
+
+def test_transcripts_agree_everywhere(corpus: Path) -> None:
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    expected = {Path(f["path"]).stem: f["text"] for f in manifest["files"]}
+    assert len(expected) == 12
+    for key, text in expected.items():
+        assert text and set(text) <= set(synth.VOWELS), (key, text)
+    text_file = dict(line.split(" ", 1) for line in (corpus / "text").read_text().splitlines())
+    assert text_file == expected
+    entries = [json.loads(line) for line in (corpus / "data.list").read_text().splitlines()]
+    assert [(e["key"], e["txt"]) for e in entries] == list(expected.items())
+    assert all(e["wav"] == f"{e['spk']}/{e['key']}.wav" for e in entries)
+    source = load_source(corpus)  # the corpus folder reads through its data.list
+    assert source.kind == "wenet-data-list"
+    assert {u.utt_id: u.text for u in source.utterances} == expected
+    assert all(Path(u.path).is_file() for u in source.utterances)
+
+
+def test_transcripts_follow_the_syllables(corpus: Path) -> None:
+    # One character per syllable, at 3-6.5 syllables per second with short pauses: a few per second of audio.
+    for u in load_source(corpus).utterances:
+        assert 1.0 <= len(u.text or "") / u.duration_s <= 7.0, (u.utt_id, u.text, u.duration_s)
 
 
 def _f0_hz(audio: np.ndarray, sample_rate: int) -> float:
@@ -152,5 +178,6 @@ def test_default_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     source = default_source(tmp_path)
     assert source.kind == "synthetic" and source.synthetic
     assert source.speakers == ("spk000", "spk001") and len(source.utterances) == 4
+    assert all(u.text for u in source.utterances)
     assert Path(source.path).parent == tmp_path
     assert source.describe()["synthetic"] is True
