@@ -80,8 +80,8 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)  # torch's version is a str subclass
 
 
-def record(tuned: TunedConfig, result_path: str | os.PathLike[str]) -> Path:
-    """Append one JSON line for an accepted result to history.jsonl next to its YAML.
+def record(tuned: TunedConfig, result_path: str | os.PathLike[str], results_dir: str | os.PathLike[str]) -> Path:
+    """Append one JSON line for an accepted result to RESULTS_DIR/MODEL/history.jsonl (wherever --out put the YAML).
 
     The line is appended (O_APPEND, one write, fsync) under an exclusive flock rather than rewriting the file: earlier
     lines are never touched, two runs finishing together cannot drop each other's line (a read + rename would), and
@@ -90,7 +90,7 @@ def record(tuned: TunedConfig, result_path: str | os.PathLike[str]) -> Path:
     Returns:
         The history file.
     """
-    path = Path(result_path).parent / HISTORY_FILE
+    path = _history_path(results_dir, tuned.workload["model"])
     line = json.dumps(history_row(tuned, result_path), ensure_ascii=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     _append_line(path, line)

@@ -190,7 +190,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     tuned = _tuned_config(plan, outcome)
     result_path = write_config(tuned, plan.out_path)
     try:
-        history.record(tuned, result_path)
+        history.record(tuned, result_path, plan.request.results_dir)
     except OSError as error:  # the result itself is written; a history we cannot append to must not fail the run
         logger.warning("could not append to the history next to %s: %s", result_path, error)
     return RunReport(plan=plan, outcome=outcome, tuned=tuned, result_path=result_path)

@@ -46,7 +46,7 @@ def result_path(root: Path, tuned: TunedConfig) -> Path:
 def test_record_twice_gives_two_rows_oldest_first(tmp_path: Path) -> None:
     newer, older = make_tuned("2025-03-02T02:30:00+00:00", 180.0), make_tuned("2025-03-01T02:30:00+00:00", 200.0)
     for tuned in (newer, older):  # recorded out of order: load sorts by date
-        path = history.record(tuned, result_path(tmp_path, tuned))
+        path = history.record(tuned, result_path(tmp_path, tuned), tmp_path / "results")
     assert path == tmp_path / "results" / "cam++" / "history.jsonl"
     assert len(path.read_text(encoding="utf-8").splitlines()) == 2
     frame = history.load(tmp_path / "results", "cam++")
@@ -63,7 +63,7 @@ def test_record_twice_gives_two_rows_oldest_first(tmp_path: Path) -> None:
 
 def test_every_fingerprint_is_kept(tmp_path: Path) -> None:
     for tuned in (make_tuned("2025-03-01T00:00:00+00:00", 50.0, cuda=False), make_tuned("2025-03-02T00:00:00Z", 9.0)):
-        history.record(tuned, result_path(tmp_path, tuned))
+        history.record(tuned, result_path(tmp_path, tuned), tmp_path / "results")
     frame = history.load(tmp_path / "results", "cam++")
     assert frame["fingerprint"].nunique() == 2
     assert frame["device_type"].tolist() == ["cpu", "cuda"]
@@ -71,12 +71,12 @@ def test_every_fingerprint_is_kept(tmp_path: Path) -> None:
 
 def test_corrupt_lines_are_skipped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     tuned = make_tuned("2025-03-01T02:30:00+00:00", 200.0)
-    path = history.record(tuned, result_path(tmp_path, tuned))
+    path = history.record(tuned, result_path(tmp_path, tuned), tmp_path / "results")
     with path.open("ab") as file:
         file.write(b'{"created": "2025-03-0\n[1, 2]\n\xff\xfe\n')
     with path.open("ab") as file:
         file.write(b'{"created": "2025-03-03T02:30:00+00:00", "samp')  # torn by a crash, no newline
-    history.record(make_tuned("2025-03-04T02:30:00+00:00", 190.0), result_path(tmp_path, tuned))
+    history.record(make_tuned("2025-03-04T02:30:00+00:00", 190.0), result_path(tmp_path, tuned), tmp_path / "results")
     with caplog.at_level(logging.WARNING, logger="autotune.history"):
         frame = history.load(tmp_path / "results", "cam++")
     assert list(frame["samples_per_second"]) == [200.0, 190.0]
@@ -109,7 +109,7 @@ def test_table_has_the_rows_and_flags_a_regression(tmp_path: Path) -> None:
     runs = [("2025-03-01T02:30:00+00:00", 200.0), ("2025-03-02T02:30:00+00:00", 150.0)]
     for created, samples_per_second in runs:
         tuned = make_tuned(created, samples_per_second)
-        history.record(tuned, result_path(tmp_path, tuned))
+        history.record(tuned, result_path(tmp_path, tuned), tmp_path / "results")
     table = history.render_table(history.load(tmp_path / "results", "cam++"))
     assert table.row_count == 2
     assert table.title == "autotune history: cam++"
@@ -125,7 +125,7 @@ def test_record_keeps_earlier_lines_when_result_is_rewritten(tmp_path: Path) -> 
     """The YAML of a machine is overwritten by each run; its history lines are not."""
     first = make_tuned("2025-03-01T02:30:00+00:00", 200.0)
     second = dataclasses.replace(first, created="2025-03-02T02:30:00+00:00")
-    path = history.record(first, result_path(tmp_path, first))
+    path = history.record(first, result_path(tmp_path, first), tmp_path / "results")
     before = path.read_bytes()
-    history.record(second, result_path(tmp_path, second))
+    history.record(second, result_path(tmp_path, second), tmp_path / "results")
     assert path.read_bytes().startswith(before)
