@@ -1,0 +1,239 @@
+"""ASR training items as the WeNet aishell recipe makes them: decode, resample, speed perturb, fbank, SpecAugment.
+
+WeNet's ``dataset_conf`` (examples/aishell/s0/conf/train_conformer.yaml) and ``wenet/dataset/processor.py``:
+filter (filter_conf) -> resample to 16 kHz -> speed perturb (0.9/1.0/1.1) -> fbank (80 bins, 25/10 ms, dither 0.1,
+on the waveform scaled to 16-bit range, energy_floor 0) -> SpecAugment (2 time masks up to 50 frames, 2 frequency
+masks up to 10 bins) -> sort -> batch -> pad (features with 0, tokens with -1). Two stand-ins, both cheap and both
+documented: speed perturbation resamples with ``torchaudio.functional.resample`` in one step with the rate change
+(WeNet calls sox ``speed`` + ``rate``, which newer torchaudio no longer ships), and features are mean/variance
+normalised per utterance instead of by the recipe's global CMVN (statistics computed offline over the training set
+and applied inside the model: one affine per bin either way).
+
+The work happens in ``__getitem__``, so in DataLoader workers, where the tuner must see its cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+from torch.nn.utils.rnn import pad_sequence
+from torchaudio.compliance import kaldi
+
+from autotune.data.features import FbankConfig
+from autotune.data.sources import Utterance
+from autotune.errors import DataError
+
+__all__ = [
+    "WENET_FBANK",
+    "AsrDataset",
+    "CharVocabulary",
+    "FilterConfig",
+    "SpecAugmentConfig",
+    "collate_asr_batch",
+    "split_characters",
+]
+
+WENET_FBANK = FbankConfig(num_mel_bins=80, sample_rate=16000, frame_length_ms=25.0, frame_shift_ms=10.0, dither=0.1)
+PAD_TOKEN = -1  # WeNet's IGNORE_ID: what the model's losses skip
+WENET_SPEEDS = (0.9, 1.0, 1.1)
+
+
+def split_characters(text: str) -> list[str]:
+    """Character tokens as WeNet's CharTokenizer makes them: every character, a space becoming "▁"."""
+    return ["▁" if ch == " " else ch for ch in text.strip()]
+
+
+class CharVocabulary:
+    """A character vocabulary as WeNet's dict: 0 = <blank>, 1 = <unk>, the characters sorted, last = <sos/eos>."""
+
+    BLANK, UNK, SOS_EOS = "<blank>", "<unk>", "<sos/eos>"
+
+    def __init__(self, characters: Iterable[str]) -> None:
+        """Args: characters: the token characters; duplicates are ignored."""
+        self.symbols = (self.BLANK, self.UNK, *sorted(set(characters)), self.SOS_EOS)
+        self._ids = {symbol: index for index, symbol in enumerate(self.symbols)}
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> CharVocabulary:
+        """The vocabulary of every character of the transcripts (WeNet builds it from the training text)."""
+        characters: set[str] = set()
+        for text in texts:
+            characters.update(split_characters(text))
+        return cls(characters)
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a transcript; a character outside the vocabulary is <unk> (1)."""
+        return [self._ids.get(token, 1) for token in split_characters(text)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpecAugmentConfig:
+    """WeNet's spec_aug_conf (aishell: 2 time masks up to 50 frames, 2 frequency masks up to 10 bins)."""
+
+    num_time_masks: int = 2
+    max_time_mask_frames: int = 50
+    num_freq_masks: int = 2
+    max_freq_mask_bins: int = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FilterConfig:
+    """WeNet's filter_conf: lengths in 10 ms frames of the nominal audio, and in tokens (aishell values)."""
+
+    max_length: int = 40960
+    min_length: int = 0
+    token_max_length: int = 200
+    token_min_length: int = 1
+    min_output_input_ratio: float = 0.0005  # WeNet's code defaults (the recipe does not set them)
+    max_output_input_ratio: float = 1.0
+
+    def keeps(self, duration_s: float, n_tokens: int) -> bool:
+        """Whether WeNet's filter keeps an utterance of this duration and transcript length."""
+        frames = duration_s * 100
+        if not self.min_length <= frames <= self.max_length:
+            return False
+        if not self.token_min_length <= n_tokens <= self.token_max_length:
+            return False
+        return frames == 0 or self.min_output_input_ratio <= n_tokens / frames <= self.max_output_input_ratio
+
+
+def spec_augment(feats: torch.Tensor, config: SpecAugmentConfig) -> torch.Tensor:
+    """Zero random time and frequency bands of a (frames, bins) matrix, as WeNet's spec_aug; returns a new tensor."""
+    out = feats.clone()
+    frames, bins = out.shape
+    for _ in range(config.num_time_masks):
+        start = int(torch.randint(frames, (1,)))
+        out[start : start + int(torch.randint(1, config.max_time_mask_frames + 1, (1,))), :] = 0.0
+    for _ in range(config.num_freq_masks):
+        start = int(torch.randint(bins, (1,)))
+        out[:, start : start + int(torch.randint(1, config.max_freq_mask_bins + 1, (1,)))] = 0.0
+    return out
+
+
+class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, float]]):
+    """Utterances with transcripts as (fbank, token ids, duration_s) items, filtered as WeNet's filter_conf.
+
+    Speed perturbation and SpecAugment draw from torch's RNG, which DataLoader seeds per worker.
+    """
+
+    def __init__(
+        self,
+        utterances: Sequence[Utterance],
+        vocabulary: CharVocabulary,
+        *,
+        fbank: FbankConfig = WENET_FBANK,
+        speeds: Sequence[float] = WENET_SPEEDS,
+        spec_aug: SpecAugmentConfig | None = SpecAugmentConfig(),  # noqa: B008 - frozen, so a shared default is safe
+        filter_config: FilterConfig = FilterConfig(),  # noqa: B008
+        min_input_frames: int = 1,
+    ) -> None:
+        """Tokenise and filter the utterances.
+
+        Args:
+            utterances: items with ``text`` set (``DataSource.utterances``).
+            vocabulary: the character vocabulary.
+            fbank: feature settings; ``fbank.sample_rate`` is the rate audio is resampled to.
+            speeds: speed-perturbation factors drawn uniformly per item; (1.0,) disables it.
+            spec_aug: SpecAugment settings; None disables it.
+            filter_config: WeNet's filter_conf.
+            min_input_frames: drop items that could yield fewer frames (the conformer's x4 subsampling needs 7).
+        """
+        if not speeds or min(speeds) <= 0:
+            raise ValueError(f"speeds must be positive factors, got {tuple(speeds)}")
+        missing = [u.utt_id for u in utterances if u.text is None]
+        if missing:
+            raise ValueError(f"{len(missing)} utterances have no transcript (first: {missing[0]})")
+        self.vocabulary, self.fbank, self.speeds, self.spec_aug = vocabulary, fbank, tuple(speeds), spec_aug
+        kept: list[Utterance] = []
+        tokens: list[torch.Tensor] = []
+        for utt in utterances:
+            ids = vocabulary.encode(utt.text or "")
+            if filter_config.keeps(utt.duration_s, len(ids)) and self._frame_range(utt)[0] >= min_input_frames:
+                kept.append(utt)
+                tokens.append(torch.tensor(ids, dtype=torch.int64))
+        self.utterances, self.tokens = tuple(kept), tuple(tokens)
+        self.n_filtered = len(utterances) - len(kept)
+        # The most frames an item can have (at the slowest speed): what the dynamic batch budget counts.
+        self.max_frames = tuple(self._frame_range(utt)[1] for utt in self.utterances)
+
+    def __len__(self) -> int:
+        """Number of utterances kept by the filter."""
+        return len(self.utterances)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One item: (fbank (frames, num_mel_bins) float32, token ids int64, duration of the source audio in s)."""
+        utt = self.utterances[index]
+        waveform, rate = self._read(utt)
+        speed = self.speeds[int(torch.randint(len(self.speeds), (1,)))] if len(self.speeds) > 1 else self.speeds[0]
+        source_rate = round(rate * speed)  # playing rate-r audio as if it were r*speed Hz makes it 1/speed as long
+        if source_rate != self.fbank.sample_rate:
+            waveform = AF.resample(waveform, source_rate, self.fbank.sample_rate)
+        feats = self._fbank(waveform)
+        if self.spec_aug is not None:
+            feats = spec_augment(feats, self.spec_aug)
+        return feats, self.tokens[index], utt.duration_s
+
+    def _fbank(self, waveform: torch.Tensor) -> torch.Tensor:
+        config = self.fbank
+        feats = kaldi.fbank(
+            waveform.unsqueeze(0) * (1 << 15),  # WeNet scales to 16-bit range; dither 0.1 is relative to it
+            num_mel_bins=config.num_mel_bins,
+            frame_length=config.frame_length_ms,
+            frame_shift=config.frame_shift_ms,
+            dither=config.dither,
+            energy_floor=0.0,
+            sample_frequency=float(config.sample_rate),
+        )
+        return (feats - feats.mean(dim=0)) / feats.std(dim=0, correction=0).clamp_min(1e-5)
+
+    def _frame_range(self, utt: Utterance) -> tuple[int, int]:
+        """(fewest, most) fbank frames over the speeds, as resample's output length makes them."""
+        rate = utt.sample_rate or self.fbank.sample_rate
+        samples = round(utt.duration_s * rate)
+        lengths = [math.ceil(samples * self.fbank.sample_rate / round(rate * speed)) for speed in self.speeds]
+        return self.fbank.num_frames(min(lengths)), self.fbank.num_frames(max(lengths))
+
+    def _read(self, utt: Utterance) -> tuple[torch.Tensor, int]:
+        """The utterance's segment as mono float32 in [-1, 1], and its sample rate."""
+        try:
+            with sf.SoundFile(utt.path) as audio:
+                start = utt.start_sample or 0
+                stop = audio.frames if utt.stop_sample is None else min(utt.stop_sample, audio.frames)
+                audio.seek(start)
+                data = audio.read(max(stop - start, 0), dtype="float32", always_2d=True)
+                rate = audio.samplerate
+        except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+            reason = str(getattr(exc, "error_string", None) or exc).replace("\n", " ")
+            raise DataError(
+                f"cannot read audio file {utt.path} (utterance {utt.utt_id}): {reason}; it was readable when the "
+                "data was loaded, so check that the file and its storage are intact"
+            ) from exc
+        mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
+        return torch.from_numpy(np.ascontiguousarray(mono)), rate
+
+
+def collate_asr_batch(items: Sequence[tuple[torch.Tensor, torch.Tensor, float]]) -> dict[str, torch.Tensor]:
+    """Pad dataset items into a batch as WeNet's padding().
+
+    Returns:
+        feats (B, T, bins) float32 padded with 0, feat_lengths (B,) int64, tokens (B, L) int64 padded with -1,
+        token_lengths (B,) int64, and durations_s (B,) float64: seconds of source audio per item.
+    """
+    feats = [feat for feat, _, _ in items]
+    tokens = [token for _, token, _ in items]
+    return {
+        "feats": pad_sequence(feats, batch_first=True, padding_value=0.0),
+        "feat_lengths": torch.tensor([feat.shape[0] for feat in feats], dtype=torch.int64),
+        "tokens": pad_sequence(tokens, batch_first=True, padding_value=PAD_TOKEN),
+        "token_lengths": torch.tensor([token.shape[0] for token in tokens], dtype=torch.int64),
+        "durations_s": torch.tensor([duration for _, _, duration in items], dtype=torch.float64),
+    }

@@ -1,0 +1,114 @@
+"""The conformer ASR workload: data loading, the recipe's optimiser step, batching knobs, and real trial steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from autotune import workloads, yamlio
+from autotune.data import generate_corpus
+from autotune.errors import DataError
+from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial.loop import build_loader
+from autotune.workloads.asr import warmup_lr
+from autotune.workloads.base import WorkloadContext
+
+# The recipe's architecture at a fraction of its size, so that CPU steps take well under a second; the full model is
+# what the workload builds by default (and the contract test trains).
+SMALL_MODEL = {"output_size": 64, "attention_heads": 2, "linear_units": 128, "num_blocks": 2, "decoder_blocks": 1}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_corpus(
+        tmp_path_factory.mktemp("asr") / "corpus",
+        n_speakers=2,
+        files_per_speaker=3,
+        min_duration_s=1.0,
+        max_duration_s=1.5,
+        seed=2,
+    )
+
+
+@pytest.fixture(scope="module")
+def conformer() -> workloads.Workload:
+    return workloads.get("conformer")
+
+
+def _setup(workload: workloads.Workload, corpus: Path, config: TrialConfig) -> workloads.TrainingSetup:
+    options = {**workload.options, "model": SMALL_MODEL}
+    context = WorkloadContext(
+        data=workload.load_data(str(corpus)), config=config, options=options, device=torch.device("cpu")
+    )
+    return workload.build(context)
+
+
+def test_registered_with_the_published_size(conformer: workloads.Workload) -> None:
+    assert conformer.task == "asr" and set(conformer.knobs) == {"batch_type", "max_frames_in_batch"}
+    assert conformer.published_parameters == 46_197_266  # with aishell's 4233-character vocabulary
+    assert conformer.count_parameters is not None and conformer.count_parameters() == 46_197_266
+
+
+def test_data_needs_transcripts(conformer: workloads.Workload, corpus: Path, tmp_path: Path) -> None:
+    source = conformer.load_data(str(corpus))
+    assert len(source.utterances) == 6 and all(u.text for u in source.utterances)
+    (tmp_path / "spk").mkdir()
+    sf.write(tmp_path / "spk" / "a.wav", np.zeros(8000), 16000)
+    with pytest.raises(DataError, match="1 of 1 utterances have no transcript .*data.list") as info:
+        conformer.load_data(str(tmp_path))
+    assert "\n" not in str(info.value)
+
+
+def test_static_and_dynamic_batches_follow_the_knobs(conformer: workloads.Workload, corpus: Path) -> None:
+    static = TrialConfig(per_device_batch_size=3, extra={"batch_type": "static"})
+    setup = _setup(conformer, corpus, static)
+    assert len(setup.dataset) == 6  # type: ignore[arg-type]
+    batch = next(iter(build_loader(setup, static, total_batches=2, seed=0)))
+    assert batch["feats"].shape[0] == batch["tokens"].shape[0] == 3 and setup.samples_in(batch) == 3
+    frames = setup.dataset.max_frames  # type: ignore[attr-defined]
+    dynamic = TrialConfig(per_device_batch_size=3, extra={"batch_type": "dynamic", "max_frames_in_batch": 400})
+    sampler = setup.batch_sampler_factory(dynamic, 20, torch.Generator().manual_seed(0))  # type: ignore[misc]
+    batches = list(sampler)
+    assert len(batches) == 20 and all(max(frames[i] for i in b) * len(b) <= 400 for b in batches)
+    with pytest.raises(ValueError, match="batch_type"):
+        setup.batch_sampler_factory(TrialConfig(per_device_batch_size=1, extra={"batch_type": "bucket"}), 1, None)  # type: ignore[misc, arg-type]
+
+
+def test_optimizer_step_warms_up_and_clips(conformer: workloads.Workload, corpus: Path) -> None:
+    assert warmup_lr(1) == pytest.approx(0.002 / 25000) and warmup_lr(25000) == pytest.approx(0.002)
+    assert warmup_lr(100_000) == pytest.approx(0.001)
+    setup = _setup(conformer, corpus, TrialConfig(per_device_batch_size=2))
+    for parameter in setup.model.parameters():
+        parameter.grad = torch.full_like(parameter, 10.0)
+    setup.optimizer.step()
+    setup.optimizer.step()
+    assert setup.optimizer.param_groups[0]["lr"] == pytest.approx(warmup_lr(2))
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in setup.model.parameters()]))
+    assert float(norm) == pytest.approx(5.0, rel=1e-4)  # clipped to the recipe's grad_clip
+
+
+@pytest.mark.parametrize(
+    ("workers", "extra"),
+    [(0, {"batch_type": "static"}), (1, {"batch_type": "dynamic", "max_frames_in_batch": 500})],
+    ids=["static-in-process", "dynamic-worker"],
+)
+def test_trains_in_a_trial_subprocess(corpus: Path, tmp_path: Path, workers: int, extra: dict) -> None:
+    data_file = yamlio.write_json(tmp_path / "data.json", workloads.get("conformer").load_data(str(corpus)).to_dict())
+    spec = TrialSpec(
+        workload="conformer",
+        workload_options={"model": SMALL_MODEL},
+        data_file=str(data_file),
+        config=TrialConfig(per_device_batch_size=2, num_workers=workers, extra=extra),
+        timing=TimingConfig(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),  # 2 steps
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+    )
+    result = launch(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", result.log_tail
+    assert result.all_losses_finite and result.window_steps == 1
+    assert result.samples_per_second and result.samples_per_second > 0
+    assert result.audio_seconds_per_second and result.audio_seconds_per_second > result.samples_per_second  # >1 s each
