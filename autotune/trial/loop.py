@@ -35,6 +35,7 @@ class WindowMeasurement:
     window_s: float = 0.0
     data_wait_s: float = 0.0
     warmup_s: float = 0.0
+    warmup_steps: int = 0
     loader_start_s: float = 0.0
     step_times_s: list[float] = field(default_factory=list)
 
@@ -58,6 +59,7 @@ class WindowMeasurement:
             "window_steps": len(times),
             "window_s": self.window_s,
             "warmup_s": self.warmup_s,
+            "warmup_steps": self.warmup_steps,
             "loader_start_s": self.loader_start_s,
         }
 
@@ -115,6 +117,12 @@ def _check_finite(losses: list[torch.Tensor], phase: str) -> None:
     losses.clear()
 
 
+def _settled(step_times_s: list[float], tolerance_fraction: float) -> bool:
+    """The last two warm-up steps took about the same time: start-up costs are behind us."""
+    last, before = step_times_s[-1], step_times_s[-2] if len(step_times_s) > 1 else float("inf")
+    return max(last, before) <= (1.0 + tolerance_fraction) * min(last, before)
+
+
 def measure(
     setup: TrainingSetup,
     batches: Iterator[Any],
@@ -131,16 +139,24 @@ def measure(
     non_blocking = config.pin_memory and device.type == "cuda"
     result = WindowMeasurement()
     losses: list[torch.Tensor] = []
+    memory.start()  # from the first step: warm-up peaks (cuDNN autotuning, allocator growth) are real peaks too
     started = time.perf_counter()
-    first = next(batches)
-    result.loader_start_s = time.perf_counter() - started
-    _train_step(setup, setup.batch_to_device(first, device, non_blocking), precision, scaler, losses)
-    for _ in range(timing.warmup_steps - 1):
-        _train_step(setup, setup.batch_to_device(next(batches), device, non_blocking), precision, scaler, losses)
-    _synchronize(device)
+    warmup_times: list[float] = []
+    while True:
+        step_started = time.perf_counter()
+        batch = next(batches)
+        if not warmup_times:
+            result.loader_start_s = time.perf_counter() - started
+        _train_step(setup, setup.batch_to_device(batch, device, non_blocking), precision, scaler, losses)
+        _synchronize(device)  # warm-up only: each step's time must be its own to tell when they settle
+        warmup_times.append(time.perf_counter() - step_started)
+        if len(warmup_times) >= timing.max_warmup_steps or (
+            len(warmup_times) >= timing.warmup_steps and _settled(warmup_times, timing.warmup_settle_fraction)
+        ):
+            break
     _check_finite(losses, "warm-up")
     result.warmup_s = time.perf_counter() - started
-    memory.reset()
+    result.warmup_steps = len(warmup_times)
     on_window_start()
     window_start = last = time.perf_counter()
     while True:

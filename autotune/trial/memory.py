@@ -77,8 +77,8 @@ class PeakMemory:
         else:
             self.capacity_bytes = available_memory_bytes() + process_tree_rss_bytes()
 
-    def reset(self) -> None:
-        """Start a fresh peak (called when the timed window opens)."""
+    def start(self) -> None:
+        """Start tracking from zero (called before the first training step)."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return

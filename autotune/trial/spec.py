@@ -79,7 +79,9 @@ class TrialConfig:
 class TimingConfig:
     """How long a trial warms up and measures."""
 
-    warmup_steps: int = 3
+    warmup_steps: int = 3  # at least this many; more until two consecutive steps agree (adaptive warm-up)
+    max_warmup_steps: int = 12
+    warmup_settle_fraction: float = 0.2
     window_s: float = 10.0
     min_window_steps: int = 5
     max_window_steps: int = 10_000
@@ -126,7 +128,8 @@ class TrialResult:
 
     status: str
     reason: str = ""
-    samples_per_second: float | None = None
+    samples_per_second: float | None = None  # the objective: window rate, loader restarts amortised over an epoch
+    window_samples_per_second: float | None = None  # the timed window alone
     audio_seconds_per_second: float | None = None
     step_time_median_s: float | None = None
     step_time_p90_s: float | None = None
@@ -141,6 +144,8 @@ class TrialResult:
     window_steps: int = 0
     window_s: float | None = None
     warmup_s: float | None = None
+    warmup_steps: int | None = None
+    loader_start_s: float | None = None  # iter(loader) to first batch: what each epoch pays without persistent workers
     setup_s: float | None = None  # interpreter start, imports, model and loader build
     wall_s: float | None = None  # whole trial as the parent saw it
     log_tail: str = ""
