@@ -29,8 +29,9 @@ EXIT_INTERRUPTED = 130
 
 RUN_HELP = """Tune the training throughput of a model on this machine and write the fastest stable configuration.
 
-Runs the recipe's own configuration first as the baseline, then an Optuna search of short timed training trials
-(each in a fresh process, real model, real data pipeline), re-measures the leaders, and writes the winner as YAML.
+Runs the recipe's own configuration first as the baseline, then an Optuna search of short timed training \
+trials (each in a fresh process, real model, real data pipeline), re-measures the leaders, and writes the \
+winner as YAML.
 
 [bold]Examples[/bold]
 
@@ -78,12 +79,13 @@ def run(
     data: Annotated[
         Optional[str],
         typer.Option(
-            help="3D-Speaker train.csv, a folder with wav.scp + utt2spk, or a folder of audio files. "
+            help="3D-Speaker train.csv, WeNet data.list, a Kaldi folder (wav.scp + utt2spk; text for ASR) "
+            "or a folder of audio files. "
             "Default: the embedded synthetic corpus."
         ),
     ] = None,
     trials: Annotated[int, typer.Option(help="Trials to run, the baseline included (confirmations come on top).")] = 24,
-    budget: Annotated[Optional[str], typer.Option(help="Wall-clock budget for the whole run, e.g. 15m or 1h.")] = "20m",
+    budget: Annotated[Optional[str], typer.Option(help="Wall-clock budget for the whole run, e.g. 15m or 1h.")] = "15m",
     storage: Annotated[
         Optional[str],
         typer.Option(help="Optuna storage URL. Default: sqlite under --results-dir; a rerun continues the same study."),
@@ -100,12 +102,18 @@ def run(
     device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
     sampler: Annotated[str, typer.Option(help="tpe (default), random or grid.")] = "tpe",
     window: Annotated[float, typer.Option(help="Seconds of each timed window.")] = 10.0,
-    warmup_steps: Annotated[int, typer.Option(help="Training steps before the timed window.")] = 3,
+    warmup_steps: Annotated[
+        int, typer.Option(help="Training steps before the timed window, at least; more until step times settle.")
+    ] = 3,
     trial_timeout: Annotated[
         str, typer.Option(help="Hard limit per trial; a trial past it is killed as a hang.")
     ] = "5m",
     confirm: Annotated[int, typer.Option(help="How many leading configurations to re-measure before choosing.")] = 3,
     headroom: Annotated[float, typer.Option(help="Fraction of device memory a winner must leave free.")] = 0.10,
+    max_step_cv: Annotated[
+        Optional[float],
+        typer.Option(help="Reject configurations whose step times vary more than this (std/mean); off by default."),
+    ] = None,
     crop_seconds: Annotated[
         Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")
     ] = None,
@@ -127,7 +135,11 @@ def run(
             raise UserError("--window must be > 0, --warmup-steps >= 1, --headroom in [0, 1) and --confirm >= 0")
         if crop_seconds is not None and crop_seconds <= 0:
             raise UserError(f"--crop-seconds must be positive, got {crop_seconds}")
-        timing = TimingConfig(warmup_steps=warmup_steps, window_s=window, memory_headroom_fraction=headroom)
+        if max_step_cv is not None and max_step_cv <= 0:
+            raise UserError(f"--max-step-cv must be positive, got {max_step_cv}")
+        timing = TimingConfig(
+            warmup_steps=warmup_steps, window_s=window, memory_headroom_fraction=headroom, max_step_time_cv=max_step_cv
+        )
         settings = TunerSettings(
             trials=trials,
             budget_s=parse_duration(budget) if budget else None,
