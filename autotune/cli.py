@@ -117,6 +117,7 @@ def run(
     crop_seconds: Annotated[
         Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")
     ] = None,
+    prune: Annotated[bool, typer.Option(help="Stop search trials early that run far below the best so far.")] = True,
     seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
@@ -146,6 +147,7 @@ def run(
             sampler=sampler,
             seed=seed,
             confirm_top_k=confirm,
+            prune=prune,
             trial_timeout_s=parse_duration(trial_timeout),
             timing=timing,
         )

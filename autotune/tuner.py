@@ -43,6 +43,38 @@ class TunerSettings:
     confirm_repeats: int = 2
     trial_timeout_s: float = 300.0
     timing: TimingConfig = field(default_factory=TimingConfig)
+    prune: bool = True
+    prune_window_fraction: float = 0.5  # stop a search trial running below this share of the best so far...
+    prune_warmup_fraction: float = 0.25  # ...or, from its warm-up steps, projected below this share
+
+
+class _Pruner:
+    """Decides from a running trial's progress whether it is hopeless against the best so far.
+
+    Warm-up steps are slower than steady state, so their projection is held to a lower bar; a window is judged only
+    after a quarter of it has run, so one slow step cannot condemn a configuration.
+    """
+
+    def __init__(self, best: TrialRecord | None, settings: TunerSettings) -> None:
+        self.best_rate = best.value if best else None
+        self.settings = settings
+        self.last_rate = 0.0
+
+    def __call__(self, progress: dict[str, Any]) -> str | None:
+        rate, phase = float(progress.get("samples_per_second") or 0.0), progress.get("phase")
+        self.last_rate = rate
+        if not self.best_rate:
+            return None
+        if phase == "warmup":
+            bar = self.settings.prune_warmup_fraction
+        elif phase == "window" and progress.get("elapsed_s", 0.0) >= 0.25 * self.settings.timing.window_s:
+            bar = self.settings.prune_window_fraction
+        else:
+            return None
+        if rate < bar * self.best_rate:
+            best = self.best_rate
+            return f"pruned: {rate:.1f} samples/s during {phase}, below {bar:.0%} of the best so far ({best:.1f})"
+        return None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -184,9 +216,10 @@ class Tuner:
         config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
         self.reporter.trial_started(trial.number, role, config)
         folder = self.workdir / f"trial-{trial.number:04d}"
+        pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
         try:
             spec = self.make_spec(config, str(folder / "result.json"))
-            result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s)
+            result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s, should_prune=pruner)
         except BaseException:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
@@ -194,8 +227,13 @@ class Tuner:
         trial.set_user_attr("role", role)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("result", {k: v for k, v in result.to_dict().items() if k != "log_tail"})
-        trial.set_constraint(FEASIBILITY, 0.0 if result.feasible else 1.0)
-        self.study.tell(trial, record.value)
+        if result.status == "pruned" and pruner is not None:
+            # Optuna's samplers read a pruned trial through its last intermediate value.
+            trial.report(pruner.last_rate, step=0)
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            trial.set_constraint(FEASIBILITY, 0.0 if result.feasible else 1.0)
+            self.study.tell(trial, record.value)
         if result.feasible:
             shutil.rmtree(folder, ignore_errors=True)
         self.records.append(record)

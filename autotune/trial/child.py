@@ -8,7 +8,7 @@ import time
 import traceback
 from typing import Any
 
-from autotune.trial.spec import TrialResult, TrialSpec
+from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
 __all__ = ["run_trial", "classify_exception"]
 
@@ -82,6 +82,7 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
             device=device,
             memory=memory,
             on_window_start=telemetry.start if telemetry else lambda: None,
+            on_progress=ProgressWriter(spec.result_path + PROGRESS_SUFFIX),
         )
     finally:
         memory.stop()
@@ -92,6 +93,23 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
     summary = window.summary(len(setup.dataset), config)  # type: ignore[arg-type]
     summary.update(setup_s=setup_s, peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes)
     return {**summary, **gpu}
+
+
+class ProgressWriter:
+    """Tells the parent how the trial is going (for pruning), at most twice a second, through a small JSON file."""
+
+    def __init__(self, path: str, interval_s: float = 0.5) -> None:
+        self.path, self.interval_s, self._last = path, interval_s, 0.0
+
+    def __call__(self, phase: str, samples_per_second: float, elapsed_s: float) -> None:
+        from autotune import yamlio
+
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self._last = now
+            yamlio.write_json(
+                self.path, {"phase": phase, "samples_per_second": samples_per_second, "elapsed_s": elapsed_s}
+            )
 
 
 def _telemetry_for(device: Any) -> Any:

@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from autotune import yamlio
 from autotune.trial.signals import describe_signal, describe_signal_name
-from autotune.trial.spec import TrialResult, TrialSpec
+from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
 __all__ = ["launch", "child_environment"]
 
@@ -54,13 +56,40 @@ def _tail(log_path: Path) -> str:
         return ""
 
 
-def launch(spec: TrialSpec, *, workdir: Path, timeout_s: float) -> TrialResult:
+ShouldPrune = Callable[[dict[str, Any]], "str | None"]
+
+
+def _read_progress(spec: TrialSpec) -> dict[str, Any] | None:
+    try:
+        return yamlio.read_json(spec.result_path + PROGRESS_SUFFIX)
+    except (OSError, ValueError):
+        return None  # not written yet, or being replaced right now
+
+
+def _wait(process: subprocess.Popen[bytes], spec: TrialSpec, timeout_s: float, should_prune: ShouldPrune | None):
+    """Wait for the child; returns (returncode or None on timeout, prune reason or None)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return process.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))), None
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return None, None
+        progress = _read_progress(spec) if should_prune else None
+        reason = should_prune(progress) if progress and should_prune else None
+        if reason:
+            return None, reason
+
+
+def launch(spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None) -> TrialResult:
     """Run one trial in a child process and return its result, whatever happens to the child.
 
     Args:
         spec: the trial; its result_path must lie inside workdir.
         workdir: a folder for this trial's spec, result and log.
         timeout_s: wall-clock limit for the whole child (start-up, warm-up and window).
+        should_prune: looks at the child's progress ({"phase", "samples_per_second", "elapsed_s"}) twice a second
+            and returns a reason when the trial is hopeless; the trial is then stopped and marked "pruned".
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, log_path = workdir / "spec.json", workdir / "trial.log"
@@ -77,18 +106,21 @@ def launch(spec: TrialSpec, *, workdir: Path, timeout_s: float) -> TrialResult:
             start_new_session=True,
         )
         try:
-            returncode = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            process.wait()
-            returncode = None
+            returncode, pruned = _wait(process, spec, timeout_s, should_prune)
+            if returncode is None:
+                _kill_group(process)
+                process.wait()
         except BaseException:  # Ctrl-C in the parent: take the whole trial down with us
             _kill_group(process)
             process.wait()
             raise
         finally:
             _kill_group(process)  # workers that outlived their parent
-    result = _result(spec, returncode, timeout_s, log_path)
+    Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
+    if pruned:
+        result = TrialResult(status="pruned", reason=pruned)
+    else:
+        result = _result(spec, returncode, timeout_s, log_path)
     result.wall_s = time.perf_counter() - started
     return result
 

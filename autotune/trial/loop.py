@@ -133,6 +133,7 @@ def measure(
     device: torch.device,
     memory: PeakMemory,
     on_window_start: Callable[[], None] = lambda: None,
+    on_progress: Callable[[str, float, float], None] = lambda phase, rate, elapsed_s: None,
 ) -> WindowMeasurement:
     """Warm up, then time a window of full training steps (data wait, host-to-device copy, forward, backward, step)."""
     scaler = precision.grad_scaler()
@@ -150,6 +151,8 @@ def measure(
         _train_step(setup, setup.batch_to_device(batch, device, non_blocking), precision, scaler, losses)
         _synchronize(device)  # warm-up only: each step's time must be its own to tell when they settle
         warmup_times.append(time.perf_counter() - step_started)
+        if len(warmup_times) > 1:  # the first step carries start-up costs; later ones project the rate
+            on_progress("warmup", setup.samples_in(batch) / warmup_times[-1], time.perf_counter() - started)
         if len(warmup_times) >= timing.max_warmup_steps or (
             len(warmup_times) >= timing.warmup_steps and _settled(warmup_times, timing.warmup_settle_fraction)
         ):
@@ -170,6 +173,7 @@ def measure(
         result.step_times_s.append(now - last)
         last = now
         steps = len(result.step_times_s)
+        on_progress("window", result.samples / (now - window_start), now - window_start)
         window_done = now - window_start >= timing.window_s and steps >= timing.min_window_steps
         if steps >= timing.max_window_steps or window_done:
             break

@@ -5,11 +5,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["TrialConfig", "TimingConfig", "TrialSpec", "TrialResult", "STATUSES", "FEASIBLE_STATUSES"]
+__all__ = [
+    "PROGRESS_SUFFIX",
+    "TrialConfig",
+    "TimingConfig",
+    "TrialSpec",
+    "TrialResult",
+    "STATUSES",
+    "FEASIBLE_STATUSES",
+]
 
 # "ok": measured and feasible. The others name why a configuration cannot be used.
-STATUSES = ("ok", "oom", "nonfinite", "timeout", "signal", "error", "headroom", "unstable")
+STATUSES = ("ok", "oom", "nonfinite", "timeout", "signal", "error", "headroom", "unstable", "pruned")
 FEASIBLE_STATUSES = ("ok",)
+PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
 
 
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:

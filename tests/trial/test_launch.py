@@ -65,3 +65,16 @@ def _is_trial_of(pid: int, tmp_path: Path) -> bool:
         return str(tmp_path) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def test_a_hopeless_trial_is_pruned_from_its_progress(tmp_path, tiny_corpus):
+    spec = _spec(tmp_path, tiny_corpus, 7)
+    seen: list[dict] = []
+
+    def should_prune(progress: dict) -> str | None:
+        seen.append(progress)
+        return "too slow" if progress["phase"] == "warmup" else None
+
+    result = launch(spec, workdir=tmp_path / "trial", timeout_s=120, should_prune=should_prune)
+    assert result.status == "pruned" and result.reason == "too slow"
+    assert seen and seen[-1]["samples_per_second"] > 0
