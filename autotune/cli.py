@@ -117,6 +117,10 @@ def run(
     crop_seconds: Annotated[
         Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")
     ] = None,
+    epoch_samples: Annotated[
+        Optional[int],
+        typer.Option(help="Samples per training epoch for the epoch-time prediction (default: the data list's size)."),
+    ] = None,
     prune: Annotated[bool, typer.Option(help="Stop search trials early that run far below the best so far.")] = True,
     seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
@@ -161,6 +165,7 @@ def run(
             device=device,
             settings=settings,
             workload_options={"crop_s": crop_seconds} if crop_seconds is not None else {},
+            epoch_samples=epoch_samples,
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
         if data is None:

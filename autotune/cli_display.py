@@ -108,6 +108,10 @@ def print_summary(console: Console, report: RunReport) -> None:
     speedup = tuned.metrics.get("speedup")
     if speedup:
         console.print(f"[bold green]speedup over the recipe: {speedup:.2f}x[/bold green]")
+    epoch = tuned.metrics.get("epoch") or {}
+    if epoch.get("winner_minutes") is not None:
+        before = f"~{epoch['baseline_minutes']:.1f} min -> " if epoch.get("baseline_minutes") is not None else ""
+        console.print(f"epoch of {epoch['samples']:,} samples: {before}~{epoch['winner_minutes']:.1f} min/epoch")
     _print_top(console, outcome.records)
     _print_failures(console, outcome.records)
     for note in tuned.notes:

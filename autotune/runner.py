@@ -44,6 +44,7 @@ class RunRequest:
     device: str = "auto"
     settings: TunerSettings = field(default_factory=TunerSettings)
     workload_options: dict[str, Any] = field(default_factory=dict)
+    epoch_samples: int | None = None  # training samples per epoch for the prediction (default: the data list's size)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -113,6 +114,8 @@ def prepare(request: RunRequest) -> RunPlan:
         raise UserError(f"--trials must be at least 1, got {settings.trials}")
     if settings.budget_s is not None and settings.budget_s <= 0:
         raise UserError("--budget must be positive, e.g. 15m or 1h")
+    if request.epoch_samples is not None and request.epoch_samples < 1:
+        raise UserError(f"--epoch-samples must be at least 1, got {request.epoch_samples}")
     workload = workloads.get(request.model)
     unknown = set(request.workload_options) - set(workload.options)
     if unknown:
@@ -221,7 +224,13 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         },
         config=outcome.winner.config,
         device_type=plan.hardware.device_type,
-        metrics={"objective": "samples_per_second", "winner": winner, "baseline": baseline, "speedup": speedup},
+        metrics={
+            "objective": "samples_per_second",
+            "winner": winner,
+            "baseline": baseline,
+            "speedup": speedup,
+            "epoch": predict_epoch(plan, winner, baseline),
+        },
         hardware=plan.hardware.to_dict(),
         data=plan.data.describe(),
         search=_search_summary(plan, outcome),
@@ -229,6 +238,23 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         autotune_version=__version__,
         notes=notes,
     )
+
+
+def predict_epoch(plan: RunPlan, winner: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """Minutes per epoch for baseline and winner, as users think in epochs (one device, as measured)."""
+    described = plan.data.describe()
+    samples = plan.request.epoch_samples or described["n_utterances_total"]
+
+    def minutes(metrics: dict[str, Any]) -> float | None:
+        rate = metrics.get("samples_per_second") if metrics.get("status") == "ok" else None
+        return round(samples / rate / 60.0, 1) if rate else None
+
+    return {
+        "samples": samples,
+        "samples_from": "--epoch-samples" if plan.request.epoch_samples else "the data list (one sample per entry)",
+        "baseline_minutes": minutes(baseline),
+        "winner_minutes": minutes(winner),
+    }
 
 
 def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:

@@ -56,8 +56,20 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         (["--model", "cam++", "--sampler", "cmaes"], "unknown sampler 'cmaes'"),
         (["--model", "cam++", "--data", "/no/such/list.csv"], "/no/such/list.csv"),
         (["--model", "cam++", "--crop-seconds", "-1"], "--crop-seconds must be positive"),
+        (["--model", "cam++", "--epoch-samples", "0"], "--epoch-samples must be at least 1"),
     ],
-    ids=["unknown-model", "plugin-import", "plugin-type", "trials", "budget", "duration", "sampler", "data", "crop"],
+    ids=[
+        "unknown-model",
+        "plugin-import",
+        "plugin-type",
+        "trials",
+        "budget",
+        "duration",
+        "sampler",
+        "data",
+        "crop",
+        "epoch",
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words, results_dir):
     result = _invoke(["run", *args, "--results-dir", str(results_dir)])
@@ -173,6 +185,10 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     assert tuned.metrics["winner"]["samples_per_second"] > 0
     assert tuned.metrics["baseline"]["status"] == "ok" and tuned.metrics["speedup"] > 0
     assert tuned.search["trials_this_run"] >= 3 and tuned.data["n_speakers"] == 4
+    epoch = tuned.metrics["epoch"]  # 12 utterances at the measured rates
+    assert epoch["samples"] == 12
+    assert epoch["winner_minutes"] == round(12 / tuned.metrics["winner"]["samples_per_second"] / 60, 1)
+    assert "min/epoch" in result.output
     kwargs = tuned.dataloader_kwargs()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(64, 2)), **kwargs)
     assert next(iter(loader))[0].shape[0] == tuned.config.per_device_batch_size
