@@ -183,6 +183,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         reporter=reporter,
         world_size=1,
         extra_knobs=tuple(plan.workload.knobs),
+        strict_baseline=":" in request.model,
     )
     outcome = tuner.run()
     (plan.workdir / "data.json").unlink(missing_ok=True)

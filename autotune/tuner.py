@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import optuna
 
+from autotune.errors import WorkloadError
 from autotune.space import SearchSpace
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
 
@@ -182,6 +183,7 @@ class Tuner:
         reporter: progress callbacks.
         world_size: devices per trial.
         extra_knobs: workload knobs among the space's parameters.
+        strict_baseline: stop with a WorkloadError when the baseline raises (plugins: a bug, not a configuration).
     """
 
     def __init__(
@@ -195,10 +197,11 @@ class Tuner:
         reporter: Reporter | None = None,
         world_size: int = 1,
         extra_knobs: tuple[str, ...] = (),
+        strict_baseline: bool = False,
     ) -> None:
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.workdir, self.reporter = workdir, reporter or _SilentReporter()
-        self.world_size, self.extra_knobs = world_size, extra_knobs
+        self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
         self.records: list[TrialRecord] = []
         self._started = time.monotonic()
 
@@ -258,6 +261,10 @@ class Tuner:
     def run(self) -> TuningOutcome:
         """Baseline, search until the trial count or budget is spent, confirm the leaders, pick the winner."""
         baseline = self._run_one("baseline", dict(self.space.baseline))
+        if self.strict_baseline and baseline.result.status == "error":
+            # An exception (not OOM, not a signal) in the recipe's own configuration is the workload's bug.
+            log = self.workdir / f"trial-{baseline.number:04d}" / "trial.log"
+            raise WorkloadError(f"the workload failed its first training step: {baseline.result.reason} (log: {log})")
         stopped_by = "trials"
         grid = self._grid_points() if self.settings.sampler == "grid" else None
         for _ in range(self.settings.trials - 1):

@@ -267,3 +267,28 @@ def test_schedule_rejects_a_bad_time():
 def test_history_without_results(results_dir):
     result = _invoke(["history", "--model", "cam++", "--results-dir", str(results_dir)])
     assert result.exit_code == 0 and "no results recorded yet" in result.output
+
+
+def test_plugin_that_fails_its_first_step_is_a_one_line_error(tiny_corpus, results_dir):
+    space = Path(__file__).parent / "fixtures" / "buggy_space.yaml"
+    result = _invoke(
+        [
+            "run",
+            "--model",
+            "tests.fixtures.faulty_workload:workload",
+            "--data",
+            str(tiny_corpus),
+            "--space",
+            str(space),
+            "--results-dir",
+            str(results_dir),
+            "--window",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert result.exit_code == 2
+    line = _error_line(result)
+    assert "failed its first training step: ValueError: expected 3 dimensions" in line and "trial.log" in line
+    assert not list(results_dir.rglob("*.yaml"))
