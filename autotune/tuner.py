@@ -157,7 +157,7 @@ def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.Ba
     if name == "tpe":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group=True is marked experimental
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":

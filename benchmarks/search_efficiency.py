@@ -65,7 +65,7 @@ def _run(
         model="cam++",
         data=str(corpus),
         space=str(space_file),
-        results_dir=str(workdir / name),
+        results_dir=str(workdir / name.replace(" ", "-")),
         device="cpu",
         settings=settings,
         workload_options={"crop_s": 1.0},
@@ -96,7 +96,7 @@ def _row(run: MethodRun, reference: dict[str, float], best: float) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/search_efficiency.md"))
-    parser.add_argument("--budget-trials", type=int, default=6, help="trials for random and autotune")
+    parser.add_argument("--budget-fraction", type=float, default=0.15, help="of the grid's wall time, for the others")
     args = parser.parse_args()
     timing = TimingConfig(warmup_steps=2, window_s=3.0, min_window_steps=3)
     with tempfile.TemporaryDirectory() as folder:
@@ -105,13 +105,29 @@ def main() -> None:
         grid = _run("exhaustive grid", "grid", 10_000, 0, workdir, corpus, timing)
         reference = {_key(r.config): r.value for r in grid.records if r.result.feasible and r.role != "baseline"}
         best = max(reference.values())
+        budget_s = args.budget_fraction * sum(r.result.wall_s or 0.0 for r in grid.records)
         runs = [
             grid,
             _run("recipe default", "random", 1, 0, workdir, corpus, timing),
-            _run("random search", "random", args.budget_trials, 0, workdir, corpus, timing),
-            _run("autotune (TPE + confirmation)", "tpe", args.budget_trials, 2, workdir, corpus, timing),
+            _run("random search", "random", 10_000, 0, workdir, corpus, timing, budget_s),
+            _run("autotune (TPE, pruning, confirmation)", "tpe", 10_000, 2, workdir, corpus, timing, budget_s),
         ]
         rows = [_row(run, reference, best) for run in runs]
+        raw = {
+            run.name: [
+                {
+                    "role": r.role,
+                    "config": r.config.short(),
+                    "status": r.result.status,
+                    "samples_per_second": r.result.samples_per_second,
+                    "wall_s": r.result.wall_s,
+                }
+                for r in run.records
+            ]
+            for run in runs
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row[column]) for column in header) + " |" for row in rows]
