@@ -248,11 +248,12 @@ class Tuner:
         return max(feasible, key=lambda record: record.value, default=None)
 
     def _reserve_s(self) -> float:
-        """Time to keep for confirmation, from the median wall time of trials so far."""
+        """Time to keep for confirmation: the median trial's wall time per re-measurement, at most a quarter of
+        the budget (a tight budget is better spent finding candidates than re-measuring one)."""
         walls = [record.result.wall_s for record in self.records if record.result.wall_s]
-        return (
-            (statistics.median(walls) if walls else 0.0) * self.settings.confirm_top_k * self.settings.confirm_repeats
-        )
+        per_trial = statistics.median(walls) if walls else 0.0
+        wanted = per_trial * self.settings.confirm_top_k * self.settings.confirm_repeats
+        return min(wanted, 0.25 * self.settings.budget_s) if self.settings.budget_s else wanted
 
     def _out_of_budget(self) -> bool:
         budget = self.settings.budget_s
