@@ -255,6 +255,30 @@ def history(
 
 
 @app.command()
+def report(
+    result: Annotated[Path, typer.Argument(help="A result YAML written by 'autotune run'.")],
+    storage: Annotated[
+        Optional[str], typer.Option(help="Storage URL of the study (default: the one in the result).")
+    ] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder for report.html and the PNG plots.")] = None,
+    csv: Annotated[Optional[Path], typer.Option(help="Also save the trial table as CSV here.")] = None,
+) -> None:
+    """Write the trial table, plots and a self-contained HTML page for a result and its study.
+
+    Example: autotune report results/cam++/cpu-x2-cec72d5a08.yaml --csv trials.csv
+    """
+    from autotune.report import build_report
+
+    try:
+        files = build_report(result, storage=storage, out_dir=out, csv=csv)
+    except UserError as error:
+        raise _fail(str(error)) from None
+    stdout_console.print(f"{files.trials} trials; report: [bold]{files.html}[/bold]")
+    for path in [*files.plots, *([files.csv] if files.csv else [])]:
+        stdout_console.print(f"  {path}")
+
+
+@app.command()
 def models() -> None:
     """List the built-in workloads with their task, parameter count and default data."""
     from rich.table import Table

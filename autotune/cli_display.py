@@ -144,7 +144,7 @@ def _print_failures(console: Console, records: list[TrialRecord]) -> None:
     failed = [r for r in records if not r.result.feasible]
     if not failed:
         return
-    table = Table(title=f"rejected configurations ({len(failed)})")
+    table = Table(title=f"rejected or pruned configurations ({len(failed)})")
     for column in ("#", "configuration", "status", "reason"):
         table.add_column(column)
     for record in failed:

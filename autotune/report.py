@@ -101,7 +101,9 @@ def load_study(tuned: TunedConfig, storage: str | None) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=url)
     except KeyError:
-        raise UserError(f"study {name!r} is not in storage {shown}; pass --storage with the database it ran in") from None
+        raise UserError(
+            f"study {name!r} is not in storage {shown}; pass --storage with the database it ran in"
+        ) from None
     except Exception as error:  # SQLAlchemy raises many kinds for a bad URL; all mean the same to the user
         raise UserError(f"cannot open storage {shown} ({type(error).__name__}); check --storage") from None
 
@@ -207,20 +209,45 @@ def _scatter_by_precision(axes: Any, frame: pd.DataFrame, x: str, y: str, scale:
 
 
 def _annotate(axes: Any, rows: pd.DataFrame, x: str, y: str, label: str, style: dict[str, Any], scale: float) -> None:
-    """One marker at the median of a configuration's measurements, with a labelled arrow."""
+    """One marker at the median of a configuration's measurements, its label pointing toward the plot's centre."""
     if rows.empty or rows[x].isna().all() or rows[y].isna().all():
         return
     px, py = float(rows[x].median()), float(rows[y].median()) * scale
     axes.scatter([px], [py], label=label, **style)
-    text = f"{label}\n{rows['samples_per_second'].median():.1f} samples/s"
-    axes.annotate(text, (px, py), xytext=(14, -26 if "baseline" in label else 14), textcoords="offset points",
-                  fontsize=8.5, arrowprops={"arrowstyle": "->", "color": "#333333"},
-                  bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "alpha": 0.85})
+    axes.get_xlim(), axes.get_ylim()  # settle autoscaling so that the point's place in the axes is final
+    fx, fy = axes.transAxes.inverted().transform(axes.transData.transform((px, py)))
+    right, up = fx < 0.6, fy < 0.6
+    axes.annotate(
+        f"{label}\n{rows['samples_per_second'].median():.1f} samples/s",
+        (px, py),
+        xytext=(18 if right else -18, 22 if up else -30),
+        textcoords="offset points",
+        ha="left" if right else "right",
+        va="bottom" if up else "top",
+        fontsize=8.5,
+        arrowprops={"arrowstyle": "->", "color": "#333333"},
+        bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "alpha": 0.85},
+        zorder=6,
+    )
 
 
 def _mark_winner_and_baseline(axes: Any, marks: _Marks, x: str, y: str, scale: float = 1.0) -> None:
+    """Call last, after scales and limits are set: label placement depends on them."""
     _annotate(axes, marks.baseline, x, y, "baseline (recipe)", _BASELINE_STYLE, scale)
     _annotate(axes, marks.winner, x, y, "winner", _WINNER_STYLE, scale)
+
+
+def _legend(axes: Any) -> None:
+    legend = axes.legend(loc="best", fontsize=8)
+    for handle in legend.legend_handles:  # the winner's star is drawn large; its legend entry need not be
+        if hasattr(handle, "set_sizes"):
+            handle.set_sizes([60])
+
+
+def _headroom(values: pd.Series, scale: float = 1.0) -> float:
+    """An upper y limit with room above the highest point for its label."""
+    top = float(values.max()) * scale if values.notna().any() else 1.0
+    return max(top, 1e-9) * 1.18
 
 
 def _empty_note(axes: Any, what: str) -> None:
@@ -235,21 +262,29 @@ def _plot_batch(axes: Any, frame: pd.DataFrame, marks: _Marks) -> None:
         axes.plot(best.index, best.values, color=_PRECISION_COLOURS.get(str(precision), "#2ca02c"), alpha=0.5, lw=1.2)
     failed = frame[~_is_ok(frame) & frame["per_device_batch_size"].notna()]
     if not failed.empty:
-        axes.scatter(failed["per_device_batch_size"], [0.0] * len(failed), marker="x", s=60, color="#d62728",
-                     label="no throughput (oom, pruned, ...)", zorder=4)
-    _mark_winner_and_baseline(axes, marks, "per_device_batch_size", "samples_per_second")
+        axes.scatter(
+            failed["per_device_batch_size"],
+            [0.0] * len(failed),
+            marker="x",
+            s=60,
+            color="#d62728",
+            label="no throughput (oom, pruned, ...)",
+            zorder=4,
+        )
     batches = sorted({int(b) for b in frame["per_device_batch_size"].dropna()})
     if batches and batches[-1] > 2 * batches[0]:
-        axes.set_xscale("log", base=2)
+        axes.set_xscale("log", base=2)  # batch sizes are mostly powers of two
     if batches:
         axes.set_xticks(batches, [str(b) for b in batches])
     if ok.empty:
         _empty_note(axes, "feasible throughput")
-    axes.set_ylim(bottom=-0.04 * max(float(ok["samples_per_second"].max()) if not ok.empty else 1.0, 1.0))
+    top = _headroom(ok["samples_per_second"])
+    axes.set_ylim(-0.04 * top, top)
     axes.set_title("Training throughput vs per-device batch size, by precision")
     axes.set_xlabel("per-device batch size (samples per step)")
     axes.set_ylabel("throughput (samples/s)")
-    axes.legend(loc="best", fontsize=8)
+    _mark_winner_and_baseline(axes, marks, "per_device_batch_size", "samples_per_second")
+    _legend(axes)
 
 
 def _plot_workers(axes: Any, frame: pd.DataFrame, marks: _Marks) -> None:
@@ -262,26 +297,26 @@ def _plot_workers(axes: Any, frame: pd.DataFrame, marks: _Marks) -> None:
         axes.set_xticks(workers, [str(w) for w in workers])
     else:
         _empty_note(axes, "data-wait fraction")
-    _mark_winner_and_baseline(axes, marks, "num_workers", "data_wait_fraction", scale=100.0)
-    axes.set_ylim(bottom=0.0)
+    axes.set_ylim(0.0, _headroom(ok["data_wait_fraction"], scale=100.0))
     axes.set_title("Time spent waiting for data vs DataLoader workers")
     axes.set_xlabel("DataLoader num_workers (processes per device)")
     axes.set_ylabel("data wait (% of step time)")
-    axes.legend(loc="best", fontsize=8)
+    _mark_winner_and_baseline(axes, marks, "num_workers", "data_wait_fraction", scale=100.0)
+    _legend(axes)
 
 
 def _plot_memory(axes: Any, frame: pd.DataFrame, marks: _Marks) -> None:
     ok = frame[_is_ok(frame) & frame["peak_memory_gib"].notna()]
     _scatter_by_precision(axes, ok, "peak_memory_gib", "samples_per_second")
-    _mark_winner_and_baseline(axes, marks, "peak_memory_gib", "samples_per_second")
     if ok.empty:
         _empty_note(axes, "peak memory")
-    axes.set_xlim(left=0.0)
-    axes.set_ylim(bottom=0.0)
+    axes.set_xlim(0.0, _headroom(ok["peak_memory_gib"]))
+    axes.set_ylim(0.0, _headroom(ok["samples_per_second"]))
     axes.set_title("Training throughput vs peak device memory")
     axes.set_xlabel("peak memory (GiB)")
     axes.set_ylabel("throughput (samples/s)")
-    axes.legend(loc="best", fontsize=8)
+    _mark_winner_and_baseline(axes, marks, "peak_memory_gib", "samples_per_second")
+    _legend(axes)
 
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
@@ -333,7 +368,7 @@ def _headline_html(tuned: TunedConfig) -> str:
     faster = f"<b>{speedup:.2f}&times;</b> the baseline's throughput" if speedup else "no baseline to compare with"
     return (
         f'<p class="headline">winner {_metric(metrics.get("winner", {}), "winner")} vs baseline '
-        f'{_metric(metrics.get("baseline", {}), "baseline")}: {faster}</p>'
+        f"{_metric(metrics.get('baseline', {}), 'baseline')}: {faster}</p>"
         f"<p>Hardware: {html.escape(_hardware_line(tuned))} (fingerprint "
         f"{html.escape(str(tuned.hardware.get('fingerprint', '?')))}). Measured {html.escape(tuned.created)} with "
         f"autotune {html.escape(tuned.autotune_version)}; study {html.escape(str(tuned.search.get('study_name')))}.</p>"
