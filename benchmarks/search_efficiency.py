@@ -48,12 +48,20 @@ def _key(config: TrialConfig) -> str:
 
 
 def _run(
-    name: str, sampler: str, trials: int, confirm: int, workdir: Path, corpus: Path, timing: TimingConfig
+    name: str,
+    sampler: str,
+    trials: int,
+    confirm: int,
+    workdir: Path,
+    corpus: Path,
+    timing: TimingConfig,
+    budget_s: float | None = None,
 ) -> MethodRun:
     space_file = workdir / "space.yaml"
     space_file.write_text(SPACE)
     settings = TunerSettings(
         trials=trials,
+        budget_s=budget_s,
         sampler=sampler,
         seed=7,
         confirm_top_k=confirm,
