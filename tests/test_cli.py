@@ -223,6 +223,10 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     assert len(frame) == 2 and list(frame["config"].str.startswith("bs=")) == [True, True]
     shown = _invoke(["history", "--model", "cam++", "--results-dir", str(results_dir)])
     assert shown.exit_code == 0 and "autotune history: cam++" in shown.output
+    # And the report renders from the same study.
+    report = _invoke(["report", str(out), "--out", str(results_dir / "report"), "--csv", str(results_dir / "t.csv")])
+    assert report.exit_code == 0, report.output
+    assert (results_dir / "report" / "report.html").stat().st_size > 10_000 and (results_dir / "t.csv").exists()
 
 
 def test_export_command_prints_the_framework_override_and_rejects_unknown_targets(tmp_path):

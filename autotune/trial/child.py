@@ -66,7 +66,7 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
     )
     setup = workload.build(context)
     setup.model.to(device).train()
-    total_batches = timing.warmup_steps + timing.max_window_steps + 1
+    total_batches = max(timing.warmup_steps, timing.max_warmup_steps) + timing.max_window_steps + 1
     loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed)
     memory = PeakMemory(device)
     telemetry = _telemetry_for(device)
