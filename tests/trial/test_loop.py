@@ -15,14 +15,35 @@ from autotune.trial.spec import TimingConfig, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
 
-def _setup(slow_steps: int, fast_s: float = 0.005) -> TrainingSetup:
+class _Clock:
+    """A stand-in for time.perf_counter that only moves when a training step says so: timings are exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr("autotune.trial.loop.time", fake)
+    return fake
+
+
+def _setup(slow_steps: int, clock: _Clock | None = None, fast_s: float = 0.005) -> TrainingSetup:
     model = nn.Linear(4, 2)
     calls = {"n": 0}
 
     def loss_fn(module: nn.Module, batch):
         calls["n"] += 1
         # Start-up costs that shrink step after step (never two alike), then steady state.
-        time.sleep(0.2 * 0.5 ** (calls["n"] - 1) if calls["n"] <= slow_steps else fast_s)
+        step_s = 0.2 * 0.5 ** (calls["n"] - 1) if calls["n"] <= slow_steps else fast_s
+        if clock is not None:
+            clock.now += step_s
+        else:
+            time.sleep(step_s)
         features, labels = batch
         return nn.functional.cross_entropy(module(features), labels)
 
@@ -56,16 +77,16 @@ def _measure(setup: TrainingSetup, timing: TimingConfig) -> WindowMeasurement:
         memory.stop()
 
 
-def test_warm_up_goes_on_until_step_times_settle():
+def test_warm_up_goes_on_until_step_times_settle(clock):
     timing = TimingConfig(warmup_steps=2, max_warmup_steps=12, window_s=0.1, min_window_steps=3)
-    result = _measure(_setup(slow_steps=5), timing)
-    assert result.warmup_steps >= 6  # the five shrinking steps, then two that agree
-    assert max(result.step_times_s) < 0.1  # the 0.2 s and 0.1 s start-up steps stayed out of the window
+    result = _measure(_setup(slow_steps=5, clock=clock), timing)
+    assert result.warmup_steps == 7  # the five shrinking steps, then two that agree
+    assert max(result.step_times_s) == pytest.approx(0.005)  # nothing of the start-up leaked into the window
 
 
-def test_warm_up_is_bounded():
+def test_warm_up_is_bounded(clock):
     timing = TimingConfig(warmup_steps=2, max_warmup_steps=4, window_s=0.1, min_window_steps=3)
-    assert _measure(_setup(slow_steps=50), timing).warmup_steps == 4
+    assert _measure(_setup(slow_steps=50, clock=clock), timing).warmup_steps == 4
 
 
 def test_window_counts_samples_steps_and_audio():
