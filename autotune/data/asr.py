@@ -18,16 +18,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-import soundfile as sf
 import torch
 import torchaudio.functional as AF
 from torch.nn.utils.rnn import pad_sequence
 from torchaudio.compliance import kaldi
 
+from autotune.data.audio import read_segment
 from autotune.data.features import FbankConfig
 from autotune.data.sources import Utterance
-from autotune.errors import DataError
 
 __all__ = [
     "WENET_FBANK",
@@ -172,7 +170,7 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One item: (fbank (frames, num_mel_bins) float32, token ids int64, duration of the source audio in s)."""
         utt = self.utterances[index]
-        waveform, rate = self._read(utt)
+        waveform, rate = read_segment(utt)
         speed = self.speeds[int(torch.randint(len(self.speeds), (1,)))] if len(self.speeds) > 1 else self.speeds[0]
         source_rate = round(rate * speed)  # playing rate-r audio as if it were r*speed Hz makes it 1/speed as long
         if source_rate != self.fbank.sample_rate:
@@ -201,24 +199,6 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
         samples = round(utt.duration_s * rate)
         lengths = [math.ceil(samples * self.fbank.sample_rate / round(rate * speed)) for speed in self.speeds]
         return self.fbank.num_frames(min(lengths)), self.fbank.num_frames(max(lengths))
-
-    def _read(self, utt: Utterance) -> tuple[torch.Tensor, int]:
-        """The utterance's segment as mono float32 in [-1, 1], and its sample rate."""
-        try:
-            with sf.SoundFile(utt.path) as audio:
-                start = utt.start_sample or 0
-                stop = audio.frames if utt.stop_sample is None else min(utt.stop_sample, audio.frames)
-                audio.seek(start)
-                data = audio.read(max(stop - start, 0), dtype="float32", always_2d=True)
-                rate = audio.samplerate
-        except (sf.LibsndfileError, RuntimeError, OSError) as exc:
-            reason = str(getattr(exc, "error_string", None) or exc).replace("\n", " ")
-            raise DataError(
-                f"cannot read audio file {utt.path} (utterance {utt.utt_id}): {reason}; it was readable when the "
-                "data was loaded, so check that the file and its storage are intact"
-            ) from exc
-        mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
-        return torch.from_numpy(np.ascontiguousarray(mono)), rate
 
 
 def collate_asr_batch(items: Sequence[tuple[torch.Tensor, torch.Tensor, float]]) -> dict[str, torch.Tensor]:

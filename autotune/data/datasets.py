@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-import numpy as np
-import soundfile as sf
 import torch
 import torch.nn.functional as F
 import torchaudio.functional as AF
 
+from autotune.data.audio import read_segment
 from autotune.data.features import FbankConfig, compute_fbank
 from autotune.data.sources import Utterance
-from autotune.errors import DataError
 
 __all__ = ["SpeakerCropDataset", "collate_speaker_batch"]
 
@@ -74,25 +71,7 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     def _read_crop(self, utt: Utterance) -> torch.Tensor:
         """Decode a random crop_s window of the utterance's segment at fbank rate, zero-padded to crop_samples."""
-        try:
-            with sf.SoundFile(utt.path) as audio:
-                rate = audio.samplerate
-                start = utt.start_sample or 0
-                stop = audio.frames if utt.stop_sample is None else min(utt.stop_sample, audio.frames)
-                wanted = math.ceil(self.crop_s * rate)
-                available = max(stop - start, 0)
-                if available > wanted:
-                    start += int(torch.randint(available - wanted + 1, (1,)))
-                audio.seek(start)
-                data = audio.read(min(wanted, available), dtype="float32", always_2d=True)
-        except (sf.LibsndfileError, RuntimeError, OSError) as exc:
-            reason = str(getattr(exc, "error_string", None) or exc).replace("\n", " ")
-            raise DataError(
-                f"cannot read audio file {utt.path} (utterance {utt.utt_id}): {reason}; it was readable when the "
-                "data was loaded, so check that the file and its storage are intact"
-            ) from exc
-        mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
-        waveform = torch.from_numpy(np.ascontiguousarray(mono))
+        waveform, rate = read_segment(utt, crop_s=self.crop_s)
         if rate != self.fbank.sample_rate:
             waveform = AF.resample(waveform, rate, self.fbank.sample_rate)
         waveform = waveform[: self.crop_samples]
