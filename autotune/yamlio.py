@@ -12,7 +12,7 @@ import yaml
 
 from autotune.errors import UserError
 
-__all__ = ["atomic_write_text", "read_mapping", "dump_yaml", "write_json", "read_json"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_mapping", "dump_yaml", "write_json", "read_json"]
 
 
 def read_mapping(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError) -> dict[str, Any]:
@@ -61,6 +61,24 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
         os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes it owner-only; a result is an ordinary file
         with os.fdopen(handle, "w", encoding="utf-8") as temp:
             temp.write(text)
+            temp.flush()
+            os.fsync(temp.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Bytes through a temporary file in the same folder and a rename (plots, and anything not text)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes it owner-only; these are ordinary files
+        with os.fdopen(handle, "wb") as temp:
+            temp.write(data)
             temp.flush()
             os.fsync(temp.fileno())
         os.replace(temp_name, path)
