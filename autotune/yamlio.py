@@ -53,25 +53,12 @@ def dump_yaml(data: Any) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write text through a temporary file in the same folder and a rename: readers see old or new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes it owner-only; a result is an ordinary file
-        with os.fdopen(handle, "w", encoding="utf-8") as temp:
-            temp.write(text)
-            temp.flush()
-            os.fsync(temp.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-    return path
+    """Write UTF-8 text atomically (see atomic_write_bytes): readers see the old file or the new one, never half."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Bytes through a temporary file in the same folder and a rename (plots, and anything not text)."""
+    """Write bytes through a temporary file in the same folder, fsync, then a rename over the target."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
