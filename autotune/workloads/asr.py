@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
+from autotune.workloads.common import load_transcribed_data, scheduled_step_hook
 from autotune.workloads.registry import register
 
 if TYPE_CHECKING:
@@ -41,16 +42,7 @@ def load_asr_data(path: str | None) -> DataSource:
     Raises:
         DataError: the data cannot be read, or some utterance has no transcript.
     """
-    from autotune import data
-
-    source = data.default_source() if path is None else data.load_source(path)
-    missing = [u.utt_id for u in source.utterances if u.text is None]
-    if missing:
-        raise DataError(
-            f"{source.path}: {len(missing)} of {len(source.utterances)} utterances have no transcript (first: "
-            f"{missing[0]}); ASR needs text: give a WeNet data.list (key/wav/txt) or a Kaldi folder with a text file"
-        )
-    return source
+    return load_transcribed_data(path, task="ASR")
 
 
 def _batch_sampler_factory(frames: tuple[int, ...], sort_size: int) -> Any:
@@ -83,18 +75,7 @@ def warmup_lr(step: int, base_lr: float = RECIPE_LR, warmup_steps: int = RECIPE_
 
 def _recipe_step_hook(model: torch.nn.Module) -> Any:
     """An optimiser step pre-hook doing the recipe's per-step work: set the warm-up learning rate, clip gradients."""
-    import torch
-
-    steps = 0
-
-    def hook(optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        nonlocal steps
-        steps += 1
-        for group in optimizer.param_groups:
-            group["lr"] = warmup_lr(steps)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE_GRAD_CLIP)
-
-    return hook
+    return scheduled_step_hook(model, warmup_lr, RECIPE_GRAD_CLIP)
 
 
 def _build_conformer(context: WorkloadContext) -> TrainingSetup:

@@ -1,0 +1,133 @@
+"""TTS workloads trained as ming024/FastSpeech2's LJSpeech recipe (config/LJSpeech/train.yaml).
+
+Adam with betas (0.9, 0.98), eps 1e-9, no weight decay; the learning rate is the Noam schedule
+``hidden^-0.5 * min(step^-0.5, step * 4000^-1.5)`` (``model/optimizer.py`` ScheduledOptim, annealed by 0.3 after
+300k, 400k and 500k steps); gradients are clipped to norm 1.0 before each step. An optimiser step pre-hook does both,
+so the trial loop needs no scheduler. fp32, batch_size 16.
+
+Batching as ming024's loader: it draws batch_size x group_size (4) utterances, sorts them by text length and cuts
+them into 4 batches, dropping a short last one; here `LengthSortedBatchSampler` sorts windows of 4 x batch_size by
+symbol count. Option ``model`` overrides FastSpeech2's keyword arguments (a small model in tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import DataError
+from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
+from autotune.workloads.common import load_transcribed_data, scheduled_step_hook
+from autotune.workloads.registry import register
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotune.data import DataSource
+    from autotune.trial.spec import TrialConfig
+
+__all__ = ["load_tts_data", "noam_lr"]
+
+RECIPE_BETAS = (0.9, 0.98)
+RECIPE_EPS = 1e-9
+RECIPE_WARMUP_STEPS = 4000
+RECIPE_ANNEAL_STEPS = (300_000, 400_000, 500_000)
+RECIPE_ANNEAL_RATE = 0.3
+RECIPE_GRAD_CLIP = 1.0
+RECIPE_GROUP_SIZE = 4
+
+
+def load_tts_data(path: str | None) -> DataSource:
+    """`--data PATH` (a WeNet data.list, a Kaldi folder with text, ...) or the synthetic corpus: text + audio pairs."""
+    return load_transcribed_data(path, task="TTS")
+
+
+def noam_lr(step: int, d_model: int = 256, warmup_steps: int = RECIPE_WARMUP_STEPS) -> float:
+    """ming024's ScheduledOptim learning rate at 1-based optimiser step ``step``."""
+    lr = d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+    return lr * RECIPE_ANNEAL_RATE ** sum(step > anneal for anneal in RECIPE_ANNEAL_STEPS)
+
+
+def _batch_sampler_factory(token_counts: tuple[int, ...]) -> Any:
+    from autotune.data.batching import LengthSortedBatchSampler
+
+    def factory(config: TrialConfig, generator: torch.Generator, indices: Sequence[int]) -> Iterator[list[int]]:
+        """One epoch of text-length-sorted batches over this rank's share, short batches dropped."""
+        size = config.per_device_batch_size
+        sampler = LengthSortedBatchSampler(
+            token_counts,
+            num_batches=None,
+            generator=generator,
+            batch_size=size,
+            sort_size=size * RECIPE_GROUP_SIZE,
+            indices=indices,
+        )
+        return (batch for batch in sampler if len(batch) == size)
+
+    return factory
+
+
+def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
+    import torch
+    from torch import nn
+
+    from autotune.data.tts import SYMBOLS, TtsDataset, collate_tts_batch
+    from autotune.models.fastspeech2 import FastSpeech2, fastspeech2_loss
+
+    options = {"n_symbols": len(SYMBOLS) + 1, **context.options["model"]}
+    model = FastSpeech2(**options)
+    dataset = TtsDataset(context.data.utterances, max_frames=int(options.get("max_seq_len", 1000)))
+    if len(dataset) == 0:
+        raise DataError(
+            f"none of the {len(context.data.utterances)} utterances is usable for TTS (a transcript with known "
+            "characters or {ARPAbet} phones, at most 1000 mel frames = 11.6 s); check the transcripts and durations"
+        )
+    d_model = int(options.get("d_model", 256))
+    optimizer = torch.optim.Adam(model.parameters(), lr=noam_lr(1, d_model), betas=RECIPE_BETAS, eps=RECIPE_EPS)
+    optimizer.register_step_pre_hook(scheduled_step_hook(model, lambda step: noam_lr(step, d_model), RECIPE_GRAD_CLIP))
+
+    def loss_fn(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        outputs = module(
+            batch["tokens"],
+            batch["token_lengths"],
+            batch["mel_lengths"],
+            batch["pitch"],
+            batch["energy"],
+            batch["durations"],
+        )
+        return fastspeech2_loss(outputs, batch)
+
+    return TrainingSetup(
+        model=model,
+        optimizer=optimizer,
+        dataset=dataset,
+        collate_fn=collate_tts_batch,
+        loss_fn=loss_fn,
+        samples_in=lambda batch: int(batch["token_lengths"].shape[0]),
+        audio_seconds_in=lambda batch: float(batch["durations_s"].sum()),
+        batch_sampler_factory=_batch_sampler_factory(dataset.token_counts),
+    )
+
+
+def _count_fastspeech2_parameters() -> int:
+    from autotune.data.tts import SYMBOLS
+    from autotune.models.fastspeech2 import FastSpeech2
+
+    return sum(p.numel() for p in FastSpeech2(n_symbols=len(SYMBOLS) + 1).parameters())
+
+
+@register
+def fastspeech2() -> Workload:
+    return Workload(
+        name="fastspeech2",
+        task="tts",
+        description="FastSpeech 2 acoustic model (ming024 LJSpeech recipe: 4+6 FFT blocks, variance adaptor), Adam",
+        build=_build_fastspeech2,
+        load_data=load_tts_data,
+        count_parameters=_count_fastspeech2_parameters,
+        # No exact total is published (the paper says "27M" for its own configuration); this is the per-component
+        # arithmetic of ming024's LJSpeech configuration, spelled out in autotune/models/fastspeech2.py.
+        published_parameters=34_592_835,
+        space_file="fastspeech2.yaml",
+        options={"model": {}},
+    )

@@ -1,0 +1,105 @@
+"""The FastSpeech 2 TTS workload: data loading, the recipe's optimiser step, text-sorted batches, real trial steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from autotune import workloads, yamlio
+from autotune.errors import DataError
+from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.workloads.base import WorkloadContext
+from autotune.workloads.tts import noam_lr
+
+# The recipe's architecture at a fraction of its size, so that CPU steps take well under a second; the full model is
+# what the workload builds by default (and the contract test trains).
+SMALL_MODEL = {
+    "d_model": 32,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "conv_filter_size": 64,
+    "variance_filter_size": 16,
+    "postnet_channels": 16,
+}
+
+
+@pytest.fixture(scope="module")
+def fastspeech2() -> workloads.Workload:
+    return workloads.get("fastspeech2")
+
+
+def _setup(workload: workloads.Workload, corpus: Path, config: TrialConfig) -> workloads.TrainingSetup:
+    context = WorkloadContext(
+        data=workload.load_data(str(corpus)),
+        config=config,
+        options={**workload.options, "model": SMALL_MODEL},
+        device=torch.device("cpu"),
+    )
+    return workload.build(context)
+
+
+def test_registered_as_tts_with_its_space(fastspeech2: workloads.Workload) -> None:
+    assert fastspeech2.task == "tts" and fastspeech2.space_file == "fastspeech2.yaml"
+    assert "fastspeech2" in workloads.names()
+
+
+def test_data_needs_transcripts(fastspeech2: workloads.Workload, tiny_corpus: Path, tmp_path: Path) -> None:
+    assert all(u.text for u in fastspeech2.load_data(str(tiny_corpus)).utterances)
+    (tmp_path / "spk").mkdir()
+    sf.write(tmp_path / "spk" / "a.wav", np.zeros(8000), 16000)
+    with pytest.raises(DataError, match="1 of 1 utterances have no transcript .*TTS needs text") as info:
+        fastspeech2.load_data(str(tmp_path))
+    assert "\n" not in str(info.value)
+
+
+def test_batches_are_full_and_sorted_by_text_length(fastspeech2: workloads.Workload, tiny_corpus: Path) -> None:
+    config = TrialConfig(per_device_batch_size=3)
+    setup = _setup(fastspeech2, tiny_corpus, config)
+    counts = setup.dataset.token_counts  # type: ignore[attr-defined]
+    assert setup.batch_sampler_factory is not None
+    batches = list(setup.batch_sampler_factory(config, torch.Generator().manual_seed(0), range(7)))
+    assert len(batches) == 2 and all(len(batch) == 3 for batch in batches)  # 7 items: the short third batch dropped
+    assert all(set(batch) <= set(range(7)) for batch in batches)
+    # One sort window of 4 x 3 items holds all 7: the stream is sorted by symbol count throughout.
+    stream = [counts[index] for batch in batches for index in batch]
+    assert stream == sorted(stream)
+    batch = setup.collate_fn([setup.dataset[index] for index in batches[0]])  # type: ignore[misc]
+    assert setup.samples_in(batch) == 3 and setup.audio_seconds_in(batch) >= 3.0
+
+
+def test_optimizer_step_follows_the_noam_schedule_and_clips(fastspeech2: workloads.Workload, tiny_corpus: Path) -> None:
+    assert noam_lr(4000) == pytest.approx(256**-0.5 * 4000**-0.5)
+    assert noam_lr(1) == pytest.approx(256**-0.5 * 4000**-1.5)
+    assert noam_lr(350_000) == pytest.approx(256**-0.5 * 350_000**-0.5 * 0.3)
+    setup = _setup(fastspeech2, tiny_corpus, TrialConfig(per_device_batch_size=2))
+    group = setup.optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9 and group["weight_decay"] == 0
+    for parameter in setup.model.parameters():
+        parameter.grad = torch.full_like(parameter, 10.0)
+    setup.optimizer.step()
+    setup.optimizer.step()
+    assert group["lr"] == pytest.approx(noam_lr(2, d_model=32))
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in setup.model.parameters()]))
+    assert float(norm) == pytest.approx(1.0, rel=1e-4)  # clipped to the recipe's grad_clip_thresh
+
+
+def test_trains_in_a_trial_subprocess(fastspeech2: workloads.Workload, tiny_corpus: Path, tmp_path: Path) -> None:
+    data_file = yamlio.write_json(tmp_path / "data.json", fastspeech2.load_data(str(tiny_corpus)).to_dict())
+    spec = TrialSpec(
+        workload="fastspeech2",
+        workload_options={"model": SMALL_MODEL},
+        data_file=str(data_file),
+        config=TrialConfig(per_device_batch_size=2, num_workers=1),
+        timing=TimingConfig(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),  # 2 steps
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+    )
+    result = launch(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", result.log_tail
+    assert result.all_losses_finite and result.window_steps == 1
+    assert result.samples_per_second and result.samples_per_second > 0
+    assert result.audio_seconds_per_second and result.audio_seconds_per_second > result.samples_per_second  # >1 s each
