@@ -4,8 +4,8 @@ WeNet (``wenet/dataset/dataset.py``) shuffles (shuffle_size 1500), sorts windows
 frame count, and batches the sorted stream: ``static`` takes batch_size consecutive items, ``dynamic`` packs items
 while the padded batch (longest item x count) stays within ``max_frames_in_batch`` (``DynamicBatchWindow``). Sorting
 keeps padding small, which is much of why a static batch of 16 costs what it costs; a plain random batch would pad
-far more. Here the stream is a fresh permutation per epoch, sorted per window, repeated for as many batches as a
-trial needs (so even a tiny corpus fills a timed window).
+far more. Here the stream is a fresh permutation per epoch, sorted per window: one epoch (``num_batches=None``; the
+trial cycles epochs itself) or as many batches as asked, over every item or over one rank's share (``indices``).
 """
 
 from __future__ import annotations
@@ -23,23 +23,26 @@ class LengthSortedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     Args:
         frames: each item's frame count (an upper bound where augmentation changes it), indexed like the dataset.
-        num_batches: batches to yield (``len``); the stream runs over as many epochs as that takes.
+        num_batches: batches to yield (``len``), the stream running over as many epochs as that takes; None = exactly
+            one epoch (one pass over ``indices``, the last batch kept even when short, as WeNet keeps it).
         generator: seeds the per-epoch permutations.
         batch_size: static batching: items per batch.
         max_frames_in_batch: dynamic batching: the padded-frame budget of a batch. An item longer than the budget
             on its own forms a batch alone, as in WeNet.
         sort_size: items sorted together (WeNet's sort_conf.sort_size).
+        indices: the dataset indices to draw from (one rank's share under data parallelism); default every item.
     """
 
     def __init__(
         self,
         frames: Sequence[int],
         *,
-        num_batches: int,
+        num_batches: int | None,
         generator: torch.Generator,
         batch_size: int | None = None,
         max_frames_in_batch: int | None = None,
         sort_size: int = 500,
+        indices: Sequence[int] | None = None,
     ) -> None:
         if (batch_size is None) == (max_frames_in_batch is None):
             raise ValueError("give exactly one of batch_size (static) and max_frames_in_batch (dynamic)")
@@ -47,7 +50,8 @@ class LengthSortedBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_frames_in_batch is not None and max_frames_in_batch < 1:
             raise ValueError(f"max_frames_in_batch must be >= 1, got {max_frames_in_batch}")
-        if not frames or sort_size < 1:
+        self.indices = tuple(range(len(frames))) if indices is None else tuple(indices)
+        if not self.indices or sort_size < 1:
             raise ValueError("need at least one item and sort_size >= 1")
         self.frames = tuple(frames)
         self.num_batches = num_batches
@@ -57,24 +61,31 @@ class LengthSortedBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.sort_size = sort_size
 
     def __len__(self) -> int:
-        return self.num_batches
+        if self.num_batches is not None:
+            return self.num_batches
+        if self.batch_size is not None:
+            return -(-len(self.indices) // self.batch_size)
+        raise TypeError("a dynamic batch epoch has no length before it is packed")
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._static() if self.batch_size is not None else self._dynamic()
-        return itertools.islice(batches, self.num_batches)
+        return itertools.islice(batches, self.num_batches) if self.num_batches is not None else batches
 
     def _stream(self) -> Iterator[int]:
-        """Endless indices: each epoch a permutation, sorted by frames within windows of sort_size."""
+        """Indices: each epoch a permutation, sorted by frames within windows of sort_size; endless unless one epoch."""
         while True:
-            order = torch.randperm(len(self.frames), generator=self.generator).tolist()
+            order = torch.randperm(len(self.indices), generator=self.generator).tolist()
             for start in range(0, len(order), self.sort_size):
-                yield from sorted(order[start : start + self.sort_size], key=self.frames.__getitem__)
+                window = [self.indices[position] for position in order[start : start + self.sort_size]]
+                yield from sorted(window, key=self.frames.__getitem__)
+            if self.num_batches is None:
+                return
 
     def _static(self) -> Iterator[list[int]]:
         stream = self._stream()
         assert self.batch_size is not None
-        while True:
-            yield list(itertools.islice(stream, self.batch_size))
+        while batch := list(itertools.islice(stream, self.batch_size)):
+            yield batch
 
     def _dynamic(self) -> Iterator[list[int]]:
         assert self.max_frames_in_batch is not None
@@ -87,3 +98,5 @@ class LengthSortedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 batch, longest = [], 0
             batch.append(index)
             longest = max(longest, frames)
+        if batch:
+            yield batch

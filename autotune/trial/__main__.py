@@ -1,15 +1,20 @@
-"""Trial child entry: `python -m autotune.trial SPEC.json` writes the TrialResult to the spec's result_path."""
+"""Trial child entry: `python -m autotune.trial SPEC.json` writes the TrialResult to the spec's result_path.
+
+Under several ranks (torchrun's environment: RANK, WORLD_SIZE, ...) each rank writes its own result file beside it.
+"""
 
 from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import sys
 import time
 
 from autotune import yamlio
 from autotune.trial.child import run_trial
-from autotune.trial.spec import TrialSpec
+from autotune.trial.distributed import RankInfo
+from autotune.trial.spec import TrialSpec, rank_result_path
 
 
 def main(argv: list[str]) -> int:
@@ -17,8 +22,14 @@ def main(argv: list[str]) -> int:
     faulthandler.enable()  # a native crash still leaves a stack in the log
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     spec = TrialSpec.from_dict(yamlio.read_json(argv[0]))
-    result = run_trial(spec, started)
-    yamlio.write_json(spec.result_path, result.to_dict())
+    rank = RankInfo.from_environment()
+    result = run_trial(spec, started, rank)
+    yamlio.write_json(rank_result_path(spec.result_path, rank.rank), result.to_dict())
+    if rank.distributed and not result.feasible:
+        # A failed rank leaves its peers blocked in collectives; exiting through the interpreter's teardown (process
+        # group, CUDA context) could block too. The result is written: leave now, the launcher ends the rest.
+        logging.shutdown()
+        os._exit(0)
     return 0
 
 

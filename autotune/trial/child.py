@@ -8,6 +8,7 @@ import time
 import traceback
 from typing import Any
 
+from autotune.trial.distributed import RankInfo
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
 __all__ = ["run_trial", "classify_exception"]
@@ -32,6 +33,8 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
         return "oom", f"out of memory: {first_line}"
     if isinstance(error, NonFiniteLossError):
         return "nonfinite", first_line
+    if isinstance(error, EpochAccountingError):
+        return "accounting", first_line
     worker_signal = _WORKER_SIGNAL.search(str(error))
     if worker_signal:
         return "signal", f"a DataLoader worker was killed: {describe_signal_name(worker_signal.group(1))}"
@@ -40,11 +43,12 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
     return "error", f"{type(error).__name__}: {first_line}"
 
 
-def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
+def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     import torch
 
     from autotune import workloads, yamlio
     from autotune.data import DataSource
+    from autotune.trial import distributed
     from autotune.trial.loop import build_loader, measure
     from autotune.trial.memory import PeakMemory
     from autotune.trial.precision import PrecisionSettings
@@ -54,7 +58,10 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
     if config.intra_op_threads is not None:
         torch.set_num_threads(config.intra_op_threads)
     torch.manual_seed(spec.seed)
-    device = torch.device("cuda", 0) if spec.device_type == "cuda" else torch.device("cpu")
+    device = torch.device("cuda", rank.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    distributed.start(rank, device, spec.collective_timeout_s)
     precision = PrecisionSettings(
         precision=config.precision, device_type=device.type, cudnn_benchmark=config.cudnn_benchmark
     )
@@ -66,12 +73,17 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
     )
     setup = workload.build(context)
     setup.model.to(device).train()
-    total_batches = max(timing.warmup_steps, timing.max_warmup_steps) + timing.max_window_steps + 1
-    loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed)
+    accounting = _check_epoch_accounting(setup, config, rank, spec.seed)
+    # Warm-up and window each may run on to the next optimiser-step boundary: room for that too.
+    warmup_batches = max(timing.warmup_steps, timing.max_warmup_steps) + config.grad_accum_steps
+    total_batches = warmup_batches + timing.max_window_steps + config.grad_accum_steps
+    loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed, rank=rank)
+    forward = distributed.Forward(setup.model, setup.loss_fn, device)
     memory = PeakMemory(device)
     telemetry = _telemetry_for(device)
     setup_s = time.perf_counter() - started
     batches = iter(loader)
+    progress = ProgressWriter(spec.result_path + PROGRESS_SUFFIX, scale=rank.world_size) if rank.rank == 0 else None
     try:
         window = measure(
             setup,
@@ -81,8 +93,9 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
             precision=precision,
             device=device,
             memory=memory,
+            forward=forward,
             on_window_start=telemetry.start if telemetry else lambda: None,
-            on_progress=ProgressWriter(spec.result_path + PROGRESS_SUFFIX),
+            on_progress=progress or (lambda phase, rate, elapsed_s: None),
         )
     finally:
         memory.stop()
@@ -90,16 +103,85 @@ def _measure(spec: TrialSpec, started: float) -> dict[str, Any]:
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
-    summary = window.summary(len(setup.dataset), config)  # type: ignore[arg-type]
+    summary = window.summary(max(1, len(setup.dataset) // rank.world_size), config)  # type: ignore[arg-type]
     summary.update(setup_s=setup_s, peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes)
-    return {**summary, **gpu}
+    summaries = distributed.all_gather({**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s})
+    distributed.stop()
+    combined = combine_rank_summaries(summaries, device_type=device.type)
+    return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict()}
+
+
+class EpochAccountingError(RuntimeError):
+    """The ranks' epochs do not add up to the dataset: the data is split wrongly across ranks."""
+
+
+def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) -> Any:
+    """Count this rank's first epoch, gather every rank's count, and fail the trial if they do not add up."""
+    from autotune.trial import distributed
+    from autotune.trial.sampling import EpochAccounting, count_epoch, epoch_batches
+
+    batches = epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=0)
+    counts = distributed.all_gather(count_epoch(batches))
+    accounting = EpochAccounting(
+        dataset_size=len(setup.dataset),
+        world_size=rank.world_size,
+        per_device_batch_size=config.per_device_batch_size,
+        batches_per_rank=tuple(count[0] for count in counts),
+        samples_per_rank=tuple(count[1] for count in counts),
+        largest_batch=max(count[2] for count in counts),
+    )
+    mismatch = accounting.mismatch()
+    if mismatch:
+        raise EpochAccountingError(mismatch)
+    return accounting
+
+
+def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str) -> dict[str, Any]:
+    """One trial's figures from every rank's: throughput summed over the shared window, the worst rank elsewhere.
+
+    Ranks met at both edges of the window, so the trial's window is the longest rank's and its throughput is all
+    samples over that window. Step times, data wait and set-up are the slowest rank's (it sets the pace); peak
+    memory is per device on a GPU (the fullest one) and summed on a CPU (the ranks share the machine's RAM).
+    """
+    if len(summaries) == 1:
+        return {key: value for key, value in summaries[0].items() if key not in ("samples", "audio_s")}
+    per_rank = [item["samples"] / item["window_s"] for item in summaries]
+
+    def largest(key: str) -> Any:
+        values = [item[key] for item in summaries if item.get(key) is not None]
+        return max(values) if values else None
+
+    def mean(key: str) -> Any:
+        values = [item[key] for item in summaries if item.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    window_s = largest("window_s")
+    window_rate = sum(item["samples"] for item in summaries) / window_s
+    # Each rank's objective already amortises its loader start-up over its share of an epoch; keep the worst.
+    epoch_factor = min(item["samples_per_second"] / item["window_samples_per_second"] for item in summaries)
+    combined = {key: largest(key) for key in summaries[0] if key not in ("samples", "audio_s")}
+    combined.update(
+        samples_per_second=window_rate * epoch_factor,
+        window_samples_per_second=window_rate,
+        audio_seconds_per_second=sum(item["audio_s"] for item in summaries) / window_s * epoch_factor,
+        window_steps=summaries[0]["window_steps"],
+        per_rank_samples_per_second=per_rank,
+        gpu_utilization_percent=mean("gpu_utilization_percent"),
+        gpu_power_watts=mean("gpu_power_watts"),
+    )
+    if device_type != "cuda":
+        combined["peak_memory_bytes"] = sum(item["peak_memory_bytes"] or 0 for item in summaries)
+    else:
+        combined["memory_capacity_bytes"] = min(item["memory_capacity_bytes"] for item in summaries)
+    return combined
 
 
 class ProgressWriter:
     """Tells the parent how the trial is going (for pruning), at most twice a second, through a small JSON file."""
 
-    def __init__(self, path: str, interval_s: float = 0.5) -> None:
+    def __init__(self, path: str, interval_s: float = 0.5, scale: int = 1) -> None:
         self.path, self.interval_s, self._last = path, interval_s, 0.0
+        self.scale = scale  # rank 0 speaks for all ranks: its rate times the world size
 
     def __call__(self, phase: str, samples_per_second: float, elapsed_s: float) -> None:
         from autotune import yamlio
@@ -107,9 +189,8 @@ class ProgressWriter:
         now = time.monotonic()
         if now - self._last >= self.interval_s:
             self._last = now
-            yamlio.write_json(
-                self.path, {"phase": phase, "samples_per_second": samples_per_second, "elapsed_s": elapsed_s}
-            )
+            rate = samples_per_second * self.scale
+            yamlio.write_json(self.path, {"phase": phase, "samples_per_second": rate, "elapsed_s": elapsed_s})
 
 
 def _telemetry_for(device: Any) -> Any:
@@ -142,13 +223,17 @@ def _gate(result: TrialResult, spec: TrialSpec) -> TrialResult:
     return result
 
 
-def run_trial(spec: TrialSpec, started: float | None = None) -> TrialResult:
-    """Run one trial in this process and return its result; never raises for a failing configuration."""
+def run_trial(spec: TrialSpec, started: float | None = None, rank: RankInfo | None = None) -> TrialResult:
+    """Run one trial (this rank's part of it) in this process and return its result; never raises for a failing
+    configuration. Under several ranks only rank 0's result speaks for the trial, unless another rank fails."""
     started = time.perf_counter() if started is None else started
+    rank = rank or RankInfo()
     try:
-        summary = _measure(spec, started)
+        summary = _measure(spec, started, rank)
     except Exception as error:  # every failure of a configuration is data for the study
         status, reason = classify_exception(error)
+        if rank.distributed:
+            reason = f"rank {rank.rank} of {rank.world_size}: {reason}"
         logger.error("trial failed (%s): %s", status, reason)
         return TrialResult(status=status, reason=reason, log_tail=traceback.format_exc()[-4000:])
     result = TrialResult.from_dict({"status": "ok", "all_losses_finite": True, **summary})

@@ -9,42 +9,58 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune import yamlio
+from autotune.hardware import available_cores
 from autotune.trial.signals import describe_signal, describe_signal_name
-from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
+from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
 
-__all__ = ["launch", "child_environment"]
+__all__ = ["launch", "child_environment", "free_port"]
 
 logger = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
 _WORKER_BUS_ERROR = "Unexpected bus error encountered in worker"
 
 
-def child_environment(spec: TrialSpec) -> dict[str, str]:
-    """The child's environment: the parent's import path (plugins resolve the same way) and thread settings."""
+def child_environment(spec: TrialSpec, rank: int = 0, port: int | None = None) -> dict[str, str]:
+    """A rank's environment: the parent's import path (plugins resolve the same way), threads, and torchrun's
+    rendezvous variables when the trial has several ranks."""
     env = dict(os.environ)
     paths = [entry for entry in sys.path if entry and Path(entry).exists()]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, *filter(None, [env.get("PYTHONPATH")])]))
     env["PYTHONUNBUFFERED"] = "1"
+    world_size = spec.config.world_size
     threads = spec.config.intra_op_threads
+    if threads is None and world_size > 1 and spec.device_type == "cpu":
+        threads = max(1, available_cores() // world_size)  # ranks on one CPU share its cores, not each take all
     if threads is not None:
         # OpenMP reads this before torch starts: it sizes the pool set_num_threads later draws from.
         env["OMP_NUM_THREADS"] = str(threads)
+    if world_size > 1:
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
     return env
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now (for the ranks' rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _tail(log_path: Path) -> str:
@@ -66,81 +82,139 @@ def _read_progress(spec: TrialSpec) -> dict[str, Any] | None:
         return None  # not written yet, or being replaced right now
 
 
-def _wait(process: subprocess.Popen[bytes], spec: TrialSpec, timeout_s: float, should_prune: ShouldPrune | None):
-    """Wait for the child; returns (returncode or None on timeout, prune reason or None)."""
+@dataclass(kw_only=True, slots=True)
+class _Ranks:
+    """The processes of one trial, each rank leading its own session (its DataLoader workers join its group)."""
+
+    processes: list[subprocess.Popen[bytes]]
+    spec: TrialSpec
+    logs: list[Path]
+
+    def kill(self) -> None:
+        for process in self.processes:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is already gone
+        for process in self.processes:
+            process.wait()
+
+    def failed_rank(self) -> int | None:
+        """A rank that is done for: exited with an error or a signal, or wrote a failed result (its peers would
+        wait for it in a collective until the timeout)."""
+        for rank, process in enumerate(self.processes):
+            code = process.poll()
+            if code is not None and code != 0:
+                return rank
+            if self.spec.config.world_size > 1 and _failed_result(rank_result_path(self.spec.result_path, rank)):
+                return rank
+        return None
+
+    def all_exited(self) -> bool:
+        return all(process.poll() is not None for process in self.processes)
+
+
+def _failed_result(path: str) -> bool:
+    try:
+        return yamlio.read_json(path).get("status") != "ok"
+    except (OSError, ValueError):
+        return False  # not written (yet)
+
+
+def _wait(ranks: _Ranks, timeout_s: float, should_prune: ShouldPrune | None) -> tuple[str, int | None, str | None]:
+    """Wait for the ranks: ("done" | "failed" | "timeout" | "pruned", rank that failed, prune reason)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            return process.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))), None
-        except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline:
-                return None, None
-        progress = _read_progress(spec) if should_prune else None
+        failed = ranks.failed_rank()
+        if failed is not None:
+            return "failed", failed, None
+        if ranks.all_exited():
+            return "done", None, None
+        if time.monotonic() >= deadline:
+            return "timeout", None, None
+        progress = _read_progress(ranks.spec) if should_prune else None
         reason = should_prune(progress) if progress and should_prune else None
         if reason:
-            return None, reason
+            return "pruned", None, reason
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def _start(spec: TrialSpec, spec_path: Path, workdir: Path) -> _Ranks:
+    """Start every rank of the trial, each in a new session (a process group of its own, killed as one)."""
+    world_size = spec.config.world_size
+    port = free_port() if world_size > 1 else None
+    ranks = _Ranks(processes=[], spec=spec, logs=[])
+    for rank in range(world_size):
+        log_path = workdir / ("trial.log" if rank == 0 else f"trial.rank{rank}.log")
+        Path(rank_result_path(spec.result_path, rank)).unlink(missing_ok=True)
+        with open(log_path, "wb") as log:
+            ranks.processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "autotune.trial", str(spec_path)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=child_environment(spec, rank, port),
+                    start_new_session=True,
+                )
+            )
+        ranks.logs.append(log_path)
+    return ranks
 
 
 def launch(spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None) -> TrialResult:
-    """Run one trial in a child process and return its result, whatever happens to the child.
+    """Run one trial in child processes (one per rank) and return its result, whatever happens to them.
 
     Args:
-        spec: the trial; its result_path must lie inside workdir.
-        workdir: a folder for this trial's spec, result and log.
-        timeout_s: wall-clock limit for the whole child (start-up, warm-up and window).
-        should_prune: looks at the child's progress ({"phase", "samples_per_second", "elapsed_s"}) twice a second
-            and returns a reason when the trial is hopeless; the trial is then stopped and marked "pruned".
+        spec: the trial; its result_path must lie inside workdir. config.world_size ranks are started.
+        workdir: a folder for this trial's spec, results and logs.
+        timeout_s: wall-clock limit for the whole trial (start-up, warm-up and window).
+        should_prune: looks at rank 0's progress ({"phase", "samples_per_second", "elapsed_s"}, summed over ranks)
+            a few times a second and returns a reason when the trial is hopeless; it is then stopped and "pruned".
+
+    A rank that fails ends the trial at once: every rank and DataLoader worker is killed, and the result is that
+    rank's, its reason naming the rank.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    spec_path, log_path = workdir / "spec.json", workdir / "trial.log"
+    spec_path = workdir / "spec.json"
     yamlio.write_json(spec_path, spec.to_dict())
-    Path(spec.result_path).unlink(missing_ok=True)
     started = time.perf_counter()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "autotune.trial", str(spec_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_environment(spec),
-            start_new_session=True,
-        )
-        try:
-            returncode, pruned = _wait(process, spec, timeout_s, should_prune)
-            if returncode is None:
-                _kill_group(process)
-                process.wait()
-        except BaseException:  # Ctrl-C in the parent: take the whole trial down with us
-            _kill_group(process)
-            process.wait()
-            raise
-        finally:
-            _kill_group(process)  # workers that outlived their parent
+    ranks = _start(spec, spec_path, workdir)
+    try:
+        outcome, failed, pruned = _wait(ranks, timeout_s, should_prune)
+    except BaseException:  # Ctrl-C in the parent: take the whole trial down with us
+        ranks.kill()
+        raise
+    ranks.kill()  # whatever is left: hung peers of a failed rank, workers that outlived their parent
     Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
-    if pruned:
-        result = TrialResult(status="pruned", reason=pruned)
+    if outcome == "pruned":
+        result = TrialResult(status="pruned", reason=pruned or "")
+    elif outcome == "timeout":
+        result = TrialResult(
+            status="timeout",
+            reason=f"no result within {timeout_s:.0f} s (hang or far too slow)",
+            log_tail=_tail(ranks.logs[0]),
+        )
     else:
-        result = _result(spec, returncode, timeout_s, log_path)
+        rank = failed or 0
+        result = _result(spec, rank, ranks.processes[rank].returncode, ranks.logs[rank])
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def _result(spec: TrialSpec, returncode: int | None, timeout_s: float, log_path: Path) -> TrialResult:
+def _result(spec: TrialSpec, rank: int, returncode: int, log_path: Path) -> TrialResult:
     tail = _tail(log_path)
-    if returncode is None:
-        return TrialResult(
-            status="timeout", reason=f"no result within {timeout_s:.0f} s (hang or far too slow)", log_tail=tail
-        )
-    result_path = Path(spec.result_path)
-    if returncode == 0 and result_path.exists():
+    where = f"rank {rank} of {spec.config.world_size}: " if spec.config.world_size > 1 else ""
+    result_path = Path(rank_result_path(spec.result_path, rank))
+    if result_path.exists():  # written last thing: whatever ended the process afterwards (we may have) is moot
         result = TrialResult.from_dict(yamlio.read_json(result_path))
         if result.status == "signal" and _WORKER_BUS_ERROR in tail:
             # torch's worker handler prints this before dying; the parent only sees "exited unexpectedly".
-            result.reason = f"a DataLoader worker was killed: {describe_signal_name('SIGBUS')}"
+            result.reason = f"{where}a DataLoader worker was killed: {describe_signal_name('SIGBUS')}"
         result.log_tail = result.log_tail or tail
         return result
     if returncode < 0:
-        return TrialResult(status="signal", reason=f"killed by {describe_signal(-returncode)}", log_tail=tail)
+        return TrialResult(status="signal", reason=f"{where}killed by {describe_signal(-returncode)}", log_tail=tail)
     return TrialResult(
-        status="error", reason=f"trial process exited with code {returncode} and no result", log_tail=tail
+        status="error", reason=f"{where}trial process exited with code {returncode} and no result", log_tail=tail
     )

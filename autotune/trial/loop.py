@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
@@ -12,8 +13,11 @@ from typing import Any
 
 import torch
 
+from autotune.trial import distributed
+from autotune.trial.distributed import Forward, RankInfo
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
+from autotune.trial.sampling import CycledEpochs, epoch_batches
 from autotune.trial.spec import TimingConfig, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
@@ -65,27 +69,30 @@ class WindowMeasurement:
 
 
 def build_loader(
-    setup: TrainingSetup, config: TrialConfig, *, total_batches: int, seed: int
+    setup: TrainingSetup,
+    config: TrialConfig,
+    *,
+    total_batches: int,
+    seed: int,
+    rank: RankInfo | None = None,
 ) -> torch.utils.data.DataLoader[Any]:
-    """A DataLoader as the user's training would build it, sampling enough batches for the whole trial.
+    """A DataLoader as the user's training would build it, with this rank's share of each epoch.
 
-    Sampling with replacement keeps one 'epoch' running for the trial however small the corpus, so the timed
-    window measures steady state; epoch-boundary costs are accounted for separately (WindowMeasurement.summary).
+    Its batch sampler runs epoch after epoch (trial/sampling.py) until the trial has all its batches, so the timed
+    window measures steady state however small the corpus; epoch-boundary costs are accounted for separately
+    (WindowMeasurement.summary).
     """
-    generator = torch.Generator().manual_seed(seed)
+    rank = rank or RankInfo()
+
+    def make_epoch(epoch: int) -> Any:
+        return epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=epoch)
+
     kwargs: dict[str, Any] = {}
     if config.num_workers > 0:
         kwargs = {"prefetch_factor": config.prefetch_factor or 2, "persistent_workers": config.persistent_workers}
-    if setup.batch_sampler_factory is not None:  # the workload batches by length itself
-        kwargs["batch_sampler"] = setup.batch_sampler_factory(config, total_batches, generator)
-    else:
-        kwargs["batch_size"], kwargs["drop_last"] = config.per_device_batch_size, True
-        num_samples = total_batches * config.per_device_batch_size
-        kwargs["sampler"] = torch.utils.data.RandomSampler(
-            setup.dataset, replacement=True, num_samples=num_samples, generator=generator
-        )
     return torch.utils.data.DataLoader(
         setup.dataset,
+        batch_sampler=CycledEpochs(make_epoch, total_batches),
         num_workers=config.num_workers,
         pin_memory=config.pin_memory,
         collate_fn=setup.collate_fn,
@@ -98,16 +105,32 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _train_step(
-    setup: TrainingSetup, batch: Any, precision: PrecisionSettings, scaler: Any, losses: list[torch.Tensor]
-) -> None:
-    with precision.autocast():
-        loss = setup.loss_fn(setup.model, batch)
-    scaler.scale(loss).backward()
-    scaler.step(setup.optimizer)
-    scaler.update()
-    setup.optimizer.zero_grad(set_to_none=True)
-    losses.append(loss.detach())
+class _Stepper:
+    """Training steps as the user's loop runs them: autocast forward, scaled backward, and an optimiser step every
+    grad_accum_steps micro-batches (gradients all-reduced only on that last micro-batch under DDP)."""
+
+    def __init__(self, setup: TrainingSetup, forward: Forward, precision: PrecisionSettings, accum_steps: int):
+        self.setup, self.forward, self.precision, self.accum_steps = setup, forward, precision, max(1, accum_steps)
+        self.scaler = precision.grad_scaler()
+        self.micro_batches = 0
+        self.losses: list[torch.Tensor] = []
+
+    @property
+    def at_step_boundary(self) -> bool:
+        return self.micro_batches % self.accum_steps == 0
+
+    def __call__(self, batch: Any) -> None:
+        steps_now = (self.micro_batches + 1) % self.accum_steps == 0
+        with contextlib.nullcontext() if steps_now else self.forward.accumulating():
+            with self.precision.autocast():
+                loss = self.forward(batch)
+            self.scaler.scale(loss / self.accum_steps if self.accum_steps > 1 else loss).backward()
+        self.micro_batches += 1
+        if steps_now:
+            self.scaler.step(self.setup.optimizer)
+            self.scaler.update()
+            self.setup.optimizer.zero_grad(set_to_none=True)
+        self.losses.append(loss.detach())
 
 
 def _check_finite(losses: list[torch.Tensor], phase: str) -> None:
@@ -132,14 +155,20 @@ def measure(
     precision: PrecisionSettings,
     device: torch.device,
     memory: PeakMemory,
+    forward: Forward | None = None,
     on_window_start: Callable[[], None] = lambda: None,
     on_progress: Callable[[str, float, float], None] = lambda phase, rate, elapsed_s: None,
 ) -> WindowMeasurement:
-    """Warm up, then time a window of full training steps (data wait, host-to-device copy, forward, backward, step)."""
-    scaler = precision.grad_scaler()
+    """Warm up, then time a window of full training steps (data wait, host-to-device copy, forward, backward, step).
+
+    On one device the window runs for timing.window_s seconds. Across ranks every rank must run the same number of
+    steps (DDP's all-reduce would wait forever for a rank that stopped), so warm-up ends when all ranks have settled,
+    and the window's step count is fixed in advance from the slowest rank's warm-up; ranks meet at both edges.
+    """
+    forward = forward or Forward(setup.model, setup.loss_fn, device)
+    step = _Stepper(setup, forward, precision, config.grad_accum_steps)
     non_blocking = config.pin_memory and device.type == "cuda"
     result = WindowMeasurement()
-    losses: list[torch.Tensor] = []
     memory.start()  # from the first step: warm-up peaks (cuDNN autotuning, allocator growth) are real peaks too
     started = time.perf_counter()
     warmup_times: list[float] = []
@@ -148,25 +177,27 @@ def measure(
         batch = next(batches)
         if not warmup_times:
             result.loader_start_s = time.perf_counter() - started
-        _train_step(setup, setup.batch_to_device(batch, device, non_blocking), precision, scaler, losses)
+        step(setup.batch_to_device(batch, device, non_blocking))
         _synchronize(device)  # warm-up only: each step's time must be its own to tell when they settle
         warmup_times.append(time.perf_counter() - step_started)
         if len(warmup_times) > 1:  # the first step carries start-up costs; later ones project the rate
             on_progress("warmup", setup.samples_in(batch) / warmup_times[-1], time.perf_counter() - started)
-        if len(warmup_times) >= timing.max_warmup_steps or (
-            len(warmup_times) >= timing.warmup_steps and _settled(warmup_times, timing.warmup_settle_fraction)
-        ):
-            break
-    _check_finite(losses, "warm-up")
+        if len(warmup_times) >= timing.warmup_steps and step.at_step_boundary:
+            done = len(warmup_times) >= timing.max_warmup_steps or _settled(warmup_times, timing.warmup_settle_fraction)
+            if distributed.all_agree(done, device):  # every rank warms up for the same number of steps
+                break
+    _check_finite(step.losses, "warm-up")
     result.warmup_s = time.perf_counter() - started
     result.warmup_steps = len(warmup_times)
+    window_steps = _agreed_window_steps(warmup_times, timing, step.accum_steps, device)
+    distributed.barrier(device)
     on_window_start()
     window_start = last = time.perf_counter()
     while True:
         batch = next(batches)
         fetched = time.perf_counter()
         result.data_wait_s += fetched - last
-        _train_step(setup, setup.batch_to_device(batch, device, non_blocking), precision, scaler, losses)
+        step(setup.batch_to_device(batch, device, non_blocking))
         result.samples += setup.samples_in(batch)
         result.audio_s += setup.audio_seconds_in(batch)
         now = time.perf_counter()
@@ -174,11 +205,28 @@ def measure(
         last = now
         steps = len(result.step_times_s)
         on_progress("window", result.samples / (now - window_start), now - window_start)
-        window_done = now - window_start >= timing.window_s and steps >= timing.min_window_steps
-        if steps >= timing.max_window_steps or window_done:
+        if window_steps is not None:
+            window_done = steps >= window_steps
+        else:
+            timed_out = now - window_start >= timing.window_s and steps >= timing.min_window_steps
+            window_done = step.at_step_boundary and (timed_out or steps >= timing.max_window_steps)
+        if window_done:
             break
     _synchronize(device)
+    distributed.barrier(device)
     result.window_s = time.perf_counter() - window_start
-    _check_finite(losses, "the timed window")
+    _check_finite(step.losses, "the timed window")
     memory.sample()
     return result
+
+
+def _agreed_window_steps(
+    warmup_times: list[float], timing: TimingConfig, accum_steps: int, device: torch.device
+) -> int | None:
+    """Across ranks, the window's step count (the same on every rank); None on one device (the window is timed)."""
+    if distributed.world_size() == 1:
+        return None
+    settled_step_s = distributed.max_over_ranks(statistics.median(warmup_times[-2:]), device)
+    steps = math.ceil(timing.window_s / max(settled_step_s, 1e-6))
+    steps = min(max(steps, timing.min_window_steps), timing.max_window_steps)
+    return math.ceil(steps / accum_steps) * accum_steps

@@ -13,12 +13,18 @@ __all__ = [
     "TrialResult",
     "STATUSES",
     "FEASIBLE_STATUSES",
+    "rank_result_path",
 ]
 
 # "ok": measured and feasible. The others name why a configuration cannot be used.
-STATUSES = ("ok", "oom", "nonfinite", "timeout", "signal", "error", "headroom", "unstable", "pruned")
+STATUSES = ("ok", "oom", "nonfinite", "timeout", "signal", "error", "headroom", "unstable", "pruned", "accounting")
 FEASIBLE_STATUSES = ("ok",)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
+
+
+def rank_result_path(result_path: str, rank: int) -> str:
+    """Where a rank writes its result: rank 0 (the whole trial's result) at result_path, others beside it."""
+    return result_path if rank == 0 else f"{result_path}.rank{rank}"
 
 
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:
@@ -117,6 +123,7 @@ class TrialSpec:
     device_type: str  # "cuda" | "cpu"
     result_path: str
     seed: int = 0
+    collective_timeout_s: float = 300.0  # a rank waiting on a dead or hung peer gives up after this
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -157,6 +164,9 @@ class TrialResult:
     loader_start_s: float | None = None  # iter(loader) to first batch: what each epoch pays without persistent workers
     setup_s: float | None = None  # interpreter start, imports, model and loader build
     wall_s: float | None = None  # whole trial as the parent saw it
+    world_size: int = 1  # ranks that trained; throughput and samples are summed over them
+    per_rank_samples_per_second: list[float] | None = None  # each rank over its own view of the shared window
+    epoch_accounting: dict[str, Any] | None = None  # batches per epoch per rank vs the dataset (sampling.py)
     log_tail: str = ""
 
     @property

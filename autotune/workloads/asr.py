@@ -13,6 +13,7 @@ length-sorted utterances, the recipe's 16) or dynamic (``max_frames_in_batch`` p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
@@ -48,21 +49,16 @@ def load_asr_data(path: str | None) -> DataSource:
 def _batch_sampler_factory(frames: tuple[int, ...], sort_size: int) -> Any:
     from autotune.data.batching import LengthSortedBatchSampler
 
-    def factory(config: TrialConfig, num_batches: int, generator: torch.Generator) -> LengthSortedBatchSampler:
+    def factory(config: TrialConfig, generator: torch.Generator, indices: Sequence[int]) -> LengthSortedBatchSampler:
+        """One epoch of WeNet-style batches over one rank's share of the list."""
         batch_type = config.extra.get("batch_type", "static")
         if batch_type not in BATCH_TYPES:
             raise ValueError(f"batch_type {batch_type!r} is not one of {', '.join(BATCH_TYPES)}")
+        size: dict[str, int] = {"batch_size": config.per_device_batch_size}
         if batch_type == "dynamic":
-            budget = int(config.extra.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
-            return LengthSortedBatchSampler(
-                frames, num_batches=num_batches, generator=generator, max_frames_in_batch=budget, sort_size=sort_size
-            )
+            size = {"max_frames_in_batch": int(config.extra.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))}
         return LengthSortedBatchSampler(
-            frames,
-            num_batches=num_batches,
-            generator=generator,
-            batch_size=config.per_device_batch_size,
-            sort_size=sort_size,
+            frames, num_batches=None, generator=generator, sort_size=sort_size, indices=indices, **size
         )
 
     return factory

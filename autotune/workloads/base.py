@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,8 +39,8 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
     return batch
 
 
-# (config, number of batches, generator) -> a sampler of batches of dataset indices
-BatchSamplerFactory = Callable[["TrialConfig", int, "torch.Generator"], "torch.utils.data.Sampler[list[int]]"]
+# (config, generator, dataset indices of this rank) -> one epoch of batches of dataset indices
+BatchSamplerFactory = Callable[["TrialConfig", "torch.Generator", Sequence[int]], Iterable[list[int]]]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,9 +56,11 @@ class TrainingSetup:
         samples_in: number of training samples in a batch.
         audio_seconds_in: seconds of audio in a batch.
         batch_to_device: moves a batch to the device (non_blocking when memory is pinned).
-        batch_sampler_factory: (config, number of batches, generator) -> a batch sampler yielding lists of dataset
-            indices, for workloads that batch by length (WeNet's sorted static and dynamic batches); None = random
-            batches of config.per_device_batch_size.
+        batch_sampler_factory: (config, generator, indices) -> one epoch of batches (lists of dataset indices) drawn
+            from `indices`, the share of the dataset this rank trains on in this epoch, for workloads that batch by
+            length (WeNet's sorted static and dynamic batches); None = shuffled batches of
+            config.per_device_batch_size, the last short one dropped. autotune shards, reshuffles and repeats
+            epochs itself.
     """
 
     model: nn.Module

@@ -1,0 +1,108 @@
+"""Multi-process trials on a CPU with gloo: summed throughput, the batch accounting check, a failing rank."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune import yamlio
+from autotune.data import load_source
+from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial.child import combine_rank_summaries
+
+FAULTY = "tests.fixtures.faulty_workload:workload"
+TIMING = TimingConfig(warmup_steps=2, window_s=0.5, min_window_steps=4)
+
+
+def _spec(tmp_path: Path, corpus: Path, batch: int, world_size: int = 2, **config: object) -> TrialSpec:
+    data_file = yamlio.write_json(tmp_path / "data.json", load_source(corpus).to_dict())
+    return TrialSpec(
+        workload=FAULTY,
+        workload_options={},
+        data_file=str(data_file),
+        config=TrialConfig(per_device_batch_size=batch, world_size=world_size, intra_op_threads=1, **config),
+        timing=TIMING,
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+        collective_timeout_s=120,
+    )
+
+
+def _leftovers(tmp_path: Path) -> list[int]:
+    """Processes still running a trial of this test (ranks or their DataLoader workers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(tmp_path).encode() in environ:
+            found.append(int(pid))
+    return found
+
+
+def test_two_ranks_sum_their_throughput_and_their_epochs_add_up(tmp_path, tiny_corpus):
+    result = launch(_spec(tmp_path, tiny_corpus, 5, num_workers=1), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", result.log_tail
+    assert result.world_size == 2
+    # 64 vectors dealt to 2 ranks (32 each), batches of 5 with the last short one dropped: 6 per rank, 60 samples.
+    assert result.epoch_accounting == {
+        "dataset_size": 64,
+        "world_size": 2,
+        "batches_per_epoch_per_rank": [6, 6],
+        "samples_per_epoch": 60,
+    }
+    per_rank = result.per_rank_samples_per_second
+    assert per_rank is not None and len(per_rank) == 2 and min(per_rank) > 0
+    # Both ranks ran the same steps over one shared window: the trial's rate is the sum, not one rank's.
+    assert 0.8 * sum(per_rank) <= result.window_samples_per_second <= 1.001 * sum(per_rank)
+    assert result.window_steps >= 4 and result.all_losses_finite
+    assert (tmp_path / "trial" / "trial.rank1.log").exists()
+
+
+def test_a_sampler_that_splits_by_rank_twice_fails_with_the_numbers(tmp_path, tiny_corpus):
+    result = launch(_spec(tmp_path, tiny_corpus, 9), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "accounting"
+    assert "1 batches per epoch per rank x 2 ranks" in result.reason and "dataset has 64" in result.reason
+    assert "split across ranks more than once" in result.reason
+    assert "\n" not in result.reason
+
+
+def test_one_rank_failing_ends_the_trial_at_once_with_its_reason(tmp_path, tiny_corpus):
+    result = launch(_spec(tmp_path, tiny_corpus, 10), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "oom"
+    assert result.reason.startswith("rank 1 of 2: out of memory")
+    # Rank 0 was left waiting in an all-reduce with a 120 s collective timeout: the launcher did not wait for it.
+    assert result.wall_s < 60
+    assert _leftovers(tmp_path) == []
+
+
+def test_combined_summary_sums_samples_over_the_longest_window_and_keeps_the_worst_rank():
+    def rank(samples: int, window_s: float, wait: float, peak: int) -> dict[str, object]:
+        rate = samples / window_s
+        return {
+            "samples_per_second": rate * 0.9,
+            "window_samples_per_second": rate,
+            "samples": samples,
+            "audio_s": samples * 3.0,
+            "window_s": window_s,
+            "data_wait_fraction": wait,
+            "step_time_median_s": window_s / 10,
+            "window_steps": 10,
+            "peak_memory_bytes": peak,
+            "memory_capacity_bytes": 1000,
+            "gpu_utilization_percent": None,
+            "gpu_power_watts": None,
+        }
+
+    combined = combine_rank_summaries([rank(100, 2.0, 0.1, 10), rank(100, 2.5, 0.3, 20)], device_type="cpu")
+    assert combined["window_samples_per_second"] == pytest.approx(200 / 2.5)
+    assert combined["samples_per_second"] == pytest.approx(200 / 2.5 * 0.9)
+    assert combined["audio_seconds_per_second"] == pytest.approx(600 / 2.5 * 0.9)
+    assert combined["per_rank_samples_per_second"] == pytest.approx([50.0, 40.0])
+    assert combined["data_wait_fraction"] == 0.3 and combined["step_time_median_s"] == 0.25
+    assert combined["peak_memory_bytes"] == 30  # ranks on one CPU share its memory
+    on_gpus = combine_rank_summaries([rank(100, 2.0, 0.1, 10), rank(100, 2.5, 0.3, 20)], device_type="cuda")
+    assert on_gpus["peak_memory_bytes"] == 20  # each GPU has its own: the fullest one counts
