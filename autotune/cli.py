@@ -6,12 +6,15 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 
 from autotune.errors import USER_ERROR_EXIT_CODE, UserError
+
+if TYPE_CHECKING:
+    from autotune.runner import RunReport
 
 app = typer.Typer(
     name="autotune",
@@ -25,6 +28,7 @@ stderr_console = Console(stderr=True)
 stdout_console = Console()
 
 EXIT_NO_STABLE_CONFIG = 1
+EXIT_REGRESSION = 3  # autotune.drift.REGRESSION_EXIT_CODE, kept literal so that --help needs no heavy import
 EXIT_INTERRUPTED = 130
 
 RUN_HELP = """Tune the training throughput of a model on this machine and write the fastest stable configuration.
@@ -40,6 +44,17 @@ winner as YAML.
   autotune run --model cam++ --data data/train.csv --budget 30m
 
   autotune run --model cam++ --data /data/vox/wav.scp_dir --trials 40 --out cam++.yaml
+
+  autotune run --model cam++ --storage journal:///shared/cam.log   [dim]# several processes on one host[/dim]
+
+A rerun on the same data and hardware continues the study: it re-measures the previous winner and its best \
+neighbours first, searches with --warm-fraction of the trials and budget, and compares: a previous winner slower \
+than its recorded throughput by more than --drift-threshold is a regression (with what changed: torch, CUDA, \
+driver, GPU, autotune); the YAML is rewritten only when a new configuration is faster by more than the threshold.
+
+[bold]Exit codes[/bold]: 0 done (result written, or kept unchanged); 1 no stable configuration; 2 bad input; \
+3 regression: the previous winner got slower (the history is still recorded); 130 interrupted (Ctrl-C: the \
+current trial is stopped, the best so far written, completed trials stay in the study).
 """
 
 
@@ -88,7 +103,11 @@ def run(
     budget: Annotated[Optional[str], typer.Option(help="Wall-clock budget for the whole run, e.g. 15m or 1h.")] = "15m",
     storage: Annotated[
         Optional[str],
-        typer.Option(help="Optuna storage URL. Default: sqlite under --results-dir; a rerun continues the same study."),
+        typer.Option(
+            help="Where the study lives: sqlite:///FILE.db, postgresql://USER@HOST/DB (several machines; keep the "
+            "password in ~/.pgpass or PGPASSWORD) or journal:///FILE.log (several processes on one host). "
+            "Default: sqlite under --results-dir; a rerun continues the same study."
+        ),
     ] = None,
     out: Annotated[
         Optional[Path], typer.Option(help="Result YAML. Default: RESULTS_DIR/MODEL/HARDWARE_FINGERPRINT.yaml.")
@@ -123,6 +142,16 @@ def run(
     ] = None,
     prune: Annotated[bool, typer.Option(help="Stop search trials early that run far below the best so far.")] = True,
     seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
+    warm_start: Annotated[
+        bool, typer.Option(help="On a rerun, re-measure the previous winner and its best neighbours first.")
+    ] = True,
+    warm_fraction: Annotated[
+        float, typer.Option(help="Share of --trials and --budget a warm-started rerun spends on its search.")
+    ] = 0.5,
+    drift_threshold: Annotated[
+        float,
+        typer.Option(help="Relative change that counts: a slower previous winner (exit 3) or a faster new one."),
+    ] = 0.10,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
     _setup_logging(verbose)
@@ -166,6 +195,9 @@ def run(
             settings=settings,
             workload_options={"crop_s": crop_seconds} if crop_seconds is not None else {},
             epoch_samples=epoch_samples,
+            warm_start=warm_start,
+            warm_fraction=warm_fraction,
+            drift_threshold=drift_threshold,
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
         if data is None:
@@ -186,6 +218,21 @@ def run(
             "interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED
         ) from None
     print_summary(stdout_console, report)
+    _finish(report)
+
+
+def _finish(report: RunReport) -> None:
+    """Say what the rerun concluded against the previous result, and exit with the code that tells cron."""
+    verdict = report.verdict
+    if verdict is not None and verdict.previous_path is not None:
+        style = "bold red" if verdict.regression else "bold"
+        for line in verdict.lines():
+            stdout_console.print(f"[{style}]{line}[/{style}]", highlight=False, soft_wrap=True)
+    if report.outcome.stopped_by == "interrupted":
+        where = "best so far written" if report.written else "the previous result kept"
+        raise _fail(f"interrupted; {where}; completed trials stay in the study, rerun to continue", EXIT_INTERRUPTED)
+    if verdict is not None and verdict.regression:
+        raise typer.Exit(EXIT_REGRESSION)
 
 
 @app.command()

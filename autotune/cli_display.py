@@ -50,6 +50,8 @@ class RichReporter:
             f"{data['total_audio_hours']} h{synthetic}"
         )
         console.print(f"study: {plan.study_name}  ({plan.storage_url.split('://')[0]})", highlight=False)
+        for line in plan.warm_start.describe() if plan.warm_start else ():
+            console.print(line, highlight=False, soft_wrap=True)
         console.print(
             f"space: {plan.space_file}; baseline = recipe: {TrialConfig.from_params(plan.space.baseline).short()}"
         )
@@ -117,7 +119,10 @@ def print_summary(console: Console, report: RunReport) -> None:
     for note in tuned.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"stopped by {report.tuned.search['stopped_by']} after {outcome.elapsed_s / 60:.1f} min")
-    console.print(f"result written to [bold]{report.result_path}[/bold]  (load with autotune.load_config)")
+    if report.written:
+        console.print(f"result written to [bold]{report.result_path}[/bold]  (load with autotune.load_config)")
+    else:
+        console.print(f"result kept as it was: [bold]{report.result_path}[/bold]")
 
 
 def _print_top(console: Console, records: list[TrialRecord]) -> None:

@@ -16,6 +16,7 @@ import pandas as pd
 from autotune.errors import UserError
 from autotune.report_plots import GIB, KNOBS, Marks, hardware_line, make_plots
 from autotune.results import TunedConfig, load_config
+from autotune.storage import JOURNAL_PREFIX, open_storage, redact_url
 from autotune.yamlio import atomic_write_text
 
 __all__ = [
@@ -80,11 +81,14 @@ def load_study(tuned: TunedConfig, storage: str | None) -> optuna.Study:
     if storage is None and ":***@" in url:
         raise UserError(f"the result's storage {url} has its password redacted; pass --storage with the full URL")
     shown = _redact(url)
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        # Opening a missing SQLite file would create an empty database; say so instead.
-        raise UserError(f"storage {shown} does not exist; pass --storage with the study's database URL")
+    for prefix in ("sqlite:///", JOURNAL_PREFIX):
+        if url.startswith(prefix) and not Path(url.removeprefix(prefix)).exists():
+            # Opening a missing SQLite or journal file would create an empty one; say so instead.
+            raise UserError(f"storage {shown} does not exist; pass --storage with the study's database URL")
     try:
-        return optuna.load_study(study_name=name, storage=url)
+        return optuna.load_study(study_name=name, storage=open_storage(url))
+    except UserError:
+        raise
     except KeyError:
         raise UserError(
             f"study {name!r} is not in storage {shown}; pass --storage with the database it ran in"
@@ -207,8 +211,6 @@ def _table_html(frame: pd.DataFrame, marks: Marks) -> str:
 
 
 def _redact(url: str) -> str:
-    from autotune.runner import redact_url
-
     return redact_url(url)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -14,11 +15,12 @@ from typing import Any
 
 import optuna
 
-from autotune import __version__, history, workloads, yamlio
+from autotune import __version__, drift, history, storage, warmstart, workloads, yamlio
 from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
 from autotune.results import TunedConfig, summarise_measurements, write_config
+from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
 from autotune.tuner import Reporter, Tuner, TunerSettings, TuningOutcome
 
@@ -45,6 +47,9 @@ class RunRequest:
     settings: TunerSettings = field(default_factory=TunerSettings)
     workload_options: dict[str, Any] = field(default_factory=dict)
     epoch_samples: int | None = None  # training samples per epoch for the prediction (default: the data list's size)
+    warm_start: bool = True  # a rerun re-measures the previous winner and its neighbours first
+    warm_fraction: float = 0.5  # share of --trials and --budget a warm-started rerun spends
+    drift_threshold: float = drift.DEFAULT_THRESHOLD
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,6 +67,7 @@ class RunPlan:
     out_path: Path
     workdir: Path
     options: dict[str, Any]
+    warm_start: warmstart.WarmStart | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -72,11 +78,8 @@ class RunReport:
     outcome: TuningOutcome
     tuned: TunedConfig
     result_path: Path
-
-
-def redact_url(url: str) -> str:
-    """A storage URL without its password, for anything printed or written."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+    verdict: drift.DriftVerdict | None = None
+    written: bool = True  # False: the previous YAML was kept as it was (no churn)
 
 
 def _check_writable(path: Path) -> None:
@@ -94,17 +97,16 @@ def _check_writable(path: Path) -> None:
 def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: TunerSettings) -> optuna.Study:
     from autotune.tuner import make_sampler
 
-    try:
-        storage = optuna.storages.RDBStorage(url)
-    except Exception as error:  # SQLAlchemy raises many kinds for a bad URL; all mean the same to the user
-        raise UserError(
-            f"cannot open storage {redact_url(url)} ({type(error).__name__}); use sqlite:///path/to/file.db or "
-            "postgresql://user:password@host/db"
-        ) from None
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    return optuna.create_study(
-        storage=storage, study_name=name, sampler=sampler, direction="maximize", load_if_exists=True
-    )
+    opened = storage.open_storage(url)
+    try:
+        return optuna.create_study(
+            storage=opened, study_name=name, sampler=sampler, direction="maximize", load_if_exists=True
+        )
+    except UserError:
+        raise
+    except Exception as error:  # a database that opened but cannot be used (permissions, a broken schema)
+        raise UserError(f"cannot use storage {redact_url(url)} ({type(error).__name__}); check --storage") from None
 
 
 def prepare(request: RunRequest) -> RunPlan:
@@ -116,6 +118,8 @@ def prepare(request: RunRequest) -> RunPlan:
         raise UserError("--budget must be positive, e.g. 15m or 1h")
     if request.epoch_samples is not None and request.epoch_samples < 1:
         raise UserError(f"--epoch-samples must be at least 1, got {request.epoch_samples}")
+    if not 0 < request.warm_fraction <= 1 or not 0 < request.drift_threshold < 1:
+        raise UserError("--warm-fraction must be in (0, 1] and --drift-threshold in (0, 1), e.g. 0.5 and 0.10")
     workload = workloads.get(request.model)
     unknown = set(request.workload_options) - set(workload.options)
     if unknown:
@@ -137,7 +141,19 @@ def prepare(request: RunRequest) -> RunPlan:
     storage_url = request.storage or f"sqlite:///{Path(request.results_dir).resolve() / 'studies.db'}"
     data = workload.load_data(request.data)
     study_name = f"{safe_name}-{data.fingerprint()}-{hardware.fingerprint()}"
-    _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
+    study = _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
+    options = {**workload.options, **request.workload_options}
+    warm = warmstart.plan_warm_start(
+        study,
+        out_path=out_path,
+        study_name=study_name,
+        space=space,
+        options=options,
+        settings=settings,
+        enabled=request.warm_start,
+        fraction=request.warm_fraction,
+    )
+    request = dataclasses.replace(request, settings=warm.settings)  # a warm-started rerun searches less
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     workdir = Path(request.results_dir) / safe_name / "trials" / f"{study_name}-{stamp}-{os.getpid()}"
     return RunPlan(
@@ -151,7 +167,8 @@ def prepare(request: RunRequest) -> RunPlan:
         study_name=study_name,
         out_path=out_path,
         workdir=workdir,
-        options={**workload.options, **request.workload_options},
+        options=options,
+        warm_start=warm,
     )
 
 
@@ -184,20 +201,42 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         world_size=1,
         extra_knobs=tuple(plan.workload.knobs),
         strict_baseline=":" in request.model,
+        warm_start=plan.warm_start.trials() if plan.warm_start else (),
     )
     outcome = tuner.run()
     (plan.workdir / "data.json").unlink(missing_ok=True)
+    if outcome.winner is None and outcome.stopped_by == "interrupted":
+        raise KeyboardInterrupt  # nothing stable measured yet: nothing to write
     if outcome.winner is None:
         reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
         raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}")
     tuned = _tuned_config(plan, outcome)
-    result_path = write_config(tuned, plan.out_path)
+    again = drift.remeasured(outcome)
+    verdict = drift.judge(
+        previous=plan.warm_start.previous if plan.warm_start else None,
+        again=again,
+        winner=outcome.winner,
+        threshold=request.drift_threshold,
+        hardware=plan.hardware.to_dict(),
+        version=__version__,
+    )
+    # The history gets what is in force after this run: the new result, or the kept winner as measured tonight.
+    accepted: TunedConfig | None = tuned
+    if verdict.write:
+        result_path = write_config(tuned, plan.out_path)
+    else:
+        result_path = plan.out_path
+        kept = dataclasses.replace(outcome, winner=again, winner_reason="") if again and again.feasible else None
+        accepted = _tuned_config(plan, kept) if kept else None
     try:
-        history.record(tuned, result_path, plan.request.results_dir)
+        if accepted is not None:
+            history.record(accepted, result_path, plan.request.results_dir)
     except OSError as error:  # the result itself is written; a history we cannot append to must not fail the run
         logger.warning("could not append to the history next to %s: %s", result_path, error)
-    return RunReport(plan=plan, outcome=outcome, tuned=tuned, result_path=result_path)
+    return RunReport(
+        plan=plan, outcome=outcome, tuned=tuned, result_path=result_path, verdict=verdict, written=verdict.write
+    )
 
 
 def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:

@@ -15,11 +15,21 @@ from typing import Any, Protocol
 
 import optuna
 
+from autotune import storage
 from autotune.errors import WorkloadError
 from autotune.space import SearchSpace
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
 
-__all__ = ["TunerSettings", "TrialRecord", "Candidate", "TuningOutcome", "Reporter", "Tuner", "make_sampler"]
+__all__ = [
+    "TunerSettings",
+    "TrialRecord",
+    "Candidate",
+    "TuningOutcome",
+    "Reporter",
+    "Tuner",
+    "make_sampler",
+    "config_params",
+]
 
 logger = logging.getLogger(__name__)
 FEASIBILITY = "infeasible"
@@ -184,6 +194,8 @@ class Tuner:
         world_size: devices per trial.
         extra_knobs: workload knobs among the space's parameters.
         strict_baseline: stop with a WorkloadError when the baseline raises (plugins: a bug, not a configuration).
+        warm_start: (role, parameters) to measure right after the baseline, before the search: a rerun's previous
+            winner (role "previous", always among the confirmed) and its best neighbours (role "warm").
     """
 
     def __init__(
@@ -198,10 +210,12 @@ class Tuner:
         world_size: int = 1,
         extra_knobs: tuple[str, ...] = (),
         strict_baseline: bool = False,
+        warm_start: tuple[tuple[str, dict[str, Any]], ...] = (),
     ) -> None:
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.workdir, self.reporter = workdir, reporter or _SilentReporter()
         self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
+        self.warm_start = list(warm_start)
         self.records: list[TrialRecord] = []
         self._started = time.monotonic()
 
@@ -212,9 +226,7 @@ class Tuner:
         return TrialConfig.from_params(params, world_size=self.world_size, extra_knobs=self.extra_knobs)
 
     def _run_one(self, role: str, params: dict[str, Any] | None = None) -> TrialRecord:
-        if params is not None:
-            self.study.enqueue_trial(params, user_attrs={"role": role})
-        trial = self.study.ask()
+        trial = storage.ask_trial(self.study, params)  # race-free on a study shared with other runs
         values = self.space.suggest(trial)
         config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
         self.reporter.trial_started(trial.number, role, config)
@@ -222,7 +234,8 @@ class Tuner:
         pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
         try:
             spec = self.make_spec(config, str(folder / "result.json"))
-            result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s, should_prune=pruner)
+            with storage.heartbeat(self.study, trial):
+                result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s, should_prune=pruner)
         except BaseException:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
@@ -260,34 +273,49 @@ class Tuner:
         return budget is not None and self.elapsed_s() + self._reserve_s() >= budget
 
     def run(self) -> TuningOutcome:
-        """Baseline, search until the trial count or budget is spent, confirm the leaders, pick the winner."""
-        baseline = self._run_one("baseline", dict(self.space.baseline))
-        if self.strict_baseline and baseline.result.status == "error":
-            # An exception (not OOM, not a signal) in the recipe's own configuration is the workload's bug.
-            log = self.workdir / f"trial-{baseline.number:04d}" / "trial.log"
-            raise WorkloadError(f"the workload failed its first training step: {baseline.result.reason} (log: {log})")
-        stopped_by = "trials"
-        grid = self._grid_points() if self.settings.sampler == "grid" else None
-        for _ in range(self.settings.trials - 1):
-            if self._out_of_budget():
-                stopped_by = "budget"
-                break
-            if grid is not None and not grid:
-                stopped_by = "grid exhausted"
-                break
-            self._run_one("search", grid.pop(0) if grid is not None else None)
-        confirmed = self._confirm()
+        """Baseline, warm start, search until the trial count or budget is spent, confirm the leaders, pick the winner.
+
+        Ctrl-C ends the current trial (told FAIL, so the study stays consistent), skips confirmation and returns the
+        best measured so far with stopped_by "interrupted"; with nothing measured yet, it propagates.
+        """
+        try:
+            stopped_by = self._search()
+            confirmed = self._confirm()
+        except KeyboardInterrupt:
+            if not self.records:
+                raise
+            logger.warning("interrupted: choosing among the %d trials measured so far", len(self.records))
+            stopped_by, confirmed = "interrupted", self._leaders()
         winner, winner_reason = pick_winner([c for c in confirmed if c.feasible])
-        baseline_candidate = self._candidates().get(_config_key(baseline.config))
+        baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
             records=list(self.records),
-            baseline=baseline_candidate,
+            baseline=self._candidates().get(_config_key(baseline.config)) if baseline else None,
             winner=winner,
             stopped_by=stopped_by,
             elapsed_s=self.elapsed_s(),
             confirmed=confirmed,
             winner_reason=winner_reason,
         )
+
+    def _search(self) -> str:
+        """The baseline, then the warm start, then the sampler's (or the grid's) points; returns what stopped it."""
+        baseline = self._run_one("baseline", dict(self.space.baseline))
+        if self.strict_baseline and baseline.result.status == "error":
+            # An exception (not OOM, not a signal) in the recipe's own configuration is the workload's bug.
+            log = self.workdir / f"trial-{baseline.number:04d}" / "trial.log"
+            raise WorkloadError(f"the workload failed its first training step: {baseline.result.reason} (log: {log})")
+        grid = self._grid_points() if self.settings.sampler == "grid" else None
+        for _ in range(self.settings.trials - 1):
+            if self._out_of_budget():
+                return "budget"
+            if self.warm_start:
+                self._run_one(*self.warm_start.pop(0))
+                continue
+            if grid is not None and not grid:
+                return "grid exhausted"
+            self._run_one("search", grid.pop(0) if grid is not None else None)
+        return "trials"
 
     def _grid_points(self) -> list[dict[str, Any]]:
         """Every point of a finite space, in a seeded random order (so a cut-short grid is still a fair sample)."""
@@ -306,23 +334,24 @@ class Tuner:
             candidates.setdefault(key, Candidate(config=record.config, records=[])).records.append(record)
         return candidates
 
+    def _leaders(self) -> list[Candidate]:
+        """The top few feasible configurations by median, and a rerun's previous winner (the drift check compares
+        the median of its measurements, so it gets the same re-measurements as the leaders)."""
+        ranked = sorted((c for c in self._candidates().values() if c.feasible), key=lambda c: -c.median)
+        leaders = ranked[: max(1, self.settings.confirm_top_k)]
+        previous = [c for c in ranked[len(leaders) :] if any(r.role == "previous" for r in c.records)]
+        return leaders + previous
+
     def _confirm(self) -> list[Candidate]:
         """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""
-        leaders = sorted((c for c in self._candidates().values() if c.feasible), key=lambda c: -c.median)
-        leaders = leaders[: max(1, self.settings.confirm_top_k)]
+        leaders = self._leaders()
         budget = self.settings.budget_s
         for _ in range(self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0):
             for leader in leaders:
                 if budget is not None and self.elapsed_s() >= budget:
                     logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
                     break
-                params = {
-                    k: v
-                    for k, v in leader.config.to_dict().items()
-                    if k not in ("world_size", "grad_accum_steps", "extra")
-                }
-                params.update(leader.config.extra)
-                self._run_one("confirm", _space_params(params, self.space))
+                self._run_one("confirm", config_params(leader.config, self.space))
         by_key = self._candidates()
         return [by_key[_config_key(leader.config)] for leader in leaders]
 
@@ -345,6 +374,13 @@ def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:
         f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} slower, "
         "within the measured noise, and safer (less memory, fewer workers or higher precision)"
     )
+
+
+def config_params(config: TrialConfig, space: SearchSpace) -> dict[str, Any]:
+    """The search-space parameters that reproduce a configuration (for a fixed trial)."""
+    params = {k: v for k, v in config.to_dict().items() if k not in ("world_size", "grad_accum_steps", "extra")}
+    params.update(config.extra)
+    return _space_params(params, space)
 
 
 def _space_params(params: dict[str, Any], space: SearchSpace) -> dict[str, Any]:

@@ -1,0 +1,206 @@
+"""Warm start: a rerun first re-measures the previous winner and its best neighbours, then searches less.
+
+The previous winner is the result YAML at the output path when it comes from this same study (same model, data and
+hardware, same workload options), else the study's best feasible configuration. Its neighbours are the next best
+configurations the study has measured. They are measured right after the baseline, and the search that follows gets
+`fraction` of the trials and of the budget (never more than the user's `--trials` and `--budget`).
+
+Example::
+
+    warm = plan_warm_start(study, out_path=Path("results/cam++/cpu-x2-cec72d5a08.yaml"), study_name=name,
+                           space=space, options=options, settings=settings)
+    Tuner(..., settings=warm.settings, warm_start=warm.trials())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune import space as space_module
+from autotune import yamlio
+from autotune.errors import UserError
+from autotune.results import TunedConfig, load_config
+from autotune.trial import TrialConfig
+from autotune.tuner import TunerSettings, config_params
+
+__all__ = ["PreviousResult", "WarmPoint", "WarmStart", "plan_warm_start", "read_previous"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NEIGHBOURS = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PreviousResult:
+    """The result YAML a rerun compares itself with."""
+
+    path: Path
+    tuned: TunedConfig
+
+    @property
+    def samples_per_second(self) -> float:
+        return float(self.tuned.metrics["winner"]["samples_per_second"])
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.tuned.created[:10]}, {self.samples_per_second:,.1f} samples/s)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WarmPoint:
+    """One configuration to re-measure before the search."""
+
+    role: str  # "previous" (the winner to re-check) | "warm" (a neighbour)
+    config: TrialConfig
+    params: dict[str, Any]
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WarmStart:
+    """What a rerun re-measures first, and the smaller search after it."""
+
+    previous: PreviousResult | None
+    points: tuple[WarmPoint, ...]
+    settings: TunerSettings  # trimmed when there are points, else the user's
+    requested: TunerSettings
+    notes: tuple[str, ...] = ()
+
+    def trials(self) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """(role, parameters) for Tuner(warm_start=...)."""
+        return tuple((point.role, dict(point.params)) for point in self.points)
+
+    def describe(self) -> list[str]:
+        """Human lines: what the run warm-starts from and how much it searches after."""
+        lines = list(self.notes)
+        if not self.points:
+            return lines
+        winner = self.points[0]
+        lines.append(f"warm start: re-measuring the previous winner {winner.config.short()} from {winner.source}")
+        for point in self.points[1:]:
+            lines.append(f"  and its neighbour {point.config.short()} from {point.source}")
+        budget = (
+            f", budget {self.requested.budget_s / 60:.1f} -> {self.settings.budget_s / 60:.1f} min"
+            if self.requested.budget_s and self.settings.budget_s
+            else ""
+        )
+        lines.append(f"  then a shorter search: {self.requested.trials} -> {self.settings.trials} trials{budget}")
+        return lines
+
+
+def read_previous(out_path: Path, study_name: str, options: dict[str, Any]) -> tuple[PreviousResult | None, str]:
+    """The result YAML at the output path when a rerun can compare with it; else None and why not ('' if absent)."""
+    if not out_path.exists():
+        return None, ""
+    try:
+        tuned = load_config(out_path)
+    except UserError as error:
+        return None, f"previous result not used: {error}"
+    if tuned.search.get("study_name") != study_name:
+        other = tuned.search.get("study_name")
+        return None, f"previous result {out_path} is from another study ({other}); not compared"
+    if tuned.workload.get("options") != yamlio.plain(options):
+        return None, f"previous result {out_path} was measured with other workload options; not compared"
+    if not (tuned.metrics.get("winner") or {}).get("samples_per_second"):
+        return None, f"previous result {out_path} records no throughput; not compared"
+    return PreviousResult(path=out_path, tuned=tuned), ""
+
+
+def plan_warm_start(
+    study: optuna.Study,
+    *,
+    out_path: Path,
+    study_name: str,
+    space: space_module.SearchSpace,
+    options: dict[str, Any],
+    settings: TunerSettings,
+    enabled: bool = True,
+    fraction: float = 0.5,
+    neighbours: int = DEFAULT_NEIGHBOURS,
+) -> WarmStart:
+    """Read the previous result and the study; choose what to re-measure first and trim the search.
+
+    Args:
+        study: the (possibly continued) study of this run.
+        out_path: where the result YAML goes (and where the previous one is).
+        study_name: this run's study; a YAML from another study is not compared.
+        space: this run's space; a configuration it cannot express is not re-measured (and said so).
+        options: the workload options of this run.
+        settings: the user's settings; `fraction` of their trials and budget remain for a warm-started run.
+        enabled: False measures nothing first (the previous result is still read, for the keep-or-write decision).
+    """
+    previous, note = read_previous(out_path, study_name, options)
+    notes = [note] if note else []
+    if not enabled:
+        return WarmStart(previous=previous, points=(), settings=settings, requested=settings, notes=tuple(notes))
+    ranked = _ranked_configs(study)
+    if previous is not None:
+        candidates = [(previous.tuned.config, f"previous result {previous.describe()}")]
+    else:
+        candidates = [(config, f"study trial #{number} ({rate:,.1f} samples/s)") for config, rate, number in ranked[:1]]
+    winner_key = _key(candidates[0][0]) if candidates else None
+    others = [(c, f"study trial #{n} ({r:,.1f} samples/s)") for c, r, n in ranked if _key(c) != winner_key]
+    points: list[WarmPoint] = []
+    for index, (config, source) in enumerate([*candidates, *others]):
+        if len(points) >= (1 if candidates else 0) + neighbours:
+            break
+        params = config_params(config, space)
+        reason = _misfit(space, params)
+        if reason:
+            notes.append(f"warm start skips {config.short()} ({reason})")
+            continue
+        role = "previous" if candidates and index == 0 else "warm"
+        points.append(WarmPoint(role=role, config=config, params=params, source=source))
+    trimmed = _trim(settings, len(points), fraction) if points else settings
+    return WarmStart(previous=previous, points=tuple(points), settings=trimmed, requested=settings, notes=tuple(notes))
+
+
+def _trim(settings: TunerSettings, n_points: int, fraction: float) -> TunerSettings:
+    """`fraction` of the trials (enough for the baseline, the points and one search trial) and of the budget."""
+    trials = min(settings.trials, max(math.ceil(settings.trials * fraction), n_points + 2))
+    budget = settings.budget_s * fraction if settings.budget_s else settings.budget_s
+    return dataclasses.replace(settings, trials=trials, budget_s=budget)
+
+
+def _key(config: TrialConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def _ranked_configs(study: optuna.Study) -> list[tuple[TrialConfig, float, int]]:
+    """Feasible configurations the study measured, best median first: (config, median samples/s, best trial)."""
+    measured: dict[str, list[tuple[float, int, TrialConfig]]] = {}
+    states = (optuna.trial.TrialState.COMPLETE,)
+    for trial in study.get_trials(deepcopy=False, states=states):
+        result, config = trial.user_attrs.get("result") or {}, trial.user_attrs.get("config")
+        if result.get("status") != "ok" or not config or not trial.value:
+            continue
+        parsed = TrialConfig.from_dict(config)
+        measured.setdefault(_key(parsed), []).append((trial.value, trial.number, parsed))
+    ranked = [
+        (runs[0][2], statistics.median(value for value, _, _ in runs), max(runs)[1]) for runs in measured.values()
+    ]
+    return sorted(ranked, key=lambda item: -item[1])
+
+
+def _misfit(space: space_module.SearchSpace, params: dict[str, Any]) -> str:
+    """Why the space cannot express these parameters ('' when it can), checked the way suggest() walks it."""
+    values: dict[str, Any] = {}
+    for param in space.params:
+        if not param.applies(values, space.device_type):
+            continue
+        value = params.get(param.name)
+        if not space_module.contains(param.distribution, value):
+            return f"{param.name}={value!r} is outside the current search space"
+        values[param.name] = value
+    for name, value in space.fixed.items():
+        if name in params and params[name] != value:
+            return f"{name}={params[name]!r} where the space fixes {value!r}"
+    return ""
