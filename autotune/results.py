@@ -62,6 +62,9 @@ def summarise_measurements(results: Sequence[TrialResult]) -> dict[str, Any]:
         "gpu_power_watts": median_of("gpu_power_watts"),
         "setup_s": median_of("setup_s"),
         "trial_wall_s": median_of("wall_s"),
+        "world_size": feasible[0].world_size,
+        "per_rank_samples_per_second": feasible[0].per_rank_samples_per_second,
+        "epoch_accounting": feasible[0].epoch_accounting,
     }
 
 

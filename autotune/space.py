@@ -12,7 +12,10 @@ A space file looks like::
     baseline: {per_device_batch_size: 256, num_workers: 16, precision: fp32}
     cpu: {params: {per_device_batch_size: {type: categorical, choices: [8, 16, 32]}}}
 
-`high: auto` means the CPU cores one trial may use. `when` holds conditions that are data, never code: a key is
+`high: auto` means the CPU cores one rank of a trial may use (the machine's cores divided by the devices per trial).
+`recipe_batch: global` says the baseline's per_device_batch_size is the recipe's GLOBAL batch (3D-Speaker divides its
+batch_size by the world size), so with several devices the baseline gets its share; the default `per_device` keeps
+it per device (WeNet, SpeechBrain). `when` holds conditions that are data, never code: a key is
 `device` or an earlier parameter; a value is a scalar (equals), a list (one of), or a mapping with `at_least`,
 `at_most`, `equals` or `one_of`. `from_dict` is the one pure function from a mapping to a SearchSpace.
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +53,8 @@ CORE_PARAMS: dict[str, type] = {
 }
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 _CONDITION_OPS = {"at_least", "at_most", "equals", "one_of"}
-_TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "cpu", "cuda"}
+_TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "cpu", "cuda"}
+_RECIPE_BATCH = ("per_device", "global")
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 
 
@@ -137,14 +141,34 @@ def space_path(name: str) -> Path:
     return SPACES_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
 
 
-def load(path: str | Path, hardware: Hardware, *, extra_knobs: tuple[str, ...] = ()) -> SearchSpace:
+def load(
+    path: str | Path,
+    hardware: Hardware,
+    *,
+    extra_knobs: tuple[str, ...] = (),
+    world_size: int = 1,
+    global_batch_size: int | None = None,
+) -> SearchSpace:
     """Read and validate a space file for this hardware; every problem is a one-line SpaceError."""
     data = yamlio.read_mapping(path, what="search space", error=SpaceError)
-    return from_dict(data, hardware, extra_knobs=extra_knobs, origin=str(path))
+    return from_dict(
+        data,
+        hardware,
+        extra_knobs=extra_knobs,
+        origin=str(path),
+        world_size=world_size,
+        global_batch_size=global_batch_size,
+    )
 
 
 def from_dict(
-    data: dict[str, Any], hardware: Hardware, *, extra_knobs: tuple[str, ...] = (), origin: str = "search space"
+    data: dict[str, Any],
+    hardware: Hardware,
+    *,
+    extra_knobs: tuple[str, ...] = (),
+    origin: str = "search space",
+    world_size: int = 1,
+    global_batch_size: int | None = None,
 ) -> SearchSpace:
     """Turn a space mapping into a SearchSpace for this hardware.
 
@@ -153,7 +177,13 @@ def from_dict(
         hardware: the machine; drops options it does not support and resolves `auto`.
         extra_knobs: knob names the workload adds to the core ones.
         origin: where the mapping came from, named in error messages.
+        world_size: devices (ranks) per trial: `auto` becomes one rank's share of the cores, and a global recipe
+            batch is divided among them.
+        global_batch_size: held fixed (--global-batch): only per-device batches that divide it over world_size
+            devices remain, the rest made up by gradient accumulation.
     """
+    # `auto` means the cores one rank may use: ranks on one machine share its cores.
+    hardware = replace(hardware, cpu_cores=max(1, hardware.cpu_cores // world_size))
     unknown = set(data) - _TOP_LEVEL_KEYS
     if unknown:
         raise SpaceError(f"{origin}: unknown top-level key {sorted(unknown)[0]!r}; expected {sorted(_TOP_LEVEL_KEYS)}")
@@ -169,8 +199,13 @@ def from_dict(
         param = _build_param(name, spec, hardware, origin, earlier={p.name for p in params})
         if param is not None:
             params.append(param)
+    if global_batch_size is not None:
+        params = [_fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
     fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
     raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
+    raw_baseline, device_notes = _baseline_per_device(
+        raw_baseline, merged.get("recipe_batch", "per_device"), world_size, global_batch_size, origin
+    )
     space = SearchSpace(
         workload=str(merged.get("workload", "")),
         params=tuple(params),
@@ -187,8 +222,48 @@ def from_dict(
         baseline=baseline,
         device_type=device_type,
         source=space.source,
-        baseline_notes=notes,
+        baseline_notes=(*device_notes, *notes),
     )
+
+
+def _fit_global_batch(param: Param, global_batch_size: int, world_size: int, origin: str) -> Param:
+    """Keep only per-device batches b with b x world_size dividing the global batch (the rest is accumulation)."""
+    if param.name != "per_device_batch_size":
+        return param
+    dist = param.distribution
+    if isinstance(dist, od.CategoricalDistribution):
+        candidates = list(dist.choices)
+    elif isinstance(dist, od.IntDistribution) and not dist.log:
+        candidates = list(range(dist.low, dist.high + 1, dist.step))
+    else:
+        candidates = [b for b in range(1, global_batch_size + 1) if contains(dist, b)]
+    valid = [b for b in candidates if isinstance(b, int) and global_batch_size % (b * world_size) == 0]
+    if not valid:
+        raise SpaceError(
+            f"{origin}: no per_device_batch_size in the space ({candidates}) times {world_size} device(s) divides "
+            f"--global-batch {global_batch_size}; choose a global batch that is a multiple of one of them"
+        )
+    return Param(name=param.name, distribution=od.CategoricalDistribution(valid), when=param.when)
+
+
+def _baseline_per_device(
+    baseline: dict[str, Any], recipe_batch: Any, world_size: int, global_batch_size: int | None, origin: str
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The recipe's batch as one device's share: of --global-batch when given, of a global recipe batch otherwise."""
+    if recipe_batch not in _RECIPE_BATCH:
+        raise SpaceError(f"{origin}: recipe_batch must be one of {list(_RECIPE_BATCH)}, got {recipe_batch!r}")
+    recipe = baseline.get("per_device_batch_size")
+    if recipe is None:
+        return baseline, ()
+    if global_batch_size is not None:
+        share = max(1, global_batch_size // world_size)
+        note = f"per_device_batch_size: --global-batch {global_batch_size} over {world_size} device(s) -> {share}"
+    elif recipe_batch == "global" and world_size > 1:
+        share = max(1, recipe // world_size)
+        note = f"per_device_batch_size: the recipe's global batch {recipe} over {world_size} devices -> {share}"
+    else:
+        return baseline, ()
+    return {**baseline, "per_device_batch_size": share}, (note,)
 
 
 def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:

@@ -86,6 +86,10 @@ class TrialConfig:
         parts.append(self.precision)
         if self.intra_op_threads is not None:
             parts.append(f"thr={self.intra_op_threads}")
+        if self.world_size > 1:
+            parts.append(f"x{self.world_size}dev")
+        if self.grad_accum_steps > 1:
+            parts.append(f"accum={self.grad_accum_steps}")
         parts += [f"{key}={value}" for key, value in self.extra.items()]
         return " ".join(parts)
 
