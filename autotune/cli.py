@@ -45,6 +45,8 @@ winner as YAML.
 
   autotune run --model cam++ --data /data/vox/wav.scp_dir --trials 40 --out cam++.yaml
 
+  autotune run --model cam++ --data data/train.csv --devices 4 --global-batch 256   [dim]# DDP, recipe batch[/dim]
+
   autotune run --model cam++ --storage journal:///shared/cam.log   [dim]# several processes on one host[/dim]
 
 A rerun on the same data and hardware continues the study: it re-measures the previous winner and its best \
@@ -68,6 +70,23 @@ def parse_duration(text: str) -> float:
         raise UserError(f"cannot read duration {text!r}; write it like 90s, 15m or 1h30m")
     hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
     return hours * 3600 + minutes * 60 + seconds
+
+
+def parse_workload_options(pairs: list[str] | None, crop_seconds: float | None) -> dict[str, object]:
+    """`--option KEY=VALUE` pairs (and --crop-seconds) as workload options; a VALUE that reads as JSON (4, 0.5,
+    true, "text") takes that type, anything else stays a string. The runner rejects keys the workload lacks."""
+    import json
+
+    options: dict[str, object] = {} if crop_seconds is None else {"crop_s": crop_seconds}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--option {pair!r} is not KEY=VALUE; write it like --option augment_copies=4")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -119,6 +138,20 @@ def run(
         Optional[Path], typer.Option(help="Search-space YAML. Default: the built-in one of the model.")
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    devices: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Devices per trial: every trial trains data-parallel on N GPUs (NCCL), or as N processes on a CPU "
+            "(gloo). Default: every visible GPU; 1 on a CPU."
+        ),
+    ] = None,
+    global_batch: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Hold the global batch fixed (the recipe's optimisation) and search the per-device micro-batch "
+            "with gradient accumulation making up the rest. Default: the per-device batch is free."
+        ),
+    ] = None,
     sampler: Annotated[str, typer.Option(help="tpe (default), random or grid.")] = "tpe",
     window: Annotated[float, typer.Option(help="Seconds of each timed window.")] = 10.0,
     warmup_steps: Annotated[
@@ -136,9 +169,21 @@ def run(
     crop_seconds: Annotated[
         Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")
     ] = None,
+    option: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--option",
+            help="Workload option KEY=VALUE, repeatable; e.g. augment_copies=4 for ecapa-tdnn (SpeechBrain's "
+            "augmentation: the model sees 5x the loader batch). An unknown key is refused with the valid ones.",
+        ),
+    ] = None,
     epoch_samples: Annotated[
         Optional[int],
         typer.Option(help="Samples per training epoch for the epoch-time prediction (default: the data list's size)."),
+    ] = None,
+    epoch_hours: Annotated[
+        Optional[float],
+        typer.Option(help="Hours of audio per training epoch for the epoch-time prediction (instead of samples)."),
     ] = None,
     prune: Annotated[bool, typer.Option(help="Stop search trials early that run far below the best so far.")] = True,
     seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
@@ -193,8 +238,11 @@ def run(
             results_dir=str(results_dir),
             device=device,
             settings=settings,
-            workload_options={"crop_s": crop_seconds} if crop_seconds is not None else {},
+            workload_options=parse_workload_options(option, crop_seconds),
             epoch_samples=epoch_samples,
+            epoch_hours=epoch_hours,
+            devices=devices,
+            global_batch=global_batch,
             warm_start=warm_start,
             warm_fraction=warm_fraction,
             drift_threshold=drift_threshold,

@@ -45,6 +45,10 @@ class RichReporter:
         data = plan.data.describe()
         synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
         console.print(f"[bold]autotune[/bold] {plan.workload.name} on {plan.hardware.describe()}")
+        if plan.world_size > 1:
+            unit = "GPUs (NCCL)" if plan.hardware.device_type == "cuda" else "processes (gloo)"
+            fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
+            console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{fixed}")
         console.print(
             f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
             f"{data['total_audio_hours']} h{synthetic}"
@@ -113,7 +117,10 @@ def print_summary(console: Console, report: RunReport) -> None:
     epoch = tuned.metrics.get("epoch") or {}
     if epoch.get("winner_minutes") is not None:
         before = f"~{epoch['baseline_minutes']:.1f} min -> " if epoch.get("baseline_minutes") is not None else ""
-        console.print(f"epoch of {epoch['samples']:,} samples: {before}~{epoch['winner_minutes']:.1f} min/epoch")
+        size = f"{epoch['audio_hours']:g} h of audio" if "audio_hours" in epoch else f"{epoch['samples']:,} samples"
+        devices = epoch.get("devices", 1)
+        where = f" on {devices} devices" if devices > 1 else ""
+        console.print(f"epoch of {size}{where}: {before}~{epoch['winner_minutes']:.1f} min/epoch")
     _print_top(console, outcome.records)
     _print_failures(console, outcome.records)
     for note in tuned.notes:

@@ -47,6 +47,9 @@ class RunRequest:
     settings: TunerSettings = field(default_factory=TunerSettings)
     workload_options: dict[str, Any] = field(default_factory=dict)
     epoch_samples: int | None = None  # training samples per epoch for the prediction (default: the data list's size)
+    epoch_hours: float | None = None  # hours of audio per epoch for the prediction (instead of epoch_samples)
+    devices: int | None = None  # ranks per trial; default every visible GPU, or 1 on a CPU
+    global_batch: int | None = None  # held fixed: the search varies the per-device micro-batch and accumulation
     warm_start: bool = True  # a rerun re-measures the previous winner and its neighbours first
     warm_fraction: float = 0.5  # share of --trials and --budget a warm-started rerun spends
     drift_threshold: float = drift.DEFAULT_THRESHOLD
@@ -67,6 +70,7 @@ class RunPlan:
     out_path: Path
     workdir: Path
     options: dict[str, Any]
+    world_size: int = 1
     warm_start: warmstart.WarmStart | None = None
 
 
@@ -118,6 +122,8 @@ def prepare(request: RunRequest) -> RunPlan:
         raise UserError("--budget must be positive, e.g. 15m or 1h")
     if request.epoch_samples is not None and request.epoch_samples < 1:
         raise UserError(f"--epoch-samples must be at least 1, got {request.epoch_samples}")
+    if request.epoch_hours is not None and (request.epoch_hours <= 0 or request.epoch_samples is not None):
+        raise UserError("--epoch-hours must be positive and cannot be combined with --epoch-samples")
     if not 0 < request.warm_fraction <= 1 or not 0 < request.drift_threshold < 1:
         raise UserError("--warm-fraction must be in (0, 1] and --drift-threshold in (0, 1), e.g. 0.5 and 0.10")
     workload = workloads.get(request.model)
@@ -127,8 +133,15 @@ def prepare(request: RunRequest) -> RunPlan:
             f"unknown option {sorted(unknown)[0]!r} for {workload.name}; it takes {sorted(workload.options)}"
         )
     hardware = probe(request.device)
+    world_size = resolve_world_size(request, hardware)
     space_file = Path(request.space) if request.space else space_module.space_path(workload.space_file or workload.name)
-    space = space_module.load(space_file, hardware, extra_knobs=tuple(workload.knobs))
+    space = space_module.load(
+        space_file,
+        hardware,
+        extra_knobs=tuple(workload.knobs),
+        world_size=world_size,
+        global_batch_size=request.global_batch,
+    )
     if settings.sampler == "grid":
         space.grid()  # raises a one-line SpaceError for a continuous space
     safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)
@@ -141,6 +154,8 @@ def prepare(request: RunRequest) -> RunPlan:
     storage_url = request.storage or f"sqlite:///{Path(request.results_dir).resolve() / 'studies.db'}"
     data = workload.load_data(request.data)
     study_name = f"{safe_name}-{data.fingerprint()}-{hardware.fingerprint()}"
+    if world_size > 1 or request.global_batch is not None:  # a different experiment: its own study
+        study_name += f"-ws{world_size}" + (f"-gb{request.global_batch}" if request.global_batch else "")
     study = _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
     options = {**workload.options, **request.workload_options}
     warm = warmstart.plan_warm_start(
@@ -168,8 +183,29 @@ def prepare(request: RunRequest) -> RunPlan:
         out_path=out_path,
         workdir=workdir,
         options=options,
+        world_size=world_size,
         warm_start=warm,
     )
+
+
+def resolve_world_size(request: RunRequest, hardware: Hardware) -> int:
+    """Ranks per trial: --devices, else every visible GPU (1 on a CPU); checked against what the machine has."""
+    if request.global_batch is not None and request.global_batch < 1:
+        raise UserError(f"--global-batch must be at least 1, got {request.global_batch}")
+    if request.devices is None:
+        return hardware.device_count
+    if request.devices < 1:
+        raise UserError(f"--devices must be at least 1, got {request.devices}")
+    if hardware.device_type == "cuda" and request.devices > len(hardware.gpus):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hint = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        raise UserError(f"--devices {request.devices} but only {len(hardware.gpus)} GPU(s) are visible{hint}")
+    if hardware.device_type == "cpu" and request.devices > hardware.cpu_cores:
+        raise UserError(
+            f"--devices {request.devices} on a CPU needs a core per process; this machine lets a trial use "
+            f"{hardware.cpu_cores}"
+        )
+    return request.devices
 
 
 def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
@@ -188,6 +224,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
             device_type=plan.hardware.device_type,
             result_path=result_path,
             seed=settings.seed,
+            collective_timeout_s=settings.trial_timeout_s,
         )
 
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
@@ -198,7 +235,8 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         settings=settings,
         workdir=plan.workdir,
         reporter=reporter,
-        world_size=1,
+        world_size=plan.world_size,
+        global_batch_size=request.global_batch,
         extra_knobs=tuple(plan.workload.knobs),
         strict_baseline=":" in request.model,
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
@@ -255,6 +293,9 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         notes.append(outcome.winner_reason)
     if winner["measurements"] < 2:
         notes.append("the winner rests on a single measurement (budget too small for confirmation)")
+    lr_note = learning_rate_advice(plan, outcome)
+    if lr_note:
+        notes.append(lr_note)
     return TunedConfig(
         workload={
             "name": plan.workload.name,
@@ -280,18 +321,48 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     )
 
 
+def learning_rate_advice(plan: RunPlan, outcome: TuningOutcome) -> str | None:
+    """Without --global-batch the winner's global batch is free; say how to keep the optimisation comparable."""
+    if plan.request.global_batch is not None or outcome.winner is None or outcome.baseline is None:
+        return None
+    new, recipe = outcome.winner.config.global_batch_size, outcome.baseline.config.global_batch_size
+    if new == recipe:
+        return None
+    factor = new / recipe
+    lr = plan.options.get("lr")
+    example = f" (lr {lr:g} -> {lr * factor:.3g})" if isinstance(lr, (int, float)) and lr > 0 else ""
+    return (
+        f"the global batch changes from the baseline's {recipe} to {new} ({outcome.winner.config.per_device_batch_size}"
+        f" per device x {plan.world_size} device(s) x {outcome.winner.config.grad_accum_steps} accumulation): by the "
+        f"linear scaling rule multiply the learning rate by {factor:.3g}{example} and keep the warm-up, or rerun with "
+        f"--global-batch {recipe} to hold the recipe's batch fixed"
+    )
+
+
 def predict_epoch(plan: RunPlan, winner: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-    """Minutes per epoch for baseline and winner, as users think in epochs (one device, as measured)."""
-    described = plan.data.describe()
-    samples = plan.request.epoch_samples or described["n_utterances_total"]
+    """Minutes per epoch for baseline and winner, as users think in epochs, on the devices a trial used.
+
+    The epoch is --epoch-hours of audio (divided by the audio each sample carries, as measured), --epoch-samples,
+    or the data list's size.
+    """
+    request = plan.request
+    samples = request.epoch_samples or plan.data.describe()["n_utterances_total"]
+    source = "--epoch-samples" if request.epoch_samples else "the data list (one sample per entry)"
 
     def minutes(metrics: dict[str, Any]) -> float | None:
-        rate = metrics.get("samples_per_second") if metrics.get("status") == "ok" else None
+        if metrics.get("status") != "ok":
+            return None
+        if request.epoch_hours is not None and metrics.get("audio_seconds_per_second"):
+            return round(request.epoch_hours * 3600.0 / metrics["audio_seconds_per_second"] / 60.0, 1)
+        rate = metrics.get("samples_per_second")
         return round(samples / rate / 60.0, 1) if rate else None
 
+    prediction: dict[str, Any] = {"samples": samples, "samples_from": source}
+    if request.epoch_hours is not None:
+        prediction = {"audio_hours": request.epoch_hours, "samples_from": "--epoch-hours (audio per sample measured)"}
     return {
-        "samples": samples,
-        "samples_from": "--epoch-samples" if plan.request.epoch_samples else "the data list (one sample per entry)",
+        **prediction,
+        "devices": plan.world_size,
         "baseline_minutes": minutes(baseline),
         "winner_minutes": minutes(winner),
     }

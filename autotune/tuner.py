@@ -192,6 +192,8 @@ class Tuner:
         workdir: where trial folders go; a successful trial's folder is removed, a failed one's log is kept.
         reporter: progress callbacks.
         world_size: devices per trial.
+        global_batch_size: held fixed (--global-batch): each config accumulates gradients over
+            global_batch_size / (per-device batch x world_size) micro-batches; None = no accumulation.
         extra_knobs: workload knobs among the space's parameters.
         strict_baseline: stop with a WorkloadError when the baseline raises (plugins: a bug, not a configuration).
         warm_start: (role, parameters) to measure right after the baseline, before the search: a rerun's previous
@@ -208,6 +210,7 @@ class Tuner:
         workdir: Path,
         reporter: Reporter | None = None,
         world_size: int = 1,
+        global_batch_size: int | None = None,
         extra_knobs: tuple[str, ...] = (),
         strict_baseline: bool = False,
         warm_start: tuple[tuple[str, dict[str, Any]], ...] = (),
@@ -215,6 +218,7 @@ class Tuner:
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.workdir, self.reporter = workdir, reporter or _SilentReporter()
         self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
+        self.global_batch_size = global_batch_size
         self.warm_start = list(warm_start)
         self.records: list[TrialRecord] = []
         self._started = time.monotonic()
@@ -223,7 +227,12 @@ class Tuner:
         return time.monotonic() - self._started
 
     def _config(self, params: dict[str, Any]) -> TrialConfig:
-        return TrialConfig.from_params(params, world_size=self.world_size, extra_knobs=self.extra_knobs)
+        config = TrialConfig.from_params(params, world_size=self.world_size, extra_knobs=self.extra_knobs)
+        if self.global_batch_size is None:
+            return config
+        # The space only offers per-device batches that divide the global batch (space._fit_global_batch).
+        accum = max(1, self.global_batch_size // (config.per_device_batch_size * self.world_size))
+        return TrialConfig.from_dict({**config.to_dict(), "grad_accum_steps": accum})
 
     def _run_one(self, role: str, params: dict[str, Any] | None = None) -> TrialRecord:
         trial = storage.ask_trial(self.study, params)  # race-free on a study shared with other runs
