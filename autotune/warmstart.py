@@ -83,10 +83,10 @@ class WarmStart:
         lines = list(self.notes)
         if not self.points:
             return lines
-        winner = self.points[0]
-        lines.append(f"warm start: re-measuring the previous winner {winner.config.short()} from {winner.source}")
-        for point in self.points[1:]:
-            lines.append(f"  and its neighbour {point.config.short()} from {point.source}")
+        for index, point in enumerate(self.points):
+            lead = "  and " if index else "warm start: re-measuring "
+            what = "the previous winner " if point.role == "previous" else "its neighbour " if index else ""
+            lines.append(f"{lead}{what}{point.config.short()} from {point.source}")
         budget = (
             f", budget {self.requested.budget_s / 60:.1f} -> {self.settings.budget_s / 60:.1f} min"
             if self.requested.budget_s and self.settings.budget_s
@@ -141,26 +141,42 @@ def plan_warm_start(
     notes = [note] if note else []
     if not enabled:
         return WarmStart(previous=previous, points=(), settings=settings, requested=settings, notes=tuple(notes))
-    ranked = _ranked_configs(study)
+    head: list[WarmPoint] = []
     if previous is not None:
-        candidates = [(previous.tuned.config, f"previous result {previous.describe()}")]
-    else:
-        candidates = [(config, f"study trial #{number} ({rate:,.1f} samples/s)") for config, rate, number in ranked[:1]]
-    winner_key = _key(candidates[0][0]) if candidates else None
-    others = [(c, f"study trial #{n} ({r:,.1f} samples/s)") for c, r, n in ranked if _key(c) != winner_key]
+        config = previous.tuned.config
+        reason = _misfit(space, config_params(config, space))
+        if reason:  # then nothing is "previous": the drift check must not compare another configuration
+            notes.append(f"warm start skips the previous winner {config.short()} ({reason})")
+        else:
+            source = f"previous result {previous.describe()}"
+            head.append(WarmPoint(role="previous", config=config, params=config_params(config, space), source=source))
+    wanted = neighbours + (0 if previous is not None else 1)
+    found = _fitting_study_configs(study, space, wanted, skip=head[0].config if head else None, notes=notes)
+    if previous is None and found:
+        found[0] = dataclasses.replace(found[0], role="previous")  # the study's best stands in for the winner
+    points = head + found
+    trimmed = _trim(settings, len(points), fraction) if points else settings
+    return WarmStart(previous=previous, points=tuple(points), settings=trimmed, requested=settings, notes=tuple(notes))
+
+
+def _fitting_study_configs(
+    study: optuna.Study, space: space_module.SearchSpace, wanted: int, *, skip: TrialConfig | None, notes: list[str]
+) -> list[WarmPoint]:
+    """The study's best `wanted` feasible configurations that this space can express (misfits noted), as "warm"."""
     points: list[WarmPoint] = []
-    for index, (config, source) in enumerate([*candidates, *others]):
-        if len(points) >= (1 if candidates else 0) + neighbours:
+    for config, rate, number in _ranked_configs(study):
+        if len(points) >= wanted:
             break
+        if skip is not None and _key(config) == _key(skip):
+            continue
         params = config_params(config, space)
         reason = _misfit(space, params)
         if reason:
             notes.append(f"warm start skips {config.short()} ({reason})")
             continue
-        role = "previous" if candidates and index == 0 else "warm"
-        points.append(WarmPoint(role=role, config=config, params=params, source=source))
-    trimmed = _trim(settings, len(points), fraction) if points else settings
-    return WarmStart(previous=previous, points=tuple(points), settings=trimmed, requested=settings, notes=tuple(notes))
+        source = f"study trial #{number} ({rate:,.1f} samples/s)"
+        points.append(WarmPoint(role="warm", config=config, params=params, source=source))
+    return points
 
 
 def _trim(settings: TunerSettings, n_points: int, fraction: float) -> TunerSettings:

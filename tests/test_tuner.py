@@ -105,3 +105,29 @@ def test_pruner_compares_running_rate_with_the_best_so_far():
     assert "below 50%" in pruner({"phase": "window", "samples_per_second": 40.0, "elapsed_s": 3.0})
     assert pruner({"phase": "window", "samples_per_second": 60.0, "elapsed_s": 3.0}) is None
     assert _Pruner(None, TunerSettings())({"phase": "window", "samples_per_second": 0.1, "elapsed_s": 9.0}) is None
+
+
+def test_ctrl_c_ends_the_trial_writes_the_best_so_far_and_leaves_the_study_consistent(tiny_corpus, tmp_path):
+    import signal
+
+    from optuna.trial import TrialState
+
+    from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, wait_for
+
+    results = tmp_path / "results"
+    url, log = sqlite_url(results), tmp_path / "run.log"
+    process = start(run_args(tiny_corpus, results, "--trials", "3"), log)
+
+    def second_trial_running() -> bool:
+        states = {t.number: t.state for t in all_trials(url)} if (results / "studies.db").exists() else {}
+        return states.get(0) == TrialState.COMPLETE and states.get(1) == TrialState.RUNNING
+
+    wait_for(second_trial_running, "trial 1 to run")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130, log.read_text()
+    output = " ".join(log.read_text().split())
+    assert "interrupted; best so far written" in output
+    (path,) = (results / "faulty").glob("*.yaml")
+    assert load_config(path).search["stopped_by"] == "interrupted"
+    states = {t.number: t.state for t in all_trials(url)}
+    assert states == {0: TrialState.COMPLETE, 1: TrialState.FAIL}  # the stopped trial is told, nothing left RUNNING

@@ -1,0 +1,141 @@
+"""Warm start: what a rerun re-measures first (previous winner, best neighbours) and how much it searches after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import space as space_module
+from autotune.results import TunedConfig, write_config
+from autotune.trial import TrialConfig
+from autotune.tuner import TunerSettings
+from autotune.warmstart import plan_warm_start
+from tests.conftest import make_cpu
+
+SPACE = space_module.from_dict(
+    {
+        "params": {
+            "per_device_batch_size": {"type": "categorical", "choices": [8, 16, 32]},
+            "num_workers": {"type": "int", "low": 0, "high": 2},
+            "precision": {"type": "categorical", "choices": ["fp32", "bf16"]},
+        },
+        "baseline": {"per_device_batch_size": 32},
+    },
+    make_cpu(),
+    origin="test space",
+)
+SETTINGS = TunerSettings(trials=24, budget_s=900.0)
+
+
+def _config(batch: int, workers: int = 0, precision: str = "bf16") -> TrialConfig:
+    return TrialConfig(per_device_batch_size=batch, num_workers=workers, precision=precision)
+
+
+def _study(*measured: tuple[TrialConfig, float, str]) -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    for config, rate, status in measured:
+        study.add_trial(
+            optuna.trial.create_trial(value=rate, user_attrs={"config": config.to_dict(), "result": {"status": status}})
+        )
+    return study
+
+
+STUDY_TRIALS = (
+    (_config(16), 100.0, "ok"),
+    (_config(16), 110.0, "ok"),  # median 105
+    (_config(32, 2), 90.0, "ok"),
+    (_config(8), 95.0, "ok"),
+    (_config(8, 1, "fp32"), 500.0, "oom"),  # infeasible: never a neighbour
+    (_config(64), 120.0, "ok"),  # outside this space
+)
+
+
+def _previous_yaml(path: Path, config: TrialConfig, *, study_name: str = "study", options=None) -> Path:
+    tuned = TunedConfig(
+        workload={"name": "cam++", "model": "cam++", "task": "speaker", "options": options or {}},
+        config=config,
+        device_type="cpu",
+        metrics={"winner": {"status": "ok", "samples_per_second": 98.0}},
+        hardware=make_cpu().to_dict(),
+        data={},
+        search={"study_name": study_name},
+        created="2026-11-01T02:30:00+00:00",
+        autotune_version="0.1.0",
+    )
+    return write_config(tuned, path)
+
+
+def _plan(study, out: Path, **kwargs):
+    return plan_warm_start(
+        study, out_path=out, study_name="study", space=SPACE, options={}, settings=SETTINGS, **kwargs
+    )
+
+
+def test_the_previous_yaml_winner_comes_first_then_the_best_neighbours(tmp_path):
+    out = _previous_yaml(tmp_path / "r.yaml", _config(32, 2))
+    warm = _plan(_study(*STUDY_TRIALS), out)
+    assert warm.previous is not None and warm.previous.samples_per_second == 98.0
+    # bs=64 ranks first in the study but lies outside this space: skipped, and said so.
+    assert [(p.role, p.config.short()) for p in warm.points] == [
+        ("previous", "bs=32 w=2 bf16"),
+        ("warm", "bs=16 w=0 bf16"),
+        ("warm", "bs=8 w=0 bf16"),
+    ]
+    assert warm.trials()[0] == ("previous", {"per_device_batch_size": 32, "num_workers": 2, "precision": "bf16"})
+    assert any("skips bs=64" in note and "outside the current search space" in note for note in warm.notes)
+    assert (warm.settings.trials, warm.settings.budget_s) == (12, 450.0)
+    text = "\n".join(warm.describe())
+    assert f"re-measuring the previous winner bs=32 w=2 bf16 from previous result {out} (2026-11-01, 98.0" in text
+    assert "neighbour bs=16 w=0 bf16 from study trial #1 (105.0 samples/s)" in text
+    assert "24 -> 12 trials, budget 15.0 -> 7.5 min" in text
+
+
+def test_without_a_yaml_the_study_best_is_the_previous_winner(tmp_path):
+    warm = _plan(_study(*STUDY_TRIALS), tmp_path / "absent.yaml", neighbours=1)
+    assert warm.previous is None
+    assert [(p.role, p.config.short(), p.source) for p in warm.points] == [
+        ("previous", "bs=16 w=0 bf16", "study trial #1 (105.0 samples/s)"),
+        ("warm", "bs=8 w=0 bf16", "study trial #3 (95.0 samples/s)"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("yaml_kwargs", "note"),
+    [({"study_name": "other"}, "is from another study (other)"), ({"options": {"crop_s": 1.0}}, "other workload")],
+    ids=["other-study", "other-options"],
+)
+def test_a_yaml_from_another_study_or_options_is_not_compared(tmp_path, yaml_kwargs, note):
+    out = _previous_yaml(tmp_path / "r.yaml", _config(32, 2), **yaml_kwargs)
+    warm = _plan(_study(*STUDY_TRIALS), out)
+    assert warm.previous is None and any(note in line for line in warm.notes)
+    assert warm.points[0].config == _config(16)  # the study's best instead
+
+
+def test_a_first_run_and_a_disabled_warm_start_search_as_asked(tmp_path):
+    cold = _plan(_study(), tmp_path / "absent.yaml")
+    assert cold.points == () and cold.settings == SETTINGS and cold.describe() == []
+    out = _previous_yaml(tmp_path / "r.yaml", _config(32, 2))
+    off = _plan(_study(*STUDY_TRIALS), out, enabled=False)
+    assert off.points == () and off.settings == SETTINGS and off.previous is not None
+
+
+def test_a_small_trial_count_still_measures_every_point(tmp_path):
+    warm = plan_warm_start(
+        _study(*STUDY_TRIALS),
+        out_path=tmp_path / "absent.yaml",
+        study_name="study",
+        space=SPACE,
+        options={},
+        settings=TunerSettings(trials=6, budget_s=None),
+    )
+    assert len(warm.points) == 3 and warm.settings.trials == 5 and warm.settings.budget_s is None
+
+
+def test_a_previous_winner_outside_the_space_is_not_remeasured_as_previous(tmp_path):
+    out = _previous_yaml(tmp_path / "r.yaml", _config(64))
+    warm = _plan(_study(*STUDY_TRIALS), out)
+    assert warm.previous is not None  # still the bar for the keep-or-write decision
+    assert [p.role for p in warm.points] == ["warm", "warm"]  # so the drift check compares nothing else with it
+    assert any("skips the previous winner bs=64" in note for note in warm.notes)
