@@ -89,15 +89,25 @@ class TunedConfig:
             precision=self.config.precision, device_type=self.device_type, cudnn_benchmark=self.config.cudnn_benchmark
         )
 
+    @property
+    def dynamic_batching(self) -> bool:
+        """Tuned with WeNet-style dynamic batches (a frame budget per batch, not a sample count)."""
+        return self.config.extra.get("batch_type") == "dynamic"
+
     def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch)."""
+        """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch).
+
+        With dynamic batching the dataset pipeline forms the batches (WeNet's DataLoader(batch_size=None)): then
+        batch_size is None and the frame budget is in the result's batch section (max_frames_in_batch).
+        """
         config = self.config
         kwargs: dict[str, Any] = {
-            "batch_size": config.per_device_batch_size,
+            "batch_size": None if self.dynamic_batching else config.per_device_batch_size,
             "num_workers": config.num_workers,
             "pin_memory": config.pin_memory,
-            "drop_last": True,
         }
+        if not self.dynamic_batching:
+            kwargs["drop_last"] = True
         if config.num_workers > 0:
             if config.prefetch_factor is not None:  # unset: DataLoader's own default, and the YAML reads back equal
                 kwargs["prefetch_factor"] = config.prefetch_factor
@@ -119,6 +129,16 @@ class TunedConfig:
     def grad_scaler(self) -> Any:
         return self.precision.grad_scaler()
 
+    def _batching(self) -> dict[str, Any]:
+        if not self.dynamic_batching:
+            return {}
+        frames = self.config.extra.get("max_frames_in_batch")
+        return {
+            "batch_type": "dynamic",
+            "max_frames_in_batch": frames,
+            "note": "dynamic batches: a padded-frame budget per device batch; per_device_batch_size is unused",
+        }
+
     def to_dict(self) -> dict[str, Any]:
         config = self.config
         return {
@@ -131,6 +151,7 @@ class TunedConfig:
                 "world_size": config.world_size,
                 "grad_accum_steps": config.grad_accum_steps,
                 "global_batch_size": config.global_batch_size,
+                **self._batching(),
             },
             "dataloader": self.dataloader_kwargs(),
             "precision": {

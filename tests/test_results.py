@@ -235,3 +235,17 @@ def test_summary_of_nothing_is_missing() -> None:
 
 def test_header_mentions_every_public_helper() -> None:
     assert all(name in results._HEADER for name in ("load_config", "dataloader_kwargs", "autocast", "grad_scaler"))
+
+
+def test_dynamic_batches_leave_batching_to_the_dataset_and_name_the_frame_budget(tmp_path: Path) -> None:
+    dynamic = TrialConfig(
+        per_device_batch_size=16, num_workers=2, extra={"batch_type": "dynamic", "max_frames_in_batch": 12000}
+    )
+    tuned = make_tuned(dynamic)
+    kwargs = tuned.dataloader_kwargs()
+    assert kwargs["batch_size"] is None and "drop_last" not in kwargs  # WeNet: DataLoader(batch_size=None)
+    batch = tuned.to_dict()["batch"]
+    assert batch["batch_type"] == "dynamic" and batch["max_frames_in_batch"] == 12000
+    loaded = load_config(write_config(tuned, tmp_path / "dynamic.yaml"))
+    assert loaded.config == dynamic and loaded.dataloader_kwargs() == kwargs
+    assert "batch_type" not in make_tuned(WITH_WORKERS).to_dict()["batch"]
