@@ -27,6 +27,7 @@ from pathlib import Path
 
 from autotune import workloads, yamlio
 from autotune.errors import UserError
+from autotune.storage import redact_url
 
 __all__ = [
     "CrontabRunner",
@@ -108,6 +109,13 @@ class ScheduleRequest:
             raise UserError(f"working folder {workdir} does not exist; create it or run from an existing folder")
         if not self.executable or not os.path.isabs(self.executable[0]):
             raise UserError(f"the autotune command must start with an absolute path, got {list(self.executable)}")
+        storage_url = _option_value(run_args, "--storage")
+        if storage_url and redact_url(storage_url) != storage_url:
+            # The job line is printed, kept in the crontab or unit file and shown by ps: no place for a password.
+            raise UserError(
+                f"--storage {redact_url(storage_url)} carries a password; leave it out of the URL and put it in "
+                "~/.pgpass (or PGPASSWORD in the job's environment)"
+            )
         results_dir = _option_value(run_args, "--results-dir") or "results"
         folder = _UNSAFE_IN_RESULTS_FOLDER.sub("_", workload.name)
         log_file = self.log_file or os.path.join(results_dir, folder, "nightly.log")

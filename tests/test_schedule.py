@@ -204,12 +204,13 @@ def _denied_crontab(args: Sequence[str], input_text: str | None) -> subprocess.C
         ({"run_args": ("--data", "a\nb")}, "control character"),
         ({"executable": ("python", "-m", "autotune")}, "absolute path"),
         ({"unit_name": "bad name"}, "unit name"),
+        ({"run_args": ("--storage", "postgresql://tune:pw@db/t")}, "carries a password; .* ~/.pgpass"),
     ],
 )
 def test_bad_requests_are_one_line_user_errors(workdir: Path, changes: dict, message: str) -> None:
     with pytest.raises(UserError, match=message) as caught:
         make_request(workdir, **changes)
-    assert "\n" not in str(caught.value)
+    assert "\n" not in str(caught.value) and ":pw@" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,8 @@ def postgres_url() -> str:
     server = postgres.find_server()
     if server is None:
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found; .ci/run installs the postgresql package")
+    if postgres.server_user_missing():
+        pytest.skip("running as root and there is no 'postgres' user to run the PostgreSQL server as")
     pytest.importorskip("psycopg", reason="psycopg is not installed; pip install -e '.[test]' brings it")
     with postgres.running(server, password=PASSWORD) as url:
         yield url
