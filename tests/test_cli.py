@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from autotune import load_config
-from autotune.cli import app, parse_duration
+from autotune.cli import app, parse_duration, parse_workload_options
 
 runner = CliRunner()
 FAST = ["--crop-seconds", "0.5", "--window", "1", "--warmup-steps", "1", "--device", "cpu"]
@@ -57,6 +57,8 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         (["--model", "cam++", "--data", "/no/such/list.csv"], "/no/such/list.csv"),
         (["--model", "cam++", "--crop-seconds", "-1"], "--crop-seconds must be positive"),
         (["--model", "cam++", "--epoch-samples", "0"], "--epoch-samples must be at least 1"),
+        (["--model", "cam++", "--option", "augment_copies=4"], "unknown option 'augment_copies' for cam++"),
+        (["--model", "ecapa-tdnn", "--option", "augment_copies"], "is not KEY=VALUE"),
     ],
     ids=[
         "unknown-model",
@@ -69,12 +71,20 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         "data",
         "crop",
         "epoch",
+        "option-unknown",
+        "option-form",
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words, results_dir):
     result = _invoke(["run", *args, "--results-dir", str(results_dir)])
     assert result.exit_code == 2
     assert words in _error_line(result)
+
+
+def test_workload_options_take_json_types():
+    options = parse_workload_options(["augment_copies=4", "note=plain text", "flag=true", "x=0.5"], 2.0)
+    assert options == {"crop_s": 2.0, "augment_copies": 4, "note": "plain text", "flag": True, "x": 0.5}
+    assert parse_workload_options(None, None) == {}
 
 
 def test_bad_space_file(tmp_path, tiny_corpus, results_dir):

@@ -12,7 +12,9 @@ __all__ = ["speaker_workload", "load_speaker_data"]
 
 # 3D-Speaker egs/voxceleb/sv-cam++/conf/cam++.yaml (ERes2Net's recipe uses the same optimiser and loss head)
 THREED_SPEAKER_RECIPE = {"optimizer": "sgd", "lr": 0.1, "scale": 32.0, "margin": 0.2}
-# SpeechBrain recipes/VoxCeleb/SpeakerRec/hparams/train_ecapa_tdnn.yaml
+# SpeechBrain recipes/VoxCeleb/SpeakerRec/hparams/train_ecapa_tdnn.yaml. ECAPA's option augment_copies (0 = off)
+# takes SpeechBrain's input shape: waveform crops in the workers, then on the device the original batch plus that many
+# augmented copies (the recipe: 4, a model batch 5x the loader batch) and Fbank; see autotune/data/augment.py.
 SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2}
 
 
@@ -48,15 +50,25 @@ def _build_speaker_setup(make_embedder: Callable[[dict[str, Any]], Any], context
         }
     )
     crop_s = float(options["crop_s"])
+    copies = options.get("augment_copies", 0)
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
+        raise ValueError(f"augment_copies must be a whole number >= 0 (SpeechBrain's recipe: 4), got {copies!r}")
+    dataset_class = SpeakerCropDataset
+    if copies:  # SpeechBrain's shape: waveform crops from the workers, augmentation and Fbank on the device
+        from autotune.data.augment import WaveformCropDataset, speechbrain_inputs
+
+        dataset_class = WaveformCropDataset
 
     def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         features, labels = batch
+        if copies:  # the model sees (1 + copies) x the loader batch; samples_in still counts loader samples
+            features, labels = speechbrain_inputs(features, labels, copies)
         return module["loss"](module["classifier"](module["embedder"](features)), labels)
 
     return TrainingSetup(
         model=model,
         optimizer=_optimizer(options["optimizer"], options["lr"], model.parameters()),
-        dataset=SpeakerCropDataset(context.data.utterances, context.data.speakers, crop_s=crop_s),
+        dataset=dataset_class(context.data.utterances, context.data.speakers, crop_s=crop_s),
         collate_fn=collate_speaker_batch,
         loss_fn=loss_fn,
         samples_in=lambda batch: int(batch[1].shape[0]),
@@ -144,7 +156,7 @@ def ecapa_tdnn() -> Workload:
         description="ECAPA-TDNN speaker embedding (SpeechBrain VoxCeleb recipe, C=1024), AAM-softmax, Adam",
         make_embedder=_ecapa,
         published_parameters=20_767_552,
-        options={"crop_s": 3.0, "embedding_size": 192, "channels": 1024, **SPEECHBRAIN_RECIPE},
+        options={"crop_s": 3.0, "embedding_size": 192, "channels": 1024, "augment_copies": 0, **SPEECHBRAIN_RECIPE},
     )
 
 
@@ -155,5 +167,5 @@ def ecapa_tdnn_512() -> Workload:
         description="ECAPA-TDNN speaker embedding (C=512), AAM-softmax, Adam",
         make_embedder=_ecapa,
         published_parameters=6_194_048,  # 'about 6.19M' published; this exact total is the faithful C=512 build
-        options={"crop_s": 3.0, "embedding_size": 192, "channels": 512, **SPEECHBRAIN_RECIPE},
+        options={"crop_s": 3.0, "embedding_size": 192, "channels": 512, "augment_copies": 0, **SPEECHBRAIN_RECIPE},
     )

@@ -9,11 +9,12 @@ import pytest
 import soundfile as sf
 import torch
 
-from autotune import workloads, yamlio
+from autotune import workloads
 from autotune.errors import DataError
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial import TrialConfig
 from autotune.workloads.base import WorkloadContext
 from autotune.workloads.tts import noam_lr
+from tests.workloads.short_trial import run_two_steps
 
 # The recipe's architecture at a fraction of its size, so that CPU steps take well under a second; the full model is
 # what the workload builds by default (and the contract test trains).
@@ -88,18 +89,8 @@ def test_optimizer_step_follows_the_noam_schedule_and_clips(fastspeech2: workloa
 
 
 def test_trains_in_a_trial_subprocess(fastspeech2: workloads.Workload, tiny_corpus: Path, tmp_path: Path) -> None:
-    data_file = yamlio.write_json(tmp_path / "data.json", fastspeech2.load_data(str(tiny_corpus)).to_dict())
-    spec = TrialSpec(
-        workload="fastspeech2",
-        workload_options={"model": SMALL_MODEL},
-        data_file=str(data_file),
-        config=TrialConfig(per_device_batch_size=2, num_workers=1),
-        timing=TimingConfig(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),  # 2 steps
-        device_type="cpu",
-        result_path=str(tmp_path / "trial" / "result.json"),
-    )
-    result = launch(spec, workdir=tmp_path / "trial", timeout_s=120)
-    assert result.status == "ok", result.log_tail
-    assert result.all_losses_finite and result.window_steps == 1
+    data = fastspeech2.load_data(str(tiny_corpus))
+    config = TrialConfig(per_device_batch_size=2, num_workers=1)
+    result = run_two_steps("fastspeech2", data, {"model": SMALL_MODEL}, config, tmp_path)
     assert result.samples_per_second and result.samples_per_second > 0
     assert result.audio_seconds_per_second and result.audio_seconds_per_second > result.samples_per_second  # >1 s each
