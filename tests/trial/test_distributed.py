@@ -106,3 +106,65 @@ def test_combined_summary_sums_samples_over_the_longest_window_and_keeps_the_wor
     assert combined["peak_memory_bytes"] == 30  # ranks on one CPU share its memory
     on_gpus = combine_rank_summaries([rank(100, 2.0, 0.1, 10), rank(100, 2.5, 0.3, 20)], device_type="cuda")
     assert on_gpus["peak_memory_bytes"] == 20  # each GPU has its own: the fullest one counts
+
+
+@pytest.mark.slow
+def test_a_real_model_trains_data_parallel_with_accumulation(tmp_path, tiny_corpus):
+    """CAM++ (its loss calls submodules of a ModuleDict) through DDP on 2 gloo ranks, 2 micro-batches per step."""
+    data_file = yamlio.write_json(tmp_path / "data.json", load_source(tiny_corpus).to_dict())
+    spec = TrialSpec(
+        workload="cam++",
+        workload_options={"crop_s": 0.5},
+        data_file=str(data_file),
+        config=TrialConfig(per_device_batch_size=2, world_size=2, grad_accum_steps=2, intra_op_threads=1),
+        timing=TimingConfig(warmup_steps=2, window_s=0.5, min_window_steps=4),
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+        collective_timeout_s=120,
+    )
+    result = launch(spec, workdir=tmp_path / "trial", timeout_s=240)
+    assert result.status == "ok", result.log_tail
+    assert result.window_steps % 2 == 0  # the window ends on an optimiser step
+    assert result.epoch_accounting["samples_per_epoch"] == 12  # 12 utterances, 6 per rank, 3 batches of 2 each
+
+
+def test_ranks_join_nccl_on_gpus_and_gloo_on_a_cpu(monkeypatch):
+    """The GPU path at its boundary: NCCL, bound to the rank's own device, with the trial's timeout."""
+    import torch
+
+    from autotune.trial import distributed
+
+    calls: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    rank = distributed.RankInfo(rank=1, world_size=4, local_rank=1)
+    distributed.start(rank, torch.device("cuda", 1), timeout_s=90)
+    distributed.start(rank, torch.device("cpu"), timeout_s=90)
+    distributed.start(distributed.RankInfo(), torch.device("cpu"), timeout_s=90)  # one rank: no process group
+    (nccl, nccl_kw), (gloo, gloo_kw) = calls
+    assert nccl == "nccl" and nccl_kw["device_id"] == torch.device("cuda", 1) and nccl_kw["rank"] == 1
+    assert gloo == "gloo" and "device_id" not in gloo_kw and gloo_kw["world_size"] == 4
+    assert nccl_kw["timeout"].total_seconds() == 90
+
+
+def test_rank_environment_follows_torchruns_contract(tmp_path, monkeypatch):
+    import sys
+
+    from autotune.trial.launch import child_environment
+
+    monkeypatch.setattr(sys.modules["autotune.trial.launch"], "available_cores", lambda: 8)
+    spec = TrialSpec(**_spec_fields(tmp_path), config=TrialConfig(per_device_batch_size=5, world_size=4))
+    env = child_environment(spec, rank=3, port=29611)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("3", "3", "4")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29611")
+    assert env["OMP_NUM_THREADS"] == "2"  # 8 cores shared by 4 ranks on a CPU
+
+
+def _spec_fields(tmp_path: Path) -> dict[str, object]:
+    return {
+        "workload": FAULTY,
+        "workload_options": {},
+        "data_file": str(tmp_path / "data.json"),
+        "timing": TIMING,
+        "device_type": "cpu",
+        "result_path": str(tmp_path / "result.json"),
+    }
