@@ -53,7 +53,8 @@ CORE_PARAMS: dict[str, type] = {
 }
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 _CONDITION_OPS = {"at_least", "at_most", "equals", "one_of"}
-_TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "cpu", "cuda"}
+_TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
+_DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
 _RECIPE_BATCH = ("per_device", "global")
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 
@@ -83,6 +84,7 @@ class SearchSpace:
     device_type: str
     source: dict[str, Any] = field(default_factory=dict)  # the mapping it was built from, for the result file
     baseline_notes: tuple[str, ...] = ()
+    seeds: tuple[dict[str, Any], ...] = ()  # expert starting points measured before the sampler's own
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         """Ask the trial for every knob that applies, in declaration order; fixed values fill in the rest."""
@@ -223,7 +225,37 @@ def from_dict(
         device_type=device_type,
         source=space.source,
         baseline_notes=(*device_notes, *notes),
+        seeds=_fit_seeds(merged.get("seeds"), space, baseline, hardware, known, origin),
     )
+
+
+def _fit_seeds(
+    raw: Any,
+    space: SearchSpace,
+    baseline: dict[str, Any],
+    hardware: Hardware,
+    known: dict[str, Any],
+    origin: str,
+) -> tuple[dict[str, Any], ...]:
+    """Seeds as points of this machine's space: `auto` resolved, a list value taken as an order of preference (the
+    first this machine offers), values fitted to the nearest allowed one; duplicates and the baseline dropped."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
+        raise SpaceError(f"{origin}: 'seeds' must be a list of mappings of parameter name to value")
+    distributions = {param.name: param.distribution for param in space.params}
+    seeds: list[dict[str, Any]] = []
+    for entry in raw:
+        wanted: dict[str, Any] = {}
+        for name, value in _check_values(entry, known, origin, "seeds").items():
+            choices = value if isinstance(value, list) else [value]
+            choices = [_resolve_auto(choice, hardware) for choice in choices]
+            offered = [c for c in choices if name not in distributions or contains(distributions[name], c)]
+            wanted[name] = (offered or choices)[0]
+        point, _ = adapt_baseline(space, wanted)
+        if point != baseline and point not in seeds:
+            seeds.append(point)
+    return tuple(seeds)
 
 
 def _fit_global_batch(param: Param, global_batch_size: int, world_size: int, origin: str) -> Param:
@@ -269,9 +301,12 @@ def _baseline_per_device(
 def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:
     merged = {key: copy.deepcopy(value) for key, value in data.items() if key not in ("cpu", "cuda")}
     section = data.get(device_type) or {}
-    if not isinstance(section, dict) or set(section) - {"params", "fixed", "baseline"}:
-        raise SpaceError(f"{origin}: '{device_type}' must be a mapping with only params, fixed and baseline")
+    if not isinstance(section, dict) or set(section) - _DEVICE_SECTION_KEYS:
+        raise SpaceError(f"{origin}: '{device_type}' must be a mapping with only params, fixed, baseline and seeds")
     for key, value in section.items():
+        if key == "seeds":
+            merged[key] = value  # a device's own seeds replace the general ones
+            continue
         if not isinstance(value, dict):
             raise SpaceError(f"{origin}: '{device_type}.{key}' must be a mapping")
         merged[key] = {**(merged.get(key) or {}), **value}

@@ -220,6 +220,10 @@ class Tuner:
         self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
         self.global_batch_size = global_batch_size
         self.warm_start = list(warm_start)
+        # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
+        # random and grid searches stay unseeded (they are the comparisons).
+        cold = not self.warm_start and settings.sampler == "tpe" and len(study.trials) == 0
+        self.seeds = [("seed", dict(seed)) for seed in space.seeds] if cold else []
         self.records: list[TrialRecord] = []
         self._started = time.monotonic()
 
@@ -308,7 +312,8 @@ class Tuner:
         )
 
     def _search(self) -> str:
-        """The baseline, then the warm start, then the sampler's (or the grid's) points; returns what stopped it."""
+        """The baseline, then the warm start (or a cold study's seeds), then the sampler's (or the grid's) points;
+        returns what stopped it."""
         baseline = self._run_one("baseline", dict(self.space.baseline))
         if self.strict_baseline and baseline.result.status == "error":
             # An exception (not OOM, not a signal) in the recipe's own configuration is the workload's bug.
@@ -318,8 +323,8 @@ class Tuner:
         for _ in range(self.settings.trials - 1):
             if self._out_of_budget():
                 return "budget"
-            if self.warm_start:
-                self._run_one(*self.warm_start.pop(0))
+            if self.warm_start or self.seeds:
+                self._run_one(*(self.warm_start or self.seeds).pop(0))
                 continue
             if grid is not None and not grid:
                 return "grid exhausted"

@@ -135,3 +135,25 @@ def test_grid_and_size():
     )
     assert loaded.grid() == {"per_device_batch_size": [1, 2], "num_workers": [0, 2, 4]}
     assert loaded.size() == 6
+
+
+def test_seeds_become_points_of_this_machines_space():
+    cpu = space.load(CAM, make_cpu(4))
+    first = cpu.seeds[0]
+    assert (first["per_device_batch_size"], first["precision"], first["num_workers"]) == (32, "bf16", 0)
+    assert first["intra_op_threads"] == 4  # auto: the cores a trial may use
+    assert all(seed != cpu.baseline for seed in cpu.seeds)
+    old_gpu = make_cuda(capability=(7, 0))  # a V100: no bf16, no TF32 -> the next preference in each list
+    precisions = [seed["precision"] for seed in space.load(CAM, old_gpu).seeds]
+    assert precisions == ["fp16", "fp32"]
+
+
+def test_seeds_must_be_a_list_of_mappings_with_known_knobs(tmp_path):
+    minimal = "params:\n  per_device_batch_size: {type: categorical, choices: [8, 16]}\n"
+    for bad, words in (("seeds: {a: 1}", "must be a list of mappings"), ("seeds: [{warp: 9}]", "unknown parameter")):
+        path = tmp_path / "space.yaml"
+        path.write_text(minimal + bad + "\n")
+        with pytest.raises(SpaceError, match=words):
+            space.load(path, make_cuda())
+    path.write_text(minimal + "seeds: [{per_device_batch_size: 12}, {per_device_batch_size: [32, 16]}]\n")
+    assert [seed["per_device_batch_size"] for seed in space.load(path, make_cuda()).seeds] == [16]

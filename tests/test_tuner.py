@@ -131,3 +131,32 @@ def test_ctrl_c_ends_the_trial_writes_the_best_so_far_and_leaves_the_study_consi
     assert load_config(path).search["stopped_by"] == "interrupted"
     states = {t.number: t.state for t in all_trials(url)}
     assert states == {0: TrialState.COMPLETE, 1: TrialState.FAIL}  # the stopped trial is told, nothing left RUNNING
+
+
+def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_does_not(tmp_path, tiny_corpus):
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(
+        "params:\n  per_device_batch_size: {type: categorical, choices: [5, 7]}\n"
+        "fixed: {num_workers: 0}\nbaseline: {per_device_batch_size: 5}\n"
+        "seeds: [{per_device_batch_size: 5}, {per_device_batch_size: 7}]\n"
+    )
+
+    def run(trials: int):
+        settings = TunerSettings(
+            trials=trials, prune=False, confirm_top_k=0, timing=TimingConfig(warmup_steps=1, window_s=0.2)
+        )
+        request = runner.RunRequest(
+            model="tests.fixtures.faulty_workload:workload",
+            data=str(tiny_corpus),
+            space=str(space_file),
+            results_dir=str(tmp_path / "results"),
+            device="cpu",
+            settings=settings,
+            warm_start=False,
+        )
+        records = runner.execute(runner.prepare(request)).outcome.records
+        return [(record.role, record.config.per_device_batch_size) for record in records]
+
+    # The seed equal to the baseline is not measured twice.
+    assert run(3)[:2] == [("baseline", 5), ("seed", 7)]
+    assert all(role != "seed" for role, _ in run(2))  # the study has trials now: no seeds

@@ -94,6 +94,13 @@ class EpochAccounting:
 
     def mismatch(self) -> str | None:
         """None when the epoch adds up, else one line with the numbers."""
+        if min(self.batches_per_rank) == 0:
+            share = -(-self.dataset_size // self.world_size)
+            where = f"each of {self.world_size} ranks gets {share} of them" if self.world_size > 1 else "all of them"
+            return (
+                f"no full batch in an epoch: the dataset has {self.dataset_size} samples and {where}, fewer than "
+                f"the per-device batch of {self.per_device_batch_size}; use a smaller batch or more data"
+            )
         low = self.dataset_size - self.world_size * max(self.largest_batch, 1)
         high = self.dataset_size + self.world_size - 1
         if low < self.samples_total <= high:
