@@ -18,7 +18,7 @@ from autotune import storage
 from autotune.cli import app
 from autotune.errors import UserError
 from tests.fixtures import postgres
-from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, wait_for
+from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, trial_processes, wait_for
 
 PASSWORD = "s3cret-Pw0rd"
 
@@ -121,8 +121,10 @@ def test_a_sigkilled_run_is_continued_without_losing_completed_trials(tiny_corpu
         return states.get(0) == TrialState.COMPLETE and states.get(1) == TrialState.RUNNING
 
     wait_for(second_trial_running, "trial 1 to run")
+    wait_for(lambda: trial_processes(results), "trial 1's process")
     killed.send_signal(signal.SIGKILL)
     killed.wait()
+    wait_for(lambda: not trial_processes(results), "the orphaned trial to die with its run", timeout_s=10)
 
     result = CliRunner().invoke(app, run_args(tiny_corpus, results, "--trials", "2", "--no-warm-start"))
     assert result.exit_code == 0, result.output

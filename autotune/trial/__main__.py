@@ -14,11 +14,13 @@ import time
 from autotune import yamlio
 from autotune.trial.child import run_trial
 from autotune.trial.distributed import RankInfo
+from autotune.trial.lifeline import die_with_parent
 from autotune.trial.spec import TrialSpec, rank_result_path
 
 
 def main(argv: list[str]) -> int:
     started = time.perf_counter()
+    die_with_parent()  # a SIGKILLed run must not leave its trial training beside the next run's
     faulthandler.enable()  # a native crash still leaves a stack in the log
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     spec = TrialSpec.from_dict(yamlio.read_json(argv[0]))
