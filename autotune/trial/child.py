@@ -9,6 +9,7 @@ import traceback
 from typing import Any
 
 from autotune.trial.distributed import RankInfo
+from autotune.trial.scaler import skip_gate_reason
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
 __all__ = ["run_trial", "classify_exception"]
@@ -49,9 +50,12 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     from autotune import workloads, yamlio
     from autotune.data import DataSource
     from autotune.trial import distributed
+    from autotune.trial.compute_only import in_memory_batches
+    from autotune.trial.flops import count_flops_per_sample
     from autotune.trial.loop import build_loader, measure
     from autotune.trial.memory import PeakMemory
     from autotune.trial.precision import PrecisionSettings
+    from autotune.trial.worst_case import WorstCaseScan, scan_worst_case
     from autotune.workloads.base import WorkloadContext
 
     config, timing = spec.config, spec.timing
@@ -82,7 +86,14 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     memory = PeakMemory(device)
     telemetry = _telemetry_for(device)
     setup_s = time.perf_counter() - started
-    batches = iter(loader)
+    scan = WorstCaseScan()
+    if timing.worst_case_scan:  # the most expensive batches first: an OOM there fails the trial before warm-up
+        scan = scan_worst_case(setup, config, forward=forward, precision=precision, device=device)
+    if spec.compute_only:  # the ceiling: a few batches already on the device, no DataLoader in the window
+        batches = in_memory_batches(setup, config, device=device, seed=spec.seed, rank=rank)
+    else:
+        batches = iter(loader)
+    flops = None
     progress = ProgressWriter(spec.result_path + PROGRESS_SUFFIX, scale=rank.world_size) if rank.rank == 0 else None
     try:
         window = measure(
@@ -97,6 +108,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
             on_window_start=telemetry.start if telemetry else lambda: None,
             on_progress=progress or (lambda phase, rate, elapsed_s: None),
         )
+        if spec.count_flops:  # after the window: counting is slow
+            flops = count_flops_per_sample(setup, next(batches), precision, device)
     finally:
         memory.stop()
         gpu = telemetry.stop() if telemetry else {}
@@ -104,7 +117,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         del batches
         loader = None  # noqa: F841
     summary = window.summary(max(1, len(setup.dataset) // rank.world_size), config)  # type: ignore[arg-type]
-    summary.update(setup_s=setup_s, peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes)
+    summary.update(setup_s=setup_s, memory_capacity_bytes=memory.capacity_bytes, flops_per_sample=flops)
+    summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
     summaries = distributed.all_gather({**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s})
     distributed.stop()
     combined = combine_rank_summaries(summaries, device_type=device.type)
@@ -220,6 +234,10 @@ def _gate(result: TrialResult, spec: TrialSpec) -> TrialResult:
     if timing.max_step_time_cv is not None and (result.step_time_cv or 0.0) > timing.max_step_time_cv:
         result.status = "unstable"
         result.reason = f"step times vary too much (CV {result.step_time_cv:.2f} > {timing.max_step_time_cv:.2f})"
+        return result
+    skipped = skip_gate_reason(result.scaler_skip_fraction, timing.max_scaler_skip_fraction)
+    if skipped:
+        result.status, result.reason = "unstable", skipped
     return result
 
 

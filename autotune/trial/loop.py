@@ -18,6 +18,7 @@ from autotune.trial.distributed import Forward, RankInfo
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.sampling import CycledEpochs, epoch_batches
+from autotune.trial.scaler import SkipCountingScaler
 from autotune.trial.spec import TimingConfig, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
@@ -42,6 +43,7 @@ class WindowMeasurement:
     warmup_steps: int = 0
     loader_start_s: float = 0.0
     step_times_s: list[float] = field(default_factory=list)
+    scaler_skip_fraction: float | None = None  # fp16: optimiser steps GradScaler skipped in the window
 
     def summary(self, dataset_size: int, config: TrialConfig) -> dict[str, Any]:
         """Throughput and step-time statistics; the objective amortises loader start-up over an epoch."""
@@ -65,6 +67,7 @@ class WindowMeasurement:
             "warmup_s": self.warmup_s,
             "warmup_steps": self.warmup_steps,
             "loader_start_s": self.loader_start_s,
+            "scaler_skip_fraction": self.scaler_skip_fraction,
         }
 
 
@@ -111,7 +114,7 @@ class _Stepper:
 
     def __init__(self, setup: TrainingSetup, forward: Forward, precision: PrecisionSettings, accum_steps: int):
         self.setup, self.forward, self.precision, self.accum_steps = setup, forward, precision, max(1, accum_steps)
-        self.scaler = precision.grad_scaler()
+        self.scaler = SkipCountingScaler(precision.grad_scaler())
         self.micro_batches = 0
         self.losses: list[torch.Tensor] = []
 
@@ -191,6 +194,7 @@ def measure(
     result.warmup_steps = len(warmup_times)
     window_steps = _agreed_window_steps(warmup_times, timing, step.accum_steps, device)
     distributed.barrier(device)
+    step.scaler.start_window()
     on_window_start()
     window_start = last = time.perf_counter()
     while True:
@@ -216,6 +220,7 @@ def measure(
     distributed.barrier(device)
     result.window_s = time.perf_counter() - window_start
     _check_finite(step.losses, "the timed window")
+    result.scaler_skip_fraction = step.scaler.window_skip_fraction()
     memory.sample()
     return result
 

@@ -17,7 +17,20 @@ __all__ = [
 ]
 
 # "ok": measured and feasible. The others name why a configuration cannot be used.
-STATUSES = ("ok", "oom", "nonfinite", "timeout", "signal", "error", "headroom", "unstable", "pruned", "accounting")
+# "precision": the AMP check rejected the configuration's precision for this workload; such a trial is never launched.
+STATUSES = (
+    "ok",
+    "oom",
+    "nonfinite",
+    "timeout",
+    "signal",
+    "error",
+    "headroom",
+    "unstable",
+    "pruned",
+    "accounting",
+    "precision",
+)
 FEASIBLE_STATUSES = ("ok",)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
 
@@ -106,6 +119,8 @@ class TimingConfig:
     max_window_steps: int = 10_000
     memory_headroom_fraction: float = 0.10
     max_step_time_cv: float | None = None  # coefficient of variation above which a config is 'unstable'
+    max_scaler_skip_fraction: float | None = 0.05  # fp16: share of window steps GradScaler may skip (after calibration)
+    worst_case_scan: bool = True  # train on the workload's most expensive batches before warm-up (trial/worst_case.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +143,8 @@ class TrialSpec:
     result_path: str
     seed: int = 0
     collective_timeout_s: float = 300.0  # a rank waiting on a dead or hung peer gives up after this
+    compute_only: bool = False  # batches collated once and kept on the device: the ceiling (trial/compute_only.py)
+    count_flops: bool = False  # count FLOPs per sample after the window (trial/flops.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -171,6 +188,11 @@ class TrialResult:
     world_size: int = 1  # ranks that trained; throughput and samples are summed over them
     per_rank_samples_per_second: list[float] | None = None  # each rank over its own view of the shared window
     epoch_accounting: dict[str, Any] | None = None  # batches per epoch per rank vs the dataset (sampling.py)
+    scaler_skip_fraction: float | None = None  # fp16 on CUDA: optimiser steps GradScaler skipped in the window
+    worst_case_batches: int = 0  # most expensive batches trained before warm-up (0: the workload names none)
+    worst_case_s: float | None = None
+    worst_case_peak_memory_bytes: int | None = None  # counted in peak_memory_bytes too
+    flops_per_sample: float | None = None  # forward + backward, when the spec asked for it
     log_tail: str = ""
 
     @property

@@ -113,7 +113,31 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
         samples_in=lambda batch: int(batch["feat_lengths"].shape[0]),
         audio_seconds_in=lambda batch: float(batch["durations_s"].sum()),
         batch_sampler_factory=_batch_sampler_factory(dataset.max_frames, int(options["sort_size"])),
+        worst_case_batches=_worst_case_batches(dataset),
     )
+
+
+def _worst_case_batches(dataset: Any) -> Any:
+    """The costliest batch a configuration can meet: the longest utterances, at the slowest speed perturbation (the
+    most frames), packed to the batch limit: batch_size of them (static), or as many as fit max_frames_in_batch
+    padded to the longest (dynamic)."""
+    import copy
+
+    from autotune.data.asr import collate_asr_batch
+
+    frames = dataset.max_frames
+    longest_first = sorted(range(len(frames)), key=lambda index: -frames[index])
+    slowest = copy.copy(dataset)  # the same items, always at the slowest speed
+    slowest.speeds = (min(dataset.speeds),)
+
+    def worst(config: TrialConfig) -> list[Any]:
+        count = config.per_device_batch_size
+        if config.extra.get("batch_type", "static") == "dynamic":
+            budget = int(config.extra.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
+            count = max(1, budget // frames[longest_first[0]])
+        return [collate_asr_batch([slowest[index] for index in longest_first[:count]])]
+
+    return worst
 
 
 def _count_conformer_parameters() -> int:

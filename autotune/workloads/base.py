@@ -61,6 +61,11 @@ class TrainingSetup:
             length (WeNet's sorted static and dynamic batches); None = shuffled batches of
             config.per_device_batch_size, the last short one dropped. autotune shards, reshuffles and repeats
             epochs itself.
+        worst_case_batches: config -> the most expensive batches this configuration can meet (collated, on the
+            host, as the DataLoader yields them), trained before warm-up so that a configuration that runs out of
+            memory on them fails at once (icefall's pessimistic-batch scan; trial/worst_case.py). For workloads
+            whose samples vary in length, e.g. the longest utterances packed to the batch limit; None where every
+            batch costs the same (fixed-length crops).
     """
 
     model: nn.Module
@@ -72,6 +77,7 @@ class TrainingSetup:
     audio_seconds_in: Callable[[Any], float]
     batch_to_device: Callable[[Any, torch.device, bool], Any] = move_to_device
     batch_sampler_factory: BatchSamplerFactory | None = None
+    worst_case_batches: Callable[[TrialConfig], list[Any]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

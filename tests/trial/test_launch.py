@@ -7,25 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune import yamlio
-from autotune.data import load_source
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial import TimingConfig, TrialSpec, launch
+from tests.trial.tiny_setups import faulty_spec
 
-FAULTY = "tests.fixtures.faulty_workload:workload"
 TIMING = TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2)
 
 
 def _spec(tmp_path: Path, corpus: Path, batch: int, num_workers: int = 0) -> TrialSpec:
-    data_file = yamlio.write_json(tmp_path / "data.json", load_source(corpus).to_dict())
-    return TrialSpec(
-        workload=FAULTY,
-        workload_options={},
-        data_file=str(data_file),
-        config=TrialConfig(per_device_batch_size=batch, num_workers=num_workers),
-        timing=TIMING,
-        device_type="cpu",
-        result_path=str(tmp_path / "trial" / "result.json"),
-    )
+    return faulty_spec(tmp_path, corpus, batch, num_workers=num_workers, timing=TIMING)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,97 @@
+"""Worst case first: the most expensive batches train before warm-up; an OOM there is the trial's OOM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autotune import workloads
+from autotune.trial import TrialConfig, launch
+from autotune.trial.child import classify_exception
+from autotune.trial.distributed import Forward
+from autotune.trial.precision import PrecisionSettings
+from autotune.trial.worst_case import WorstCaseOutOfMemoryError, scan_worst_case
+from autotune.workloads.base import TrainingSetup, WorkloadContext
+from tests.trial.tiny_setups import faulty_spec, linear_setup
+
+CPU = torch.device("cpu")
+FP32 = PrecisionSettings(precision="fp32", device_type="cpu")
+
+
+def _setup(worst_samples: int | None, fits: int = 32) -> TrainingSetup:
+    def loss_fn(module: nn.Module, batch):
+        if batch[0].shape[0] > fits:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return nn.functional.cross_entropy(module(batch[0]), batch[1])
+
+    def worst(config: TrialConfig) -> list:
+        return [(torch.randn(worst_samples, 8), torch.zeros(worst_samples, dtype=torch.int64))]
+
+    setup = linear_setup(features=8, loss_fn=loss_fn, worst_case_batches=worst if worst_samples else None)
+    setup.optimizer = torch.optim.SGD(setup.model.parameters(), lr=0.1, momentum=0.9)
+    return setup
+
+
+def _scan(setup: TrainingSetup):
+    forward = Forward(setup.model, setup.loss_fn, CPU)
+    return scan_worst_case(setup, TrialConfig(per_device_batch_size=4), forward=forward, precision=FP32, device=CPU)
+
+
+def test_worst_batches_train_with_the_optimizer_state_allocated():
+    setup = _setup(worst_samples=24)
+    before = setup.model.weight.detach().clone()
+    scan = _scan(setup)
+    # A fresh optimiser: its momentum is allocated by the first step, so the worst batch runs once more.
+    assert scan.batches == 1 and scan.steps == 2 and scan.largest_batch_samples == 24
+    assert scan.peak_memory_bytes > 0 and scan.seconds > 0
+    assert not torch.equal(setup.model.weight, before) and setup.optimizer.state
+    assert scan.summary()["worst_case_batches"] == 1 and scan.summary()["worst_case_s"] == scan.seconds
+
+
+def test_no_worst_case_is_a_no_op():
+    scan = _scan(_setup(worst_samples=None))
+    assert scan.steps == 0 and scan.summary() == {
+        "worst_case_batches": 0,
+        "worst_case_s": None,
+        "worst_case_peak_memory_bytes": None,
+    }
+
+
+def test_an_oom_on_the_worst_batch_says_so():
+    with pytest.raises(WorstCaseOutOfMemoryError) as info:
+        _scan(_setup(worst_samples=40))
+    status, reason = classify_exception(info.value)
+    assert status == "oom"
+    assert reason.startswith("out of memory: in the worst-case scan (1 most expensive batch(es), up to 40 samples)")
+    assert "Tried to allocate 2.00 GiB" in reason and "\n" not in reason
+
+
+def test_asr_worst_batches_are_the_longest_utterances_packed_to_the_limit(tiny_corpus):
+    conformer = workloads.get("conformer")
+    small = {"output_size": 32, "attention_heads": 2, "linear_units": 32, "num_blocks": 1, "decoder_blocks": 1}
+    context = WorkloadContext(
+        data=conformer.load_data(str(tiny_corpus)),
+        config=TrialConfig(per_device_batch_size=3),
+        options={**conformer.options, "model": small},
+        device=CPU,
+    )
+    setup = conformer.build(context)
+    frames = setup.dataset.max_frames  # type: ignore[attr-defined]
+    longest = sorted(frames, reverse=True)
+    (static,) = setup.worst_case_batches(TrialConfig(per_device_batch_size=3))  # type: ignore[misc]
+    # the three longest, at the slowest speed (0.9): exactly their most frames
+    assert sorted(static["feat_lengths"].tolist(), reverse=True) == longest[:3]
+    budget = 2 * longest[0] + 1
+    dynamic_config = TrialConfig(
+        per_device_batch_size=3, extra={"batch_type": "dynamic", "max_frames_in_batch": budget}
+    )
+    (dynamic,) = setup.worst_case_batches(dynamic_config)  # type: ignore[misc]
+    assert dynamic["feat_lengths"].shape[0] == 2 and int(dynamic["feats"].shape[1]) * 2 <= budget
+
+
+def test_a_trial_whose_worst_batch_does_not_fit_is_oom(tmp_path: Path, tiny_corpus: Path):
+    result = launch(faulty_spec(tmp_path, tiny_corpus, 11), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "oom" and "in the worst-case scan" in result.reason, result.log_tail
