@@ -198,6 +198,8 @@ class Tuner:
         strict_baseline: stop with a WorkloadError when the baseline raises (plugins: a bug, not a configuration).
         warm_start: (role, parameters) to measure right after the baseline, before the search: a rerun's previous
             winner (role "previous", always among the confirmed) and its best neighbours (role "warm").
+        rejected_precisions: precisions the AMP check rejected, with the reason: a trial with one is recorded as
+            status "precision" (infeasible to Optuna) without being launched.
     """
 
     def __init__(
@@ -214,8 +216,10 @@ class Tuner:
         extra_knobs: tuple[str, ...] = (),
         strict_baseline: bool = False,
         warm_start: tuple[tuple[str, dict[str, Any]], ...] = (),
+        rejected_precisions: dict[str, str] | None = None,
     ) -> None:
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
+        self.rejected_precisions = dict(rejected_precisions or {})  # by the AMP check: precision -> why
         self.workdir, self.reporter = workdir, reporter or _SilentReporter()
         self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
         self.global_batch_size = global_batch_size
@@ -247,8 +251,11 @@ class Tuner:
         pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
         try:
             spec = self.make_spec(config, str(folder / "result.json"))
-            with storage.heartbeat(self.study, trial):
-                result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s, should_prune=pruner)
+            if config.precision in self.rejected_precisions:  # infeasible without launching: the AMP check said so
+                result = TrialResult(status="precision", reason=self.rejected_precisions[config.precision])
+            else:
+                with storage.heartbeat(self.study, trial):
+                    result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s, should_prune=pruner)
         except BaseException:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise

@@ -160,3 +160,41 @@ def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_do
     # The seed equal to the baseline is not measured twice.
     assert run(3)[:2] == [("baseline", 5), ("seed", 7)]
     assert all(role != "seed" for role, _ in run(2))  # the study has trials now: no seeds
+
+
+def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_path, monkeypatch, cpu_hardware):
+    from autotune import space
+    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+    from autotune.tuner import Tuner
+
+    launched: list[TrialConfig] = []
+
+    def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
+        launched.append(spec.config)
+        return TrialResult(status="ok", samples_per_second=10.0)
+
+    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    study = optuna.create_study(direction="maximize")
+    tuner = Tuner(
+        study=study,
+        space=space.load(space.space_path("cam++"), cpu_hardware),
+        make_spec=lambda config, path: TrialSpec(
+            workload="cam++",
+            workload_options={},
+            data_file="",
+            config=config,
+            timing=TimingConfig(),
+            device_type="cpu",
+            result_path=path,
+        ),
+        settings=TunerSettings(),
+        workdir=tmp_path,
+        rejected_precisions={"bf16": "bf16 rejected by the AMP check: its loss curve strays 40%"},
+    )
+    params = {"per_device_batch_size": 16, "num_workers": 0, "intra_op_threads": 1}
+    rejected = tuner._run_one("search", {**params, "precision": "bf16"})
+    measured = tuner._run_one("search", {**params, "precision": "fp32"})
+    assert rejected.result.status == "precision" and "strays 40%" in rejected.result.reason
+    assert measured.result.status == "ok" and [config.precision for config in launched] == ["fp32"]
+    first = study.trials[0]
+    assert first.state == optuna.trial.TrialState.COMPLETE and first.constraints == {"infeasible": 1.0}

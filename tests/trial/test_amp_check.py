@@ -1,0 +1,101 @@
+"""The AMP check: loss curves compared from identical weights on identical batches; a precision that strays is out."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autotune import space
+from autotune.trial.amp_check import (
+    AmpCheckSettings,
+    AmpCheckSpec,
+    amp_precisions,
+    calibrate_scaler,
+    compare_curves,
+    judge,
+    run_amp_check,
+)
+from tests.conftest import make_cpu, make_cuda
+from tests.trial.tiny_setups import faulty_spec
+
+
+def test_curves_are_compared_after_smoothing():
+    assert compare_curves([10.0] * 6, [10.0] * 6, 3) == (0.0, 0.0)
+    assert compare_curves([10.0] * 6, [11.0] * 6, 3) == pytest.approx((0.1, 0.1))
+    # One noisy step moves a 4-step trailing mean by a quarter of its size.
+    worst, final = compare_curves([10.0] * 8, [10.0, 10.0, 10.0, 14.0, 10.0, 10.0, 10.0, 10.0], 4)
+    assert worst == pytest.approx(0.1) and final == 0.0
+    with pytest.raises(ValueError, match="cannot be compared"):
+        compare_curves([1.0], [1.0, 2.0], 2)
+
+
+def test_verdicts():
+    settings = AmpCheckSettings(tolerance_fraction=0.05, smoothing_steps=2)
+    accepted = judge("bf16", [4.0, 3.0, 2.0], [4.04, 3.05, 2.02], settings)
+    assert accepted.accepted and accepted.max_deviation_fraction == pytest.approx(0.014)
+    strayed = judge("fp16", [4.0, 3.0, 2.0], [4.0, 3.5, 3.0], settings)
+    assert not strayed.accepted and "strays up to 30.0% from fp32's over 3 steps" in strayed.reason
+    broken = judge("fp16", [4.0, 3.0, 2.0], [4.0, math.inf, 2.0], settings)
+    assert not broken.accepted and "non-finite at step 2" in broken.reason
+    # Where fp32 itself strays 25% from rounding-sized weight noise (chaotic training), 30% is within 1.5 x 25%.
+    chaotic = judge("bf16", [4.0, 3.0, 2.0], [4.0, 3.5, 3.0], settings, floor=0.25)
+    assert chaotic.accepted and chaotic.allowed_deviation_fraction == pytest.approx(0.375)
+    assert "fp32 itself strays 10.0%" in judge("bf16", [4.0, 3.0, 2.0], [4.0, 3.5, 3.0], settings, floor=0.1).reason
+
+
+def test_the_space_decides_which_precisions_are_checked():
+    cam = space.space_path("cam++")
+    assert amp_precisions(space.load(cam, make_cpu())) == ("bf16",)
+    assert amp_precisions(space.load(cam, make_cuda())) == ("bf16", "fp16")
+
+
+class _HalvingScaler:
+    """GradScaler's scale search: gradients overflow while the scale is above 2**10."""
+
+    def __init__(self) -> None:
+        self.value, self.overflow = 2.0**16, False
+
+    def get_scale(self) -> float:
+        return self.value
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        self.overflow = self.value > 2.0**10
+        return loss * self.value
+
+    def unscale_(self, optimizer) -> None:
+        return None
+
+    def update(self) -> None:
+        self.value = self.value / 2 if self.overflow else self.value
+
+
+def test_fp16_calibrates_its_loss_scale_without_touching_the_weights():
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    scaler = _HalvingScaler()
+    rounds = calibrate_scaler(scaler, lambda: model(torch.ones(3, 4)).sum(), optimizer)
+    assert rounds == 7 and scaler.value == 2.0**10  # six halvings, then a round that fits
+    assert torch.equal(model.weight, before) and model.weight.grad is None
+
+
+def test_a_precision_that_does_not_train_like_fp32_is_rejected(tmp_path: Path, tiny_corpus: Path):
+    trial = faulty_spec(tmp_path, tiny_corpus, 1)
+    # batch 12: the fixture's loss is 1.5x under bf16 autocast; fp16 (CPU autocast, no scaler) is honest
+    settings = AmpCheckSettings(steps=6, batch_size=12, batches=2, smoothing_steps=2, timeout_s=120)
+    result = run_amp_check(AmpCheckSpec(trial=trial, precisions=("bf16", "fp16"), settings=settings), tmp_path / "c")
+    assert result.status == "ok", result.log_tail
+    assert len(result.reference_losses) == 6
+    bf16, fp16 = result.verdicts
+    assert fp16.accepted and fp16.max_deviation_fraction < 0.05
+    assert not bf16.accepted and bf16.max_deviation_fraction == pytest.approx(0.5, abs=0.05)
+    assert list(result.rejected()) == ["bf16"]
+    # bf16 strayed, so fp32's own divergence was measured: tiny for this model, no excuse for bf16
+    assert result.floor_deviation_fraction is not None and result.floor_deviation_fraction < 0.05
+    report = result.report()
+    assert report["precisions"]["bf16"]["accepted"] is False and len(report["fp32_losses"]) == 6
+    assert report["tolerance_fraction"] == 0.05 and report["steps"] == 6
