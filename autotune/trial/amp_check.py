@@ -22,9 +22,6 @@ off) strays far beyond both.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import itertools
 import logging
 import math
 import os
@@ -33,20 +30,24 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import yamlio
+from autotune.trial.amp_curves import (
+    AmpCheckSettings,
+    CurveRunner,
+    PrecisionVerdict,
+    calibrate_scaler,
+    compare_curves,
+    judge,
+)
 from autotune.trial.spec import TrialSpec
 
 if TYPE_CHECKING:
-    import torch
-
     from autotune.space import SearchSpace
-    from autotune.trial.precision import PrecisionSettings
-    from autotune.workloads.base import TrainingSetup
 
 __all__ = [
     "AmpCheckSettings",
@@ -57,33 +58,13 @@ __all__ = [
     "space_precisions",
     "compare_curves",
     "calibrate_scaler",
+    "judge",
     "run_check",
     "run_amp_check",
 ]
 
 logger = logging.getLogger(__name__)
 _LOG_TAIL_CHARS = 4000
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AmpCheckSettings:
-    """How the check runs: a tiny batch, a few batches reused, a short curve."""
-
-    steps: int = 20
-    batch_size: int = 4  # tiny: on a CPU a step of the real model is what the check costs
-    batches: int = 4
-    tolerance_fraction: float = 0.05
-    smoothing_steps: int = 4  # one pass over the batches: each smoothed point averages every batch once
-    perturbation: float = 2.0**-9  # relative weight noise of the fp32 noise-floor run: bf16's rounding (half an ulp)
-    floor_margin: float = 1.5  # a precision may stray this many times as far as fp32 does from perturbed weights
-    timeout_s: float = 600.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AmpCheckSettings:
-        return cls(**{key: value for key, value in data.items() if key in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,19 +85,6 @@ class AmpCheckSpec:
             precisions=tuple(data["precisions"]),
             settings=AmpCheckSettings.from_dict(data.get("settings") or {}),
         )
-
-
-@dataclass(kw_only=True, slots=True)
-class PrecisionVerdict:
-    """One autocast precision against fp32."""
-
-    precision: str
-    accepted: bool
-    reason: str = ""
-    max_deviation_fraction: float | None = None
-    final_deviation_fraction: float | None = None
-    allowed_deviation_fraction: float | None = None
-    losses: list[float] = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -193,167 +161,6 @@ def amp_precisions(space: SearchSpace) -> tuple[str, ...]:
     return tuple(precision for precision in space_precisions(space) if precision in ("bf16", "fp16"))
 
 
-def _smooth(values: Sequence[float], window: int) -> list[float]:
-    window = max(1, window)
-    return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
-
-
-def compare_curves(reference: Sequence[float], candidate: Sequence[float], smoothing_steps: int) -> tuple[float, float]:
-    """(max, final) relative deviation of the candidate's smoothed loss curve from the reference's."""
-    if len(reference) != len(candidate) or not reference:
-        raise ValueError(f"curves of {len(reference)} and {len(candidate)} steps cannot be compared")
-    ref, cand = _smooth(reference, smoothing_steps), _smooth(candidate, smoothing_steps)
-    deviations = [abs(c - r) / max(abs(r), 1e-12) for r, c in zip(ref, cand, strict=True)]
-    return max(deviations), deviations[-1]
-
-
-def judge(
-    precision: str,
-    reference: Sequence[float],
-    losses: Sequence[float],
-    settings: AmpCheckSettings,
-    *,
-    floor: float | None = None,
-) -> PrecisionVerdict:
-    """Accept or reject one precision's curve against fp32's.
-
-    Args:
-        floor: how far fp32 itself strays from perturbed initial weights; when given, a precision may stray
-            max(tolerance, floor_margin x floor).
-    """
-    bad = next((step for step, loss in enumerate(losses) if not math.isfinite(loss)), None)
-    if bad is not None:
-        reason = f"{precision} rejected by the AMP check: its loss became non-finite at step {bad + 1} (fp32's did not)"
-        return PrecisionVerdict(precision=precision, accepted=False, reason=reason, losses=list(losses))
-    worst, final = compare_curves(reference, losses, settings.smoothing_steps)
-    allowed = settings.tolerance_fraction
-    if floor is not None:
-        allowed = max(allowed, settings.floor_margin * floor)
-    verdict = PrecisionVerdict(
-        precision=precision,
-        accepted=worst <= allowed,
-        max_deviation_fraction=worst,
-        final_deviation_fraction=final,
-        allowed_deviation_fraction=allowed,
-        losses=list(losses),
-    )
-    if not verdict.accepted:
-        why = f"tolerance {settings.tolerance_fraction:.0%}"
-        if floor is not None:
-            why += f"; fp32 itself strays {floor:.1%} from rounding-sized weight noise"
-        verdict.reason = (
-            f"{precision} rejected by the AMP check: its smoothed loss curve strays up to {worst:.1%} from fp32's "
-            f"over {len(losses)} steps on identical batches (allowed {allowed:.1%}: {why})"
-        )
-    return verdict
-
-
-def calibrate_scaler(scaler: Any, compute_loss: Callable[[], Any], optimizer: Any, max_rounds: int = 32) -> int:
-    """Find the loss scale the gradients fit, as a fresh GradScaler does over its first steps, without stepping.
-
-    Each round scales and back-propagates the loss, unscales (which checks the gradients for overflow) and updates
-    the scale, which halves on overflow; the first round whose scale did not go down ends it. Returns rounds run.
-    """
-    rounds = 0
-    while rounds < max_rounds:
-        rounds += 1
-        optimizer.zero_grad(set_to_none=True)
-        before = scaler.get_scale()
-        scaler.scale(compute_loss()).backward()
-        scaler.unscale_(optimizer)
-        scaler.update()
-        if scaler.get_scale() >= before:
-            break
-    optimizer.zero_grad(set_to_none=True)
-    return rounds
-
-
-def _train_curve(setup: TrainingSetup, batches: list[Any], precision: PrecisionSettings, steps: int, seed: int):
-    import torch
-
-    scaler = precision.grad_scaler()
-
-    def compute_loss() -> torch.Tensor:
-        with precision.autocast():
-            return setup.loss_fn(setup.model, batches[0])
-
-    if precision.uses_grad_scaler:
-        calibrate_scaler(scaler, compute_loss, setup.optimizer)
-    torch.manual_seed(seed)  # the same dropout masks in every precision's run
-    losses: list[float] = []
-    for step in range(steps):
-        with precision.autocast():
-            loss = setup.loss_fn(setup.model, batches[step % len(batches)])
-        scaler.scale(loss).backward()
-        scaler.step(setup.optimizer)
-        scaler.update()
-        setup.optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach().float()))
-    return losses
-
-
-class _CurveRunner:
-    """Trains loss curves in this process: the workload built afresh for each, from the same initial weights, on
-    the same few batches (collated once, already on the device)."""
-
-    def __init__(self, spec: AmpCheckSpec) -> None:
-        import torch
-
-        from autotune import workloads
-        from autotune.data import DataSource
-        from autotune.trial.loop import build_loader
-
-        trial, self.settings = spec.trial, spec.settings
-        if trial.config.intra_op_threads is not None:
-            torch.set_num_threads(trial.config.intra_op_threads)
-        self.seed = trial.seed
-        self.device = torch.device("cuda", 0) if trial.device_type == "cuda" else torch.device("cpu")
-        self.workload = workloads.get(trial.workload)
-        self.data = DataSource.from_dict(yamlio.read_json(trial.data_file))
-        self.options = {**self.workload.options, **trial.workload_options}
-        self.config = dataclasses.replace(
-            trial.config, per_device_batch_size=self.settings.batch_size, num_workers=0, pin_memory=False
-        )
-        reference, _ = self._build("fp32")
-        self.initial = copy.deepcopy(reference.model.state_dict())
-        loader = build_loader(reference, self.config, total_batches=self.settings.batches, seed=self.seed)
-        count = self.settings.batches
-        self.batches = [reference.batch_to_device(b, self.device, False) for b in itertools.islice(loader, count)]
-
-    def _build(self, precision: str) -> tuple[TrainingSetup, PrecisionSettings]:
-        import torch
-
-        from autotune.trial.precision import PrecisionSettings
-        from autotune.workloads.base import WorkloadContext
-
-        torch.manual_seed(self.seed)
-        config = dataclasses.replace(self.config, precision=precision)
-        setup = self.workload.build(
-            WorkloadContext(data=self.data, config=config, options=self.options, device=self.device)
-        )
-        setup.model.to(self.device).train()
-        settings = PrecisionSettings(precision=precision, device_type=self.device.type, cudnn_benchmark=False)
-        settings.apply_backend_flags()  # TF32 off: the reference is strict IEEE fp32, the others are autocast only
-        return setup, settings
-
-    def curve(self, precision: str, perturbation: float = 0.0) -> list[float]:
-        """Losses of `steps` training steps; `perturbation` scales relative Gaussian noise on the initial weights."""
-        import torch
-
-        setup, settings = self._build(precision)
-        weights = self.initial
-        if perturbation:
-            noise = torch.Generator().manual_seed(self.seed + 1)
-            weights = {
-                name: value * (1 + perturbation * torch.randn(value.shape, generator=noise).to(value.device))
-                if value.is_floating_point()
-                else value
-                for name, value in self.initial.items()
-            }
-        setup.model.load_state_dict(weights)
-        return _train_curve(setup, self.batches, settings, self.settings.steps, self.seed)
-
-
 def run_check(spec: AmpCheckSpec) -> AmpCheckResult:
     """Train the fp32 reference and each precision's curve in this process; never raises for a failing precision.
 
@@ -364,7 +171,7 @@ def run_check(spec: AmpCheckSpec) -> AmpCheckResult:
     settings = spec.settings
     result = AmpCheckResult(status="ok", settings=settings.to_dict())
     try:
-        runner = _CurveRunner(spec)
+        runner = CurveRunner(spec.trial, spec.settings)
         result.reference_losses = runner.curve("fp32")
     except Exception as error:
         result.status, result.reason = "error", f"the fp32 reference failed: {type(error).__name__}: {error}"[:300]
