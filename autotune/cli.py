@@ -186,6 +186,13 @@ def run(
         typer.Option(help="Hours of audio per training epoch for the epoch-time prediction (instead of samples)."),
     ] = None,
     prune: Annotated[bool, typer.Option(help="Stop search trials early that run far below the best so far.")] = True,
+    amp_check: Annotated[
+        bool,
+        typer.Option(
+            help="Before the search, check that bf16/fp16 train like fp32 (loss curves from the same weights on the "
+            "same batches); a precision that does not is never tried."
+        ),
+    ] = True,
     seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
     warm_start: Annotated[
         bool, typer.Option(help="On a rerun, re-measure the previous winner and its best neighbours first.")
@@ -203,6 +210,7 @@ def run(
     from autotune import runner
     from autotune.cli_display import RichReporter, print_summary
     from autotune.trial import TimingConfig
+    from autotune.trial.amp_check import AmpCheckSettings
     from autotune.tuner import TunerSettings
 
     try:
@@ -246,6 +254,7 @@ def run(
             warm_start=warm_start,
             warm_fraction=warm_fraction,
             drift_threshold=drift_threshold,
+            amp_check=AmpCheckSettings() if amp_check else None,
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
         if data is None:

@@ -123,6 +123,7 @@ def print_summary(console: Console, report: RunReport) -> None:
         console.print(f"epoch of {size}{where}: {before}~{epoch['winner_minutes']:.1f} min/epoch")
     _print_top(console, outcome.records)
     _print_failures(console, outcome.records)
+    _print_assessment(console, tuned.metrics)
     for note in tuned.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"stopped by {report.tuned.search['stopped_by']} after {outcome.elapsed_s / 60:.1f} min")
@@ -178,3 +179,45 @@ def _overhead(metrics: dict) -> str:
 
 def _gib(value: object) -> str:
     return f"{value / 2**30:.2f}" if isinstance(value, (int, float)) and value else "-"
+
+
+def _print_assessment(console: Console, metrics: dict) -> None:
+    """Work per sample and the ceiling, the AMP check, the cost of isolation, and what bounds the winner."""
+    compute = metrics.get("compute") or {}
+    parts = []
+    if compute.get("flops_per_sample"):
+        parts.append(f"{compute['flops_per_sample'] / 1e9:.3g} GFLOP/sample, {compute['achieved_tflops']:.3g} TFLOP/s")
+        if compute.get("fraction_of_peak") is not None:
+            parts[-1] += f" ({compute['fraction_of_peak']:.1%} of the {compute['peak_tflops']:g} TFLOP/s peak)"
+    if compute.get("pipeline_efficiency") is not None:
+        parts.append(
+            f"compute-only ceiling {_rate(compute['ceiling_samples_per_second'])} samples/s: pipeline efficiency "
+            f"{compute['pipeline_efficiency']:.0%}"
+        )
+    if parts:
+        console.print("compute: " + "; ".join(parts), highlight=False)
+    amp = metrics.get("amp_check") or {}
+    for name, verdict in (amp.get("precisions") or {}).items():
+        word = "[green]accepted[/green]" if verdict["accepted"] else "[red]rejected[/red]"
+        console.print(
+            f"AMP check {name}: {word}, its loss curve strays up to {_percent(verdict.get('max_deviation_fraction'))} "
+            f"from fp32's (allowed {_percent(verdict.get('allowed_deviation_fraction'))}, {amp.get('steps')} steps)"
+        )
+    overhead = metrics.get("overhead") or {}
+    if overhead.get("trials"):
+        scan = f" + worst-case scan {overhead['mean_worst_case_s']:.1f} s" if overhead.get("mean_worst_case_s") else ""
+        console.print(
+            f"per-trial overhead (mean of {overhead['trials']}): setup {overhead['mean_setup_s'] or 0:.1f} s + warm-up "
+            f"{overhead['mean_warmup_s'] or 0:.1f} s{scan} = {_percent(overhead.get('overhead_share_of_run'))} of the "
+            f"run; timed windows {_percent(overhead.get('timed_share_of_run'))}",
+            highlight=False,
+        )
+    diagnosis = metrics.get("diagnosis") or {}
+    if diagnosis:
+        console.print(f"[bold]bound by: {diagnosis['bound']}[/bold] ({'; '.join(diagnosis['evidence'])})")
+        for step in diagnosis["next"]:
+            console.print(f"  next: {step}", highlight=False)
+
+
+def _percent(value: object) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) else "-"

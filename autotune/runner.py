@@ -15,13 +15,14 @@ from typing import Any
 
 import optuna
 
-from autotune import __version__, drift, history, storage, warmstart, workloads, yamlio
+from autotune import __version__, assessment, drift, history, storage, warmstart, workloads, yamlio
 from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
 from autotune.results import TunedConfig, summarise_measurements, write_config
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
+from autotune.trial.amp_check import AmpCheckSettings
 from autotune.tuner import Reporter, Tuner, TunerSettings, TuningOutcome
 
 __all__ = ["RunRequest", "RunPlan", "RunReport", "TuningFailed", "prepare", "execute", "redact_url"]
@@ -53,6 +54,8 @@ class RunRequest:
     warm_start: bool = True  # a rerun re-measures the previous winner and its neighbours first
     warm_fraction: float = 0.5  # share of --trials and --budget a warm-started rerun spends
     drift_threshold: float = drift.DEFAULT_THRESHOLD
+    amp_check: AmpCheckSettings | None = field(default_factory=AmpCheckSettings)  # None: --no-amp-check
+    compute_ceiling: bool = True  # measure the winner once more on batches already in memory
 
 
 @dataclass(kw_only=True, slots=True)
@@ -228,11 +231,12 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         )
 
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
+    amp = assessment.check_precisions(plan, make_spec, request.amp_check)
     tuner = Tuner(
         study=study,
         space=plan.space,
         make_spec=make_spec,
-        settings=settings,
+        settings=assessment.budget_left(settings, amp),
         workdir=plan.workdir,
         reporter=reporter,
         world_size=plan.world_size,
@@ -240,8 +244,12 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         extra_knobs=tuple(plan.workload.knobs),
         strict_baseline=":" in request.model,
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
+        rejected_precisions=amp.rejected() if amp else None,
     )
     outcome = tuner.run()
+    ceiling = None
+    if request.compute_ceiling:
+        ceiling = assessment.measure_ceiling(outcome, make_spec, plan.workdir, settings.trial_timeout_s)
     (plan.workdir / "data.json").unlink(missing_ok=True)
     if outcome.winner is None and outcome.stopped_by == "interrupted":
         raise KeyboardInterrupt  # nothing stable measured yet: nothing to write
@@ -250,6 +258,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
         raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}")
     tuned = _tuned_config(plan, outcome)
+    assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=ceiling, amp=amp)
     again = drift.remeasured(outcome)
     verdict = drift.judge(
         previous=plan.warm_start.previous if plan.warm_start else None,

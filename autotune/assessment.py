@@ -1,0 +1,171 @@
+"""What a run measures around its search, and what it concludes: the parent side of "winners you can trust".
+
+Before the search: the AMP check (trial/amp_check.py) of the space's autocast precisions. After confirmation: the
+compute-only ceiling of the winner (trial/compute_only.py) with its FLOPs per sample (trial/flops.py). Then the
+result's extra metrics: work per sample and achieved TFLOP/s against the device's peak, pipeline efficiency, the
+per-trial overhead of process isolation, the AMP curves, and the diagnosis (diagnosis.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.diagnosis import diagnose
+from autotune.trial import TrialConfig, TrialResult, TrialSpec, launch
+from autotune.trial.amp_check import (
+    AmpCheckResult,
+    AmpCheckSettings,
+    AmpCheckSpec,
+    amp_precisions,
+    run_amp_check,
+    space_precisions,
+)
+from autotune.trial.flops import achieved_tflops, peak_tflops
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+    from autotune.results import TunedConfig
+    from autotune.runner import RunPlan
+    from autotune.tuner import TunerSettings, TuningOutcome
+
+__all__ = ["check_precisions", "budget_left", "measure_ceiling", "compute_metrics", "overhead_metrics", "assess"]
+
+logger = logging.getLogger(__name__)
+MakeSpec = Callable[[TrialConfig, str], TrialSpec]
+AMP_BUDGET_SHARE = 0.2  # of --budget the AMP check may take at most
+
+
+def check_precisions(plan: RunPlan, make_spec: MakeSpec, settings: AmpCheckSettings | None) -> AmpCheckResult | None:
+    """Run the AMP check for the space's autocast precisions; None when it is off or there is nothing to check."""
+    precisions = amp_precisions(plan.space)
+    if settings is None or not precisions:
+        return None
+    budget = plan.request.settings.budget_s
+    if budget is not None:  # a slow machine must not spend the run on it: past this it cannot judge, and says so
+        limit_s = min(settings.timeout_s, max(60.0, AMP_BUDGET_SHARE * budget))
+        settings = dataclasses.replace(settings, timeout_s=limit_s)
+    folder = plan.workdir / "amp-check"
+    trial = make_spec(TrialConfig(per_device_batch_size=settings.batch_size), str(folder / "result.json"))
+    logger.info("AMP check: %s against fp32 over %d steps", ", ".join(precisions), settings.steps)
+    result = run_amp_check(AmpCheckSpec(trial=trial, precisions=precisions, settings=settings), folder)
+    if result.status == "ok":
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        logger.warning("the AMP check could not judge (%s); no precision is rejected", result.reason)
+    return result
+
+
+def budget_left(settings: TunerSettings, amp: AmpCheckResult | None) -> TunerSettings:
+    """The search's settings with the AMP check's time taken off the run's wall-clock budget."""
+    if settings.budget_s is None or amp is None or not amp.wall_s:
+        return settings
+    return dataclasses.replace(settings, budget_s=max(1.0, settings.budget_s - amp.wall_s))
+
+
+def measure_ceiling(outcome: TuningOutcome, make_spec: MakeSpec, workdir: Path, timeout_s: float) -> TrialResult | None:
+    """One compute-only trial of the winner (batches already on the device), with its FLOPs per sample counted."""
+    if outcome.winner is None or outcome.stopped_by == "interrupted":
+        return None
+    folder = workdir / "ceiling"
+    spec = make_spec(outcome.winner.config, str(folder / "result.json"))
+    result = launch(dataclasses.replace(spec, compute_only=True, count_flops=True), workdir=folder, timeout_s=timeout_s)
+    if result.feasible:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        logger.warning("the compute-only ceiling could not be measured: %s: %s", result.status, result.reason)
+    return result
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 4) if numerator is not None and denominator else None
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+def compute_metrics(
+    winner: dict[str, Any], ceiling: TrialResult | None, config: TrialConfig, hardware: Hardware
+) -> dict[str, Any]:
+    """Work per sample, achieved TFLOP/s (and share of the known peak), the ceiling and the pipeline's efficiency."""
+    measured = ceiling is not None and ceiling.feasible
+    flops = ceiling.flops_per_sample if measured and ceiling else None
+    ceiling_rate = ceiling.window_samples_per_second if measured and ceiling else None
+    peak = None
+    if hardware.device_type == "cuda" and hardware.gpus:
+        one = peak_tflops(hardware.gpus[0].name, config.precision)
+        peak = one * config.world_size if one is not None else None
+    achieved = achieved_tflops(flops, winner.get("samples_per_second"))
+    metrics: dict[str, Any] = {
+        "flops_per_sample": _round(flops),
+        "achieved_tflops": _round(achieved),
+        "peak_tflops": peak,
+        "fraction_of_peak": _ratio(achieved, peak),
+        "ceiling_samples_per_second": _round(ceiling_rate, 6),
+        "ceiling_tflops": _round(achieved_tflops(flops, ceiling_rate)),
+        "pipeline_efficiency": _ratio(winner.get("samples_per_second"), ceiling_rate),
+    }
+    if ceiling is not None and not ceiling.feasible:
+        metrics["ceiling_failed"] = f"{ceiling.status}: {ceiling.reason}"
+    return metrics
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return round(statistics.fmean(present), 3) if present else None
+
+
+def overhead_metrics(outcome: TuningOutcome) -> dict[str, Any]:
+    """What process isolation and careful timing cost per launched trial, and as a share of the whole run."""
+    results = [record.result for record in outcome.records if record.result.wall_s is not None]
+    setup = [r.setup_s for r in results]
+    warmup = [r.warmup_s for r in results]
+    worst = [r.worst_case_s for r in results]
+    spent = sum((r.setup_s or 0.0) + (r.warmup_s or 0.0) + (r.worst_case_s or 0.0) for r in results)
+    timed = sum(r.window_s or 0.0 for r in results)
+    elapsed = outcome.elapsed_s
+    return {
+        "trials": len(results),
+        "mean_setup_s": _mean(setup),  # process start, imports, model and loader build
+        "mean_warmup_s": _mean(warmup),
+        "mean_worst_case_s": _mean(worst),
+        "mean_trial_wall_s": _mean([r.wall_s for r in results]),
+        "overhead_share_of_run": _ratio(spent, elapsed),
+        "timed_share_of_run": _ratio(timed, elapsed),
+    }
+
+
+def assess(
+    tuned: TunedConfig,
+    *,
+    plan: RunPlan,
+    outcome: TuningOutcome,
+    ceiling: TrialResult | None,
+    amp: AmpCheckResult | None,
+) -> None:
+    """Add compute, overhead, AMP-check and diagnosis sections to the result's metrics (and notes)."""
+    metrics, config = tuned.metrics, tuned.config
+    winner = metrics.get("winner") or {}
+    metrics["compute"] = compute_metrics(winner, ceiling, config, plan.hardware)
+    metrics["overhead"] = overhead_metrics(outcome)
+    rejected = amp.rejected() if amp else {}
+    if amp is not None:
+        metrics["amp_check"] = amp.report()
+        tuned.notes.extend(rejected.values())
+        if amp.status != "ok":
+            tuned.notes.append(f"the AMP check could not judge: {amp.reason}")
+    metrics["diagnosis"] = diagnose(
+        winner,
+        config=config,
+        hardware=plan.hardware,
+        data=plan.data.describe(),
+        compute=metrics["compute"],
+        searched_precisions=space_precisions(plan.space),
+        rejected_precisions=tuple(rejected),
+    ).to_dict()

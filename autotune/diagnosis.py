@@ -1,0 +1,189 @@
+"""What bounds the winner, data pipeline or compute, and the next thing to try: from its measured figures alone.
+
+The evidence is what the trials measured: the share of the window the step waited for its next batch (data-wait
+fraction), the winner's throughput as a fraction of the compute-only ceiling (pipeline efficiency: the same step on
+batches already in memory), GPU utilisation from NVML, the fraction of the device's dense peak, and memory headroom.
+A step that waits for data, or runs well below its own ceiling, is bound by the data pipeline; otherwise by compute.
+The suggestions follow the seed cases: more workers, decoded audio preloaded into RAM when the corpus fits a memory
+budget, faster storage when it does not; for compute, an autocast precision the search did not cover, a larger
+batch while memory allows, more devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+    from autotune.trial.spec import TrialConfig
+
+__all__ = ["DiagnosisSettings", "Diagnosis", "diagnose", "decoded_audio_bytes"]
+
+DATA_BOUND, COMPUTE_BOUND, UNKNOWN = "data pipeline", "compute", "unknown"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DiagnosisSettings:
+    """Thresholds of the diagnosis."""
+
+    max_data_wait_fraction: float = 0.10  # a step waiting longer than this for data is data-bound
+    min_pipeline_efficiency: float = 0.85  # end to end below this share of the compute-only ceiling is data-bound
+    min_gpu_utilization_percent: float = 80.0
+    preload_memory_fraction: float = 0.25  # decoded audio may take this share of host RAM
+    low_memory_use_fraction: float = 0.5  # peak memory below this share of the device: room for a larger batch
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Diagnosis:
+    """What bounds the winner, the measured evidence, and what to try next (most promising first)."""
+
+    bound: str  # "data pipeline" | "compute" | "unknown"
+    evidence: tuple[str, ...]
+    next: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bound": self.bound, "evidence": list(self.evidence), "next": list(self.next)}
+
+
+def decoded_audio_bytes(data: dict[str, Any]) -> int | None:
+    """Bytes of the whole list's audio decoded to 16-bit PCM (from DataSource.describe()), None when unknown."""
+    hours = data.get("total_audio_hours")
+    if not hours:
+        return None
+    rate = max(data.get("sample_rates") or [16000])
+    measured, total = data.get("n_utterances") or 0, data.get("n_utterances_total") or 0
+    scale = total / measured if measured and total > measured else 1.0  # a sampled list stands for the whole
+    return int(hours * 3600 * rate * 2 * scale)
+
+
+def _data_evidence(winner: dict[str, Any], compute: dict[str, Any], settings: DiagnosisSettings) -> list[str]:
+    found = []
+    wait = winner.get("data_wait_fraction")
+    if wait is not None and wait > settings.max_data_wait_fraction:
+        limit = settings.max_data_wait_fraction
+        found.append(f"the step waited for data {wait:.0%} of the timed window (above {limit:.0%})")
+    efficiency = compute.get("pipeline_efficiency")
+    if efficiency is not None and efficiency < settings.min_pipeline_efficiency:
+        found.append(
+            f"end to end it runs at {efficiency:.0%} of its compute-only ceiling "
+            f"({compute.get('ceiling_samples_per_second')} samples/s on batches already in memory)"
+        )
+    return found
+
+
+def _compute_evidence(winner: dict[str, Any], compute: dict[str, Any]) -> list[str]:
+    found = []
+    wait, efficiency = winner.get("data_wait_fraction"), compute.get("pipeline_efficiency")
+    if wait is not None:
+        found.append(f"the step waited for data only {wait:.0%} of the timed window")
+    if efficiency is not None:
+        found.append(f"end to end it runs at {efficiency:.0%} of its compute-only ceiling")
+    fraction = compute.get("fraction_of_peak")
+    if fraction is not None:
+        found.append(f"it reaches {fraction:.0%} of the device's dense peak at its precision")
+    return found
+
+
+def _data_next(config: TrialConfig, hardware: Hardware, data: dict[str, Any], settings: DiagnosisSettings) -> list[str]:
+    steps = []
+    cores = hardware.cpu_cores
+    if hardware.device_type == "cpu":
+        threads = config.intra_op_threads or cores
+        steps.append(
+            f"rebalance DataLoader workers ({config.num_workers}) against intra-op threads ({threads}): decoding and "
+            f"training share the {cores} CPU cores"
+        )
+    elif config.num_workers < cores:
+        steps.append(f"more DataLoader workers (now {config.num_workers}; this machine has {cores} CPU cores)")
+    decoded, budget = decoded_audio_bytes(data), settings.preload_memory_fraction * hardware.memory_bytes
+    if decoded is not None and budget and decoded <= budget:
+        steps.append(
+            f"preload the decoded audio into RAM (~{decoded / 2**30:.1f} GiB as 16-bit PCM, within the "
+            f"{budget / 2**30:.0f} GiB budget of {settings.preload_memory_fraction:.0%} of RAM): no decoding or "
+            "storage reads per step"
+        )
+    elif decoded is not None:
+        steps.append(
+            f"faster local storage (NVMe) or precomputed features: the decoded corpus (~{decoded / 2**30:.0f} GiB) "
+            f"is larger than the {budget / 2**30:.0f} GiB RAM budget for preloading"
+        )
+    if hardware.device_type == "cuda" and not config.pin_memory:
+        steps.append("pin_memory=True, so host-to-device copies run asynchronously")
+    return steps
+
+
+def _compute_next(
+    winner: dict[str, Any],
+    config: TrialConfig,
+    hardware: Hardware,
+    searched_precisions: Collection[str],
+    rejected_precisions: Collection[str],
+    settings: DiagnosisSettings,
+) -> list[str]:
+    steps = []
+    if config.precision in ("fp32", "tf32"):
+        untried = [
+            p
+            for p in ("bf16", "fp16", "tf32")
+            if p in hardware.supported_precisions() and p not in searched_precisions and p not in rejected_precisions
+        ]
+        if untried:
+            steps.append(f"{untried[0]} (the search covered {', '.join(sorted(searched_precisions)) or 'no other'})")
+    peak, capacity = winner.get("peak_memory_bytes"), winner.get("memory_capacity_bytes")
+    if peak and capacity and peak < settings.low_memory_use_fraction * capacity:
+        steps.append(
+            f"a larger per-device batch where the recipe allows it (peak memory is {peak / capacity:.0%} of the device)"
+        )
+    devices = hardware.device_count if hardware.device_type == "cuda" else 1
+    if config.world_size < devices:
+        steps.append(f"more devices: {config.world_size} of this machine's {devices} GPUs trained (--devices)")
+    else:
+        steps.append("more devices (data parallel across machines): the training step itself is the limit here")
+    return steps
+
+
+def diagnose(
+    winner: dict[str, Any],
+    *,
+    config: TrialConfig,
+    hardware: Hardware,
+    data: dict[str, Any],
+    compute: dict[str, Any] | None = None,
+    searched_precisions: Collection[str] = (),
+    rejected_precisions: Collection[str] = (),
+    settings: DiagnosisSettings = DiagnosisSettings(),  # noqa: B008 - frozen
+) -> Diagnosis:
+    """Say what bounds the winner and what to try next.
+
+    Args:
+        winner: the winner's metrics (summarise_measurements: data_wait_fraction, gpu_utilization_percent,
+            peak_memory_bytes, memory_capacity_bytes, ...).
+        config: the winner's configuration.
+        hardware: the machine.
+        data: DataSource.describe() of the data measured on.
+        compute: pipeline_efficiency, ceiling_samples_per_second, fraction_of_peak where measured.
+        searched_precisions: the precisions the search space offered.
+        rejected_precisions: precisions the AMP check rejected.
+        settings: thresholds.
+    """
+    compute = compute or {}
+    if winner.get("data_wait_fraction") is None and compute.get("pipeline_efficiency") is None:
+        return Diagnosis(bound=UNKNOWN, evidence=("no data-wait or ceiling measurement",), next=())
+    evidence = _data_evidence(winner, compute, settings)
+    utilisation = winner.get("gpu_utilization_percent")
+    low_utilisation = utilisation is not None and utilisation < settings.min_gpu_utilization_percent
+    if evidence:
+        if low_utilisation:
+            evidence.append(f"the GPU was busy {utilisation:.0f}% of the time")
+        steps = _data_next(config, hardware, data, settings)
+        return Diagnosis(bound=DATA_BOUND, evidence=tuple(evidence), next=tuple(steps))
+    evidence = _compute_evidence(winner, compute)
+    if low_utilisation:
+        evidence.append(
+            f"GPU utilisation is {utilisation:.0f}% without waiting for data: host-side overhead between small "
+            "kernels (a larger batch or torch.compile helps)"
+        )
+    steps = _compute_next(winner, config, hardware, searched_precisions, rejected_precisions, settings)
+    return Diagnosis(bound=COMPUTE_BOUND, evidence=tuple(evidence), next=tuple(steps))

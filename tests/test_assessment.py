@@ -1,0 +1,135 @@
+"""The run's extra metrics: work per sample against known peaks, pipeline efficiency, overhead, AMP and diagnosis."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from autotune import assessment, space
+from autotune.results import TunedConfig
+from autotune.trial import TrialConfig, TrialResult
+from autotune.trial.amp_check import AmpCheckResult, PrecisionVerdict
+from autotune.tuner import Candidate, TrialRecord, TunerSettings, TuningOutcome
+from tests.conftest import make_cpu, make_cuda
+
+BF16 = TrialConfig(per_device_batch_size=64, num_workers=4, precision="bf16")
+CEILING = TrialResult(status="ok", samples_per_second=200.0, window_samples_per_second=200.0, flops_per_sample=1e9)
+
+
+def test_achieved_tflops_against_the_known_peak_and_the_ceiling():
+    metrics = assessment.compute_metrics({"samples_per_second": 150.0}, CEILING, BF16, make_cuda())
+    assert metrics["flops_per_sample"] == 1e9 and metrics["achieved_tflops"] == pytest.approx(0.15)
+    assert metrics["peak_tflops"] == 312.0 and metrics["fraction_of_peak"] == pytest.approx(0.15 / 312, abs=1e-4)
+    assert metrics["ceiling_tflops"] == pytest.approx(0.2) and metrics["pipeline_efficiency"] == 0.75
+    on_cpu = assessment.compute_metrics({"samples_per_second": 150.0}, CEILING, BF16, make_cpu())
+    assert on_cpu["peak_tflops"] is None and on_cpu["fraction_of_peak"] is None and on_cpu["achieved_tflops"]
+    failed = TrialResult(status="oom", reason="out of memory: ...")
+    unmeasured = assessment.compute_metrics({"samples_per_second": 150.0}, failed, BF16, make_cuda())
+    assert unmeasured["pipeline_efficiency"] is None and unmeasured["ceiling_failed"].startswith("oom: out of memory")
+
+
+def _record(number: int, **result) -> TrialRecord:
+    return TrialRecord(number=number, role="search", config=BF16, result=TrialResult(**result))
+
+
+def test_overhead_per_trial_and_share_of_the_run():
+    records = [
+        _record(0, status="ok", setup_s=4.0, warmup_s=1.0, worst_case_s=0.5, window_s=10.0, wall_s=16.0),
+        _record(1, status="oom", setup_s=6.0, wall_s=7.0),
+        _record(2, status="precision", reason="rejected, never launched"),
+    ]
+    outcome = TuningOutcome(records=records, baseline=None, winner=None, stopped_by="trials", elapsed_s=25.0)
+    overhead = assessment.overhead_metrics(outcome)
+    assert overhead["trials"] == 2 and overhead["mean_setup_s"] == 5.0 and overhead["mean_warmup_s"] == 1.0
+    assert overhead["mean_worst_case_s"] == 0.5 and overhead["mean_trial_wall_s"] == 11.5
+    assert overhead["overhead_share_of_run"] == pytest.approx(11.5 / 25) and overhead["timed_share_of_run"] == 0.4
+
+
+def test_the_amp_check_time_comes_off_the_budget():
+    amp = AmpCheckResult(status="ok", wall_s=60.0)
+    assert assessment.budget_left(TunerSettings(budget_s=900.0), amp).budget_s == 840.0
+    assert assessment.budget_left(TunerSettings(budget_s=None), amp).budget_s is None
+    assert assessment.budget_left(TunerSettings(budget_s=900.0), None).budget_s == 900.0
+
+
+def test_assess_adds_every_section_and_notes_a_rejected_precision(cpu_hardware):
+    winner = _record(0, status="ok", samples_per_second=100.0, data_wait_fraction=0.4, setup_s=3.0, wall_s=9.0)
+    outcome = TuningOutcome(
+        records=[winner],
+        baseline=None,
+        winner=Candidate(config=BF16, records=[winner]),
+        stopped_by="trials",
+        elapsed_s=20.0,
+    )
+    data = {"total_audio_hours": 1.0, "sample_rates": [16000], "n_utterances": 10, "n_utterances_total": 10}
+    plan = SimpleNamespace(
+        hardware=cpu_hardware,
+        data=SimpleNamespace(describe=lambda: data),
+        space=space.load(space.space_path("cam++"), cpu_hardware),
+    )
+    amp = AmpCheckResult(
+        status="ok",
+        reference_losses=[3.0, 2.0],
+        verdicts=[PrecisionVerdict(precision="bf16", accepted=False, reason="bf16 rejected by the AMP check: 40%")],
+    )
+    tuned = TunedConfig(
+        workload={},
+        config=BF16,
+        device_type="cpu",
+        metrics={"winner": {"samples_per_second": 100.0, "data_wait_fraction": 0.4}},
+        hardware={},
+        data=data,
+        search={},
+        created="2026-01-01T00:00:00+00:00",
+        autotune_version="0",
+    )
+    assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=CEILING, amp=amp)  # type: ignore[arg-type]
+    metrics = tuned.metrics
+    assert metrics["compute"]["pipeline_efficiency"] == 0.5 and metrics["overhead"]["trials"] == 1
+    assert metrics["amp_check"]["precisions"]["bf16"]["accepted"] is False
+    assert metrics["diagnosis"]["bound"] == "data pipeline"
+    assert "bf16 rejected by the AMP check: 40%" in tuned.notes
+
+
+def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp_path, tiny_corpus):
+    import io
+
+    from rich.console import Console
+
+    from autotune import load_config, runner
+    from autotune.cli_display import print_summary
+    from autotune.trial import TimingConfig
+    from autotune.trial.amp_check import AmpCheckSettings
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(
+        "params:\n  precision: {type: categorical, choices: [bf16, fp32]}\n"
+        "fixed: {num_workers: 0, per_device_batch_size: 12}\nbaseline: {precision: fp32}\n"
+    )
+    request = runner.RunRequest(
+        model="tests.fixtures.faulty_workload:workload",  # batch 12: its loss is 1.5x under bf16 autocast
+        data=str(tiny_corpus),
+        space=str(space_file),
+        results_dir=str(tmp_path / "results"),
+        device="cpu",
+        settings=TunerSettings(
+            trials=2, sampler="grid", prune=False, confirm_top_k=0, timing=TimingConfig(warmup_steps=1, window_s=0.2)
+        ),
+        warm_start=False,
+        amp_check=AmpCheckSettings(steps=4, batch_size=12, batches=2, smoothing_steps=2, timeout_s=120),
+    )
+    report = runner.execute(runner.prepare(request))
+    assert [(r.config.precision, r.result.status) for r in report.outcome.records] == [
+        ("fp32", "ok"),
+        ("bf16", "precision"),  # never launched: the AMP check rejected bf16 before the search
+    ]
+    metrics = load_config(report.result_path).metrics
+    assert metrics["amp_check"]["precisions"]["bf16"]["accepted"] is False
+    assert metrics["compute"]["flops_per_sample"] == 64 and metrics["compute"]["pipeline_efficiency"] > 0
+    assert metrics["overhead"]["trials"] == 1 and metrics["overhead"]["mean_setup_s"] > 0
+    assert metrics["diagnosis"]["bound"] in ("data pipeline", "compute") and metrics["diagnosis"]["next"]
+    console = Console(file=io.StringIO(), width=200)
+    print_summary(console, report)
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "AMP check bf16: rejected" in shown and "bound by:" in shown and "pipeline efficiency" in shown

@@ -1,0 +1,82 @@
+"""The diagnosis on synthetic metrics: what bounds the winner and what to try next."""
+
+from __future__ import annotations
+
+from autotune.diagnosis import decoded_audio_bytes, diagnose
+from autotune.trial import TrialConfig
+from tests.conftest import make_cpu, make_cuda
+
+SMALL_CORPUS = {"total_audio_hours": 2.76, "sample_rates": [16000], "n_utterances": 2000, "n_utterances_total": 2000}
+HUGE_CORPUS = {"total_audio_hours": 2000.0, "sample_rates": [16000], "n_utterances": 20000, "n_utterances_total": 10**6}
+
+
+def test_decoded_audio_size_scales_a_sampled_list_to_the_whole():
+    assert decoded_audio_bytes(SMALL_CORPUS) == int(2.76 * 3600 * 16000 * 2)
+    assert decoded_audio_bytes(HUGE_CORPUS) == int(2000 * 3600 * 16000 * 2 * 50)
+    assert decoded_audio_bytes({}) is None
+
+
+def test_waiting_for_data_is_data_bound_with_workers_and_preloading_next():
+    winner = {"data_wait_fraction": 0.42, "gpu_utilization_percent": 35.0}
+    config = TrialConfig(per_device_batch_size=64, num_workers=2, pin_memory=False)
+    result = diagnose(
+        winner, config=config, hardware=make_cuda(), data=SMALL_CORPUS, compute={"pipeline_efficiency": 0.5}
+    )
+    assert result.bound == "data pipeline"
+    assert any("42%" in line for line in result.evidence) and any(
+        "50% of its compute-only" in line for line in result.evidence
+    )
+    assert any("busy 35%" in line for line in result.evidence)
+    assert result.next[0].startswith("more DataLoader workers (now 2; this machine has 16 CPU cores)")
+    assert any(line.startswith("preload the decoded audio into RAM (~0.3 GiB") for line in result.next)
+    assert any("pin_memory" in line for line in result.next)
+    assert result.to_dict()["bound"] == "data pipeline"
+
+
+def test_a_corpus_too_big_for_ram_points_at_storage():
+    config = TrialConfig(per_device_batch_size=64, num_workers=16, pin_memory=True)
+    result = diagnose({"data_wait_fraction": 0.3}, config=config, hardware=make_cuda(), data=HUGE_CORPUS)
+    assert result.bound == "data pipeline"
+    assert result.next == (result.next[0],) and result.next[0].startswith("faster local storage (NVMe)")
+
+
+def test_a_step_that_never_waits_is_compute_bound():
+    winner = {"data_wait_fraction": 0.01, "peak_memory_bytes": 8 * 2**30, "memory_capacity_bytes": 80 * 2**30}
+    compute = {"pipeline_efficiency": 0.97, "fraction_of_peak": 0.21}
+    result = diagnose(
+        winner,
+        config=TrialConfig(per_device_batch_size=64, num_workers=8, precision="fp32"),
+        hardware=make_cuda(count=4),
+        data=SMALL_CORPUS,
+        compute=compute,
+        searched_precisions=("fp32", "tf32"),
+    )
+    assert result.bound == "compute"
+    assert any("97% of its compute-only ceiling" in line for line in result.evidence)
+    assert any("21% of the device's dense peak" in line for line in result.evidence)
+    assert result.next[0].startswith("bf16 (the search covered fp32, tf32)")
+    assert "peak memory is 10% of the device" in result.next[1]
+    assert result.next[2] == "more devices: 1 of this machine's 4 GPUs trained (--devices)"
+
+
+def test_a_rejected_or_searched_precision_is_not_suggested_again():
+    result = diagnose(
+        {"data_wait_fraction": 0.0},
+        config=TrialConfig(per_device_batch_size=16, precision="fp32"),
+        hardware=make_cpu(),
+        data=SMALL_CORPUS,
+        searched_precisions=("fp32",),
+        rejected_precisions=("bf16",),
+    )
+    assert result.bound == "compute" and not any("bf16" in line for line in result.next)
+
+
+def test_cpu_data_bound_advice_is_about_sharing_cores():
+    config = TrialConfig(per_device_batch_size=16, num_workers=1, intra_op_threads=1)
+    result = diagnose({"data_wait_fraction": 0.6}, config=config, hardware=make_cpu(), data=SMALL_CORPUS)
+    assert result.next[0].startswith("rebalance DataLoader workers (1) against intra-op threads (1)")
+
+
+def test_nothing_measured_is_unknown():
+    result = diagnose({}, config=TrialConfig(per_device_batch_size=8), hardware=make_cpu(), data={})
+    assert result.bound == "unknown" and result.next == ()
