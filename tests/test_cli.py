@@ -214,7 +214,7 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
             "--data",
             str(tiny_corpus),
             "--trials",
-            "1",
+            "2",  # the baseline and the warm start's previous winner (re-measured, so it gets a history row)
             "--confirm",
             "0",
             "--results-dir",

@@ -35,10 +35,23 @@ def rank_indices(dataset_size: int, *, rank: int, world_size: int, seed: int, ep
 
 
 def epoch_batches(
-    setup: TrainingSetup, config: TrialConfig, *, rank: int, world_size: int, seed: int, epoch: int
+    setup: TrainingSetup,
+    config: TrialConfig,
+    *,
+    rank: int,
+    world_size: int,
+    seed: int,
+    epoch: int,
+    fill: bool = True,
 ) -> Iterable[list[int]]:
-    """One epoch of this rank's batches (lists of dataset indices)."""
+    """One epoch of this rank's batches (lists of dataset indices).
+
+    With fill, a share smaller than one batch (a small data list, a smoke test) is repeated until it fills one, so
+    the trial still measures what a step of this batch costs; without it the epoch is exactly what training gets.
+    """
     indices = rank_indices(len(setup.dataset), rank=rank, world_size=world_size, seed=seed, epoch=epoch)  # type: ignore[arg-type]
+    if fill and indices and len(indices) < config.per_device_batch_size:
+        indices = indices * -(-config.per_device_batch_size // len(indices))
     if setup.batch_sampler_factory is not None:
         generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         return setup.batch_sampler_factory(config, generator, indices)
@@ -92,15 +105,23 @@ class EpochAccounting:
     def samples_total(self) -> int:
         return sum(self.samples_per_rank)
 
+    @property
+    def checkable(self) -> bool:
+        """Every rank has at least one batch per epoch (else the data list is smaller than a batch per rank)."""
+        return min(self.batches_per_rank) > 0
+
+    def unchecked_reason(self) -> str:
+        share = -(-self.dataset_size // self.world_size)
+        where = f"each of {self.world_size} ranks gets {share} of them" if self.world_size > 1 else "one rank has all"
+        return (
+            f"no full batch in an epoch: the dataset has {self.dataset_size} samples ({where}), fewer than the "
+            f"per-device batch of {self.per_device_batch_size}; measured on repeated samples, accounting not checked"
+        )
+
     def mismatch(self) -> str | None:
-        """None when the epoch adds up, else one line with the numbers."""
-        if min(self.batches_per_rank) == 0:
-            share = -(-self.dataset_size // self.world_size)
-            where = f"each of {self.world_size} ranks gets {share} of them" if self.world_size > 1 else "all of them"
-            return (
-                f"no full batch in an epoch: the dataset has {self.dataset_size} samples and {where}, fewer than "
-                f"the per-device batch of {self.per_device_batch_size}; use a smaller batch or more data"
-            )
+        """None when the epoch adds up (or cannot be checked: fewer samples than a batch), else one line."""
+        if not self.checkable:
+            return None
         low = self.dataset_size - self.world_size * max(self.largest_batch, 1)
         high = self.dataset_size + self.world_size - 1
         if low < self.samples_total <= high:
@@ -114,12 +135,15 @@ class EpochAccounting:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "dataset_size": self.dataset_size,
             "world_size": self.world_size,
             "batches_per_epoch_per_rank": list(self.batches_per_rank),
             "samples_per_epoch": self.samples_total,
         }
+        if not self.checkable:
+            data["unchecked"] = self.unchecked_reason()
+        return data
 
 
 def count_epoch(batches: Iterable[list[int]]) -> tuple[int, int, int]:
