@@ -134,7 +134,7 @@ def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) 
     from autotune.trial import distributed
     from autotune.trial.sampling import EpochAccounting, count_epoch, epoch_batches
 
-    batches = epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=0)
+    batches = epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=0, fill=False)
     counts = distributed.all_gather(count_epoch(batches))
     accounting = EpochAccounting(
         dataset_size=len(setup.dataset),
