@@ -193,6 +193,13 @@ def run(
             "same batches); a precision that does not is never tried."
         ),
     ] = True,
+    ceiling: Annotated[
+        bool,
+        typer.Option(
+            help="After confirmation, measure the winner once more on batches already in memory (the compute-only "
+            "ceiling: pipeline efficiency, FLOPs per sample)."
+        ),
+    ] = True,
     seed: Annotated[int, typer.Option(help="Seed for the sampler and the trials.")] = 0,
     warm_start: Annotated[
         bool, typer.Option(help="On a rerun, re-measure the previous winner and its best neighbours first.")
@@ -255,6 +262,7 @@ def run(
             warm_fraction=warm_fraction,
             drift_threshold=drift_threshold,
             amp_check=AmpCheckSettings() if amp_check else None,
+            compute_ceiling=ceiling,
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
         if data is None:

@@ -13,7 +13,8 @@ from autotune import load_config
 from autotune.cli import app, parse_duration, parse_workload_options
 
 runner = CliRunner()
-FAST = ["--crop-seconds", "0.5", "--window", "1", "--warmup-steps", "1", "--device", "cpu"]
+# The AMP check runs end to end in tests/test_assessment.py on a tiny model; here it would cost CAM++ steps.
+FAST = ["--crop-seconds", "0.5", "--window", "1", "--warmup-steps", "1", "--device", "cpu", "--no-amp-check"]
 
 
 def _invoke(args: list[str]):
@@ -193,6 +194,8 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     tuned = load_config(out)
     assert tuned.workload["name"] == "cam++" and tuned.device_type == "cpu"
     assert tuned.metrics["winner"]["samples_per_second"] > 0
+    assert "amp_check" not in tuned.metrics and tuned.metrics["compute"]["pipeline_efficiency"] > 0  # --no-amp-check
+    assert tuned.metrics["compute"]["flops_per_sample"] > 1e8 and "bound by:" in result.output
     assert tuned.metrics["baseline"]["status"] == "ok" and tuned.metrics["speedup"] > 0
     assert tuned.search["trials_this_run"] >= 3 and tuned.data["n_speakers"] == 4
     epoch = tuned.metrics["epoch"]  # 12 utterances at the measured rates
@@ -217,6 +220,7 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
             "2",  # the baseline and the warm start's previous winner (re-measured, so it gets a history row)
             "--confirm",
             "0",
+            "--no-ceiling",
             "--results-dir",
             str(results_dir),
             "--out",
