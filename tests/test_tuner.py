@@ -153,6 +153,7 @@ def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_do
             device="cpu",
             settings=settings,
             warm_start=False,
+            compute_ceiling=False,
         )
         records = runner.execute(runner.prepare(request)).outcome.records
         return [(record.role, record.config.per_device_batch_size) for record in records]
