@@ -260,21 +260,39 @@ class Tuner:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         record = TrialRecord(number=trial.number, role=role, config=config, result=result)
-        trial.set_user_attr("role", role)
-        trial.set_user_attr("config", config.to_dict())
-        trial.set_user_attr("result", {k: v for k, v in result.to_dict().items() if k != "log_tail"})
-        if result.status == "pruned" and pruner is not None:
-            # Optuna's samplers read a pruned trial through its last intermediate value.
-            trial.report(pruner.last_rate, step=0)
-            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
-            trial.set_constraint(FEASIBILITY, 0.0 if result.feasible else 1.0)
-            self.study.tell(trial, record.value)
+        self._tell(trial, record, pruner)
         if result.feasible:
             shutil.rmtree(folder, ignore_errors=True)
         self.records.append(record)
         self.reporter.trial_finished(record, self.best())
         return record
+
+    def _tell(self, trial: optuna.Trial, record: TrialRecord, pruner: _Pruner | None) -> None:
+        """Record the trial in the study. If another run has meanwhile failed it as stale (this run's heartbeat went
+        unheard, e.g. the database was unreachable), the study keeps that verdict; this run keeps its measurement."""
+        result = record.result
+        try:
+            trial.set_user_attr("role", record.role)
+            trial.set_user_attr("config", record.config.to_dict())
+            trial.set_user_attr("result", {k: v for k, v in result.to_dict().items() if k != "log_tail"})
+            if result.status == "pruned" and pruner is not None:
+                # Optuna's samplers read a pruned trial through its last intermediate value.
+                trial.report(pruner.last_rate, step=0)
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                trial.set_constraint(FEASIBILITY, 0.0 if result.feasible else 1.0)
+                self.study.tell(trial, record.value)
+        except (RuntimeError, ValueError) as error:
+            state = self.study._storage.get_trial(trial._trial_id).state  # noqa: SLF001 - no public accessor
+            if not state.is_finished():
+                raise
+            logger.warning(
+                "trial #%d was marked %s by another run while this one measured it (%s); its result counts in "
+                "this run only",
+                trial.number,
+                state.name,
+                error,
+            )
 
     def best(self) -> TrialRecord | None:
         feasible = [record for record in self.records if record.result.feasible]
