@@ -100,25 +100,29 @@ class _Ranks:
             process.wait()
 
     def failed_rank(self) -> int | None:
-        """A rank that is done for: exited with an error or a signal, or wrote a failed result (its peers would
-        wait for it in a collective until the timeout)."""
+        """The rank that brought the trial down, if one did: a rank that crashed (non-zero exit, a signal), else the
+        rank whose failed result was written first. A failure knocks its peers out of their collectives ("connection
+        closed by peer"), and their failed results come after it: the earliest one is the cause."""
         for rank, process in enumerate(self.processes):
             code = process.poll()
             if code is not None and code != 0:
                 return rank
-            if self.spec.config.world_size > 1 and _failed_result(rank_result_path(self.spec.result_path, rank)):
-                return rank
-        return None
+        if self.spec.config.world_size == 1:
+            return None
+        failed = [(written, rank) for rank in range(len(self.processes)) if (written := self._failed_at(rank))]
+        return min(failed)[1] if failed else None
+
+    def _failed_at(self, rank: int) -> int | None:
+        """When this rank wrote a failed result (ns), or None."""
+        path = rank_result_path(self.spec.result_path, rank)
+        try:
+            written = os.stat(path).st_mtime_ns
+            return written if yamlio.read_json(path).get("status") != "ok" else None
+        except (OSError, ValueError):
+            return None  # not written (yet)
 
     def all_exited(self) -> bool:
         return all(process.poll() is not None for process in self.processes)
-
-
-def _failed_result(path: str) -> bool:
-    try:
-        return yamlio.read_json(path).get("status") != "ok"
-    except (OSError, ValueError):
-        return False  # not written (yet)
 
 
 def _wait(ranks: _Ranks, timeout_s: float, should_prune: ShouldPrune | None) -> tuple[str, int | None, str | None]:

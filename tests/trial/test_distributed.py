@@ -168,3 +168,23 @@ def _spec_fields(tmp_path: Path) -> dict[str, object]:
         "device_type": "cpu",
         "result_path": str(tmp_path / "result.json"),
     }
+
+
+def test_the_rank_that_failed_first_is_the_cause_not_the_peers_it_knocked_out(tmp_path):
+    from autotune.trial.launch import _Ranks
+
+    class Running:
+        returncode = None
+
+        def poll(self) -> None:
+            return None
+
+    spec = TrialSpec(**_spec_fields(tmp_path), config=TrialConfig(per_device_batch_size=5, world_size=3))
+    ranks = _Ranks(processes=[Running(), Running(), Running()], spec=spec, logs=[])  # type: ignore[list-item]
+    assert ranks.failed_rank() is None
+    failures = {0: ("error", 2_000), 2: ("oom", 1_000), 1: ("ok", 500)}  # rank 2 failed first; rank 0 lost its peer
+    for rank, (status, written_ns) in failures.items():
+        path = tmp_path / ("result.json" if rank == 0 else f"result.json.rank{rank}")
+        yamlio.write_json(path, {"status": status})
+        os.utime(path, ns=(written_ns, written_ns))
+    assert ranks.failed_rank() == 2
