@@ -59,6 +59,7 @@ class TrialConfig:
     intra_op_threads: int | None = None
     world_size: int = 1
     grad_accum_steps: int = 1
+    preload_audio: bool = False  # decode the corpus into RAM once, before the DataLoader starts (data/preload.py)
     extra: dict[str, Any] = field(default_factory=dict)  # workload-specific knobs
 
     def __post_init__(self) -> None:
@@ -103,6 +104,8 @@ class TrialConfig:
             parts.append(f"x{self.world_size}dev")
         if self.grad_accum_steps > 1:
             parts.append(f"accum={self.grad_accum_steps}")
+        if self.preload_audio:
+            parts.append("preload")
         parts += [f"{key}={value}" for key, value in self.extra.items()]
         return " ".join(parts)
 
