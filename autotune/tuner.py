@@ -227,7 +227,8 @@ class Tuner:
         # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
         # random and grid searches stay unseeded (they are the comparisons).
         cold = not self.warm_start and settings.sampler == "tpe" and len(study.trials) == 0
-        self.seeds = [("seed", dict(seed)) for seed in space.seeds] if cold else []
+        seeds = [seed for seed in space.seeds if seed.get("precision") not in self.rejected_precisions]
+        self.seeds = [("seed", dict(seed)) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
         self._started = time.monotonic()
 
@@ -345,15 +346,22 @@ class Tuner:
             log = self.workdir / f"trial-{baseline.number:04d}" / "trial.log"
             raise WorkloadError(f"the workload failed its first training step: {baseline.result.reason} (log: {log})")
         grid = self._grid_points() if self.settings.sampler == "grid" else None
-        for _ in range(self.settings.trials - 1):
+        launched, unlaunched = 1, 0
+        while launched < self.settings.trials:
             if self._out_of_budget():
                 return "budget"
             if self.warm_start or self.seeds:
-                self._run_one(*(self.warm_start or self.seeds).pop(0))
-                continue
-            if grid is not None and not grid:
+                record = self._run_one(*(self.warm_start or self.seeds).pop(0))
+            elif grid is not None and not grid:
                 return "grid exhausted"
-            self._run_one("search", grid.pop(0) if grid is not None else None)
+            else:
+                record = self._run_one("search", grid.pop(0) if grid is not None else None)
+            # A precision the AMP check rejected costs no measuring time, so it does not use up a trial; the sampler
+            # learns to avoid it (value 0), and a space that offers nothing else cannot loop forever.
+            if record.result.status != "precision":
+                launched += 1
+            elif (unlaunched := unlaunched + 1) >= max(self.settings.trials, 10):
+                return "rejected precisions"
         return "trials"
 
     def _grid_points(self) -> list[dict[str, Any]]:

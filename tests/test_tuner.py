@@ -201,6 +201,48 @@ def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_p
     assert first.state == optuna.trial.TrialState.COMPLETE and first.constraints == {"infeasible": 1.0}
 
 
+def test_trials_with_a_rejected_precision_do_not_use_up_the_trial_count_and_seeds_avoid_it(
+    tmp_path, monkeypatch, cpu_hardware
+):
+    from autotune import space
+    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+    from autotune.tuner import Tuner
+
+    launched: list[TrialConfig] = []
+
+    def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
+        launched.append(spec.config)
+        return TrialResult(status="ok", samples_per_second=10.0 + len(launched))
+
+    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    cam = space.load(space.space_path("cam++"), cpu_hardware)
+    assert any(seed.get("precision") == "bf16" for seed in cam.seeds)
+
+    def tuner(sampler: str) -> Tuner:
+        return Tuner(
+            study=optuna.create_study(direction="maximize"),
+            space=cam,
+            make_spec=lambda config, path: TrialSpec(
+                workload="cam++",
+                workload_options={},
+                data_file="",
+                config=config,
+                timing=TimingConfig(),
+                device_type="cpu",
+                result_path=path,
+            ),
+            settings=TunerSettings(trials=6, sampler=sampler, seed=3, confirm_top_k=0, prune=False),
+            workdir=tmp_path,
+            rejected_precisions={"bf16": "rejected"},
+        )
+
+    assert all(seed[1].get("precision") != "bf16" for seed in tuner("tpe").seeds)
+    outcome = tuner("random").run()
+    statuses = [record.result.status for record in outcome.records]
+    assert statuses.count("precision") >= 1 and outcome.stopped_by == "trials"
+    assert len(launched) == 6 and all(config.precision == "fp32" for config in launched)
+
+
 def test_a_trial_another_run_failed_meanwhile_keeps_the_studys_verdict_and_this_runs_measurement(caplog, tmp_path):
     """If a run's heartbeat went unheard (database unreachable), another run may fail its trial as stale; telling
     Optuna the result must not crash the measuring run."""
