@@ -115,6 +115,7 @@ class TtsDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.utterances = tuple(utt for utt, _ in kept)
         self.tokens = tuple(ids for _, ids in kept)
         self.n_filtered = len(utterances) - len(kept)
+        self.frames = tuple(self._frames_of(utt) for utt in self.utterances)  # mel frames: the decoder's length
         self.token_counts = tuple(len(ids) for ids in self.tokens)  # ming024 sorts its batch groups by text length
         self._window = torch.hann_window(config.n_fft)
         self._mel_basis = AF.melscale_fbanks(  # (frequencies, n_mels), as librosa's Slaney mel

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
-from autotune.workloads.common import load_transcribed_data, scheduled_step_hook
+from autotune.workloads.common import load_transcribed_data, longest_batch, scheduled_step_hook
 from autotune.workloads.registry import register
 
 if TYPE_CHECKING:
@@ -126,7 +126,6 @@ def _worst_case_batches(dataset: Any) -> Any:
     from autotune.data.asr import collate_asr_batch
 
     frames = dataset.max_frames
-    longest_first = sorted(range(len(frames)), key=lambda index: -frames[index])
     slowest = copy.copy(dataset)  # the same items, always at the slowest speed
     slowest.speeds = (min(dataset.speeds),)
 
@@ -134,8 +133,8 @@ def _worst_case_batches(dataset: Any) -> Any:
         count = config.per_device_batch_size
         if config.extra.get("batch_type", "static") == "dynamic":
             budget = int(config.extra.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
-            count = max(1, budget // frames[longest_first[0]])
-        return [collate_asr_batch([slowest[index] for index in longest_first[:count]])]
+            count = max(1, budget // max(frames))
+        return [longest_batch(slowest, collate_asr_batch, count, frames)]
 
     return worst
 

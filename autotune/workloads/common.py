@@ -1,8 +1,9 @@
-"""Pieces several workloads share: data that must carry transcripts, and a recipe's per-step optimiser work."""
+"""Pieces several workloads share: data that must carry transcripts, a recipe's per-step optimiser work, and the
+worst-case batch of length-varying samples."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
 
     from autotune.data import DataSource
 
-__all__ = ["load_transcribed_data", "scheduled_step_hook"]
+__all__ = ["load_transcribed_data", "longest_batch", "longest_indices", "scheduled_step_hook"]
 
 
 def load_transcribed_data(path: str | None, *, task: str) -> DataSource:
@@ -56,3 +57,31 @@ def scheduled_step_hook(
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
 
     return hook
+
+
+def longest_indices(count: int, lengths: Sequence[int], *more_lengths: Sequence[int]) -> list[int]:
+    """Up to `count` dataset indices whose padded batch is the longest in every length at once.
+
+    A padded batch costs what its size and its longest item in each dimension make it cost, so the worst one holds
+    the `count` items longest in `lengths` (the one that dominates the cost, e.g. frames), with the longest item of
+    each of `more_lengths` (e.g. text tokens) swapped in for the shortest of them where none of them reaches it.
+
+    Args:
+        count: items per batch.
+        lengths: the primary length of each dataset item.
+        more_lengths: further lengths of each item, in order of importance.
+    """
+    order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], *(-more[index] for more in more_lengths)))
+    chosen = order[:count]
+    slot = len(chosen)
+    for more in more_lengths:
+        top = max(range(len(more)), key=lambda index: (more[index], lengths[index]))
+        if chosen and more[top] > max(more[index] for index in chosen) and slot > 1:  # slot 0 keeps the longest
+            slot -= 1
+            chosen[slot] = top
+    return chosen
+
+
+def longest_batch(dataset: Any, collate_fn: Callable[[list[Any]], Any], count: int, *lengths: Sequence[int]) -> Any:
+    """The worst-case batch as the DataLoader would yield it: `dataset[i]` of `longest_indices`, collated."""
+    return collate_fn([dataset[index] for index in longest_indices(count, *lengths)])

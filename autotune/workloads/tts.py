@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
-from autotune.workloads.common import load_transcribed_data, scheduled_step_hook
+from autotune.workloads.common import load_transcribed_data, longest_batch, scheduled_step_hook
 from autotune.workloads.registry import register
 
 if TYPE_CHECKING:
@@ -106,7 +106,22 @@ def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
         samples_in=lambda batch: int(batch["token_lengths"].shape[0]),
         audio_seconds_in=lambda batch: float(batch["durations_s"].sum()),
         batch_sampler_factory=_batch_sampler_factory(dataset.token_counts),
+        worst_case_batches=_worst_case_batches(dataset),
     )
+
+
+def _worst_case_batches(dataset: Any) -> Any:
+    """The costliest batch a configuration can meet: batch_size utterances with the most mel frames (the decoder's
+    length, at most max_seq_len), holding the one with the most symbols too (the encoder's), padded as the
+    DataLoader pads them. No batch of the text-sorted sampler costs more: each is padded to its longest item in
+    both lengths."""
+    from autotune.data.tts import collate_tts_batch
+
+    def worst(config: TrialConfig) -> list[Any]:
+        count = config.per_device_batch_size
+        return [longest_batch(dataset, collate_tts_batch, count, dataset.frames, dataset.token_counts)]
+
+    return worst
 
 
 def _count_fastspeech2_parameters() -> int:

@@ -72,6 +72,19 @@ def test_batches_are_full_and_sorted_by_text_length(fastspeech2: workloads.Workl
     assert setup.samples_in(batch) == 3 and setup.audio_seconds_in(batch) >= 3.0
 
 
+def test_worst_case_batch_is_the_longest_utterances(fastspeech2: workloads.Workload, tiny_corpus: Path) -> None:
+    setup = _setup(fastspeech2, tiny_corpus, TrialConfig(per_device_batch_size=3))
+    frames, counts = setup.dataset.frames, setup.dataset.token_counts  # type: ignore[attr-defined]
+    assert setup.worst_case_batches is not None
+    (batch,) = setup.worst_case_batches(TrialConfig(per_device_batch_size=3))
+    # Real items, featurised and padded as the DataLoader's: the most frames and the most symbols of the corpus.
+    assert setup.samples_in(batch) == 3 and batch["mels"].shape[1] == max(frames)
+    assert int(batch["token_lengths"].max()) == batch["tokens"].shape[1] == max(counts)
+    assert sorted(batch["mel_lengths"].tolist(), reverse=True)[:2] == sorted(frames, reverse=True)[:2]
+    (single,) = setup.worst_case_batches(TrialConfig(per_device_batch_size=1))
+    assert single["mel_lengths"].tolist() == [max(frames)]
+
+
 def test_optimizer_step_follows_the_noam_schedule_and_clips(fastspeech2: workloads.Workload, tiny_corpus: Path) -> None:
     assert noam_lr(4000) == pytest.approx(256**-0.5 * 4000**-0.5)
     assert noam_lr(1) == pytest.approx(256**-0.5 * 4000**-1.5)
@@ -94,3 +107,4 @@ def test_trains_in_a_trial_subprocess(fastspeech2: workloads.Workload, tiny_corp
     result = run_two_steps("fastspeech2", data, {"model": SMALL_MODEL}, config, tmp_path)
     assert result.samples_per_second and result.samples_per_second > 0
     assert result.audio_seconds_per_second and result.audio_seconds_per_second > result.samples_per_second  # >1 s each
+    assert result.worst_case_batches == 1 and result.worst_case_s  # the longest utterances trained before warm-up
