@@ -15,6 +15,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.pcm import pcm_bytes_of_seconds
+
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.trial.spec import TrialConfig
@@ -55,7 +57,7 @@ def decoded_audio_bytes(data: dict[str, Any]) -> int | None:
     rate = max(data.get("sample_rates") or [16000])
     measured, total = data.get("n_utterances") or 0, data.get("n_utterances_total") or 0
     scale = total / measured if measured and total > measured else 1.0  # a sampled list stands for the whole
-    return int(hours * 3600 * rate * 2 * scale)
+    return pcm_bytes_of_seconds(hours * 3600 * scale, rate)  # as data/preload.py stores it
 
 
 def _data_evidence(winner: dict[str, Any], compute: dict[str, Any], settings: DiagnosisSettings) -> list[str]:

@@ -23,7 +23,7 @@ import torchaudio.functional as AF
 from torch.nn.utils.rnn import pad_sequence
 from torchaudio.compliance import kaldi
 
-from autotune.data.audio import read_segment
+from autotune.data.audio import AudioReader, read_segment
 from autotune.data.features import FbankConfig
 from autotune.data.sources import Utterance
 
@@ -133,6 +133,7 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
         spec_aug: SpecAugmentConfig | None = SpecAugmentConfig(),  # noqa: B008 - frozen, so a shared default is safe
         filter_config: FilterConfig = FilterConfig(),  # noqa: B008
         min_input_frames: int = 1,
+        audio: AudioReader | None = None,
     ) -> None:
         """Tokenise and filter the utterances.
 
@@ -144,6 +145,8 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
             spec_aug: SpecAugment settings; None disables it.
             filter_config: WeNet's filter_conf.
             min_input_frames: drop items that could yield fewer frames (the conformer's x4 subsampling needs 7).
+            audio: what decodes an utterance: None = `read_segment` (from disk, per item); a `PreloadedAudio`
+                holding the kept utterances reads them from RAM.
         """
         if not speeds or min(speeds) <= 0:
             raise ValueError(f"speeds must be positive factors, got {tuple(speeds)}")
@@ -151,6 +154,7 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
         if missing:
             raise ValueError(f"{len(missing)} utterances have no transcript (first: {missing[0]})")
         self.vocabulary, self.fbank, self.speeds, self.spec_aug = vocabulary, fbank, tuple(speeds), spec_aug
+        self.audio: AudioReader = read_segment if audio is None else audio
         kept: list[Utterance] = []
         tokens: list[torch.Tensor] = []
         for utt in utterances:
@@ -170,7 +174,7 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One item: (fbank (frames, num_mel_bins) float32, token ids int64, duration of the source audio in s)."""
         utt = self.utterances[index]
-        waveform, rate = read_segment(utt)
+        waveform, rate = self.audio(utt)
         speed = self.speeds[int(torch.randint(len(self.speeds), (1,)))] if len(self.speeds) > 1 else self.speeds[0]
         source_rate = round(rate * speed)  # playing rate-r audio as if it were r*speed Hz makes it 1/speed as long
         if source_rate != self.fbank.sample_rate:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import numpy as np
 import soundfile as sf
@@ -11,7 +12,36 @@ import torch
 from autotune.data.sources import Utterance
 from autotune.errors import DataError
 
-__all__ = ["read_segment"]
+__all__ = ["AUDIO_READ_ERRORS", "AudioReader", "crop_window", "read_segment", "unreadable_audio"]
+
+# What soundfile raises for a file it cannot open or decode, depending on the failure.
+AUDIO_READ_ERRORS = (sf.LibsndfileError, RuntimeError, OSError)
+
+
+class AudioReader(Protocol):
+    """What datasets decode with: `read_segment`, or a `PreloadedAudio` answering from RAM with the same crops."""
+
+    def __call__(self, utt: Utterance, *, crop_s: float | None = None) -> tuple[torch.Tensor, int]: ...
+
+
+def crop_window(available: int, rate: int, crop_s: float | None) -> tuple[int, int]:
+    """(offset into the segment, samples) of a random crop_s window of a segment of `available` samples.
+
+    The whole segment when crop_s is None or longer than it; otherwise one draw from torch's RNG places it, which
+    the DataLoader seeds per worker. Every reader draws the same way, so crops do not depend on where audio lives.
+    """
+    wanted = available if crop_s is None else min(math.ceil(crop_s * rate), available)
+    offset = int(torch.randint(available - wanted + 1, (1,))) if available > wanted else 0
+    return offset, wanted
+
+
+def unreadable_audio(utt: Utterance, error: BaseException) -> DataError:
+    """The DataError for a listed file that cannot be read now (it was when the data list was loaded)."""
+    reason = str(getattr(error, "error_string", None) or error).replace("\n", " ")
+    return DataError(
+        f"cannot read audio file {utt.path} (utterance {utt.utt_id}): {reason}; it was readable when the "
+        "data was loaded, so check that the file and its storage are intact"
+    )
 
 
 def read_segment(utt: Utterance, *, crop_s: float | None = None) -> tuple[torch.Tensor, int]:
@@ -31,17 +61,10 @@ def read_segment(utt: Utterance, *, crop_s: float | None = None) -> tuple[torch.
             rate = audio.samplerate
             start = utt.start_sample or 0
             stop = audio.frames if utt.stop_sample is None else min(utt.stop_sample, audio.frames)
-            available = max(stop - start, 0)
-            wanted = available if crop_s is None else min(math.ceil(crop_s * rate), available)
-            if available > wanted:
-                start += int(torch.randint(available - wanted + 1, (1,)))
-            audio.seek(start)
+            offset, wanted = crop_window(max(stop - start, 0), rate, crop_s)
+            audio.seek(start + offset)
             data = audio.read(wanted, dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError) as exc:
-        reason = str(getattr(exc, "error_string", None) or exc).replace("\n", " ")
-        raise DataError(
-            f"cannot read audio file {utt.path} (utterance {utt.utt_id}): {reason}; it was readable when the "
-            "data was loaded, so check that the file and its storage are intact"
-        ) from exc
+    except AUDIO_READ_ERRORS as exc:
+        raise unreadable_audio(utt, exc) from exc
     mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
     return torch.from_numpy(np.ascontiguousarray(mono)), rate

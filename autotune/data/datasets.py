@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 import torchaudio.functional as AF
 
-from autotune.data.audio import read_segment
+from autotune.data.audio import AudioReader, read_segment
 from autotune.data.features import FbankConfig, compute_fbank
 from autotune.data.sources import Utterance
 
@@ -31,6 +31,7 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         *,
         crop_s: float = 3.0,
         fbank: FbankConfig = FbankConfig(),  # noqa: B008 - frozen, so a shared default is safe
+        audio: AudioReader | None = None,
     ) -> None:
         """Index the utterances.
 
@@ -39,6 +40,8 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             speakers: speaker names; an item's label is its speaker's index here (``DataSource.speakers``).
             crop_s: length of every crop in seconds.
             fbank: feature settings; ``fbank.sample_rate`` is the rate crops are resampled to.
+            audio: what decodes an utterance: None = `read_segment` (from disk, per item); a `PreloadedAudio` of
+                these utterances reads the same crops from RAM.
         """
         self.utterances = tuple(utterances)
         self.speakers = tuple(speakers)
@@ -49,6 +52,7 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self.labels = tuple(label_of[u.speaker] for u in self.utterances)
         self.crop_s = crop_s
         self.fbank = fbank
+        self.audio: AudioReader = read_segment if audio is None else audio
         self.crop_samples = round(crop_s * fbank.sample_rate)
         self.num_frames = fbank.num_frames(self.crop_samples)
         if self.num_frames == 0:
@@ -71,7 +75,7 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     def _read_crop(self, utt: Utterance) -> torch.Tensor:
         """Decode a random crop_s window of the utterance's segment at fbank rate, zero-padded to crop_samples."""
-        waveform, rate = read_segment(utt, crop_s=self.crop_s)
+        waveform, rate = self.audio(utt, crop_s=self.crop_s)
         if rate != self.fbank.sample_rate:
             waveform = AF.resample(waveform, rate, self.fbank.sample_rate)
         waveform = waveform[: self.crop_samples]

@@ -36,7 +36,7 @@ import torch
 import torchaudio.functional as AF
 from torch.nn.utils.rnn import pad_sequence
 
-from autotune.data.audio import read_segment
+from autotune.data.audio import AudioReader, read_segment
 from autotune.data.sources import Utterance
 
 __all__ = ["SYMBOLS", "MelConfig", "TtsDataset", "collate_tts_batch", "even_durations", "text_to_ids"]
@@ -98,15 +98,25 @@ class MelConfig:
 class TtsDataset(torch.utils.data.Dataset[dict[str, Any]]):
     """Utterances with transcripts as FastSpeech 2 training items (see the module docstring for each target)."""
 
-    def __init__(self, utterances: Sequence[Utterance], *, config: MelConfig = MelConfig(), max_frames: int = 1000):  # noqa: B008
+    def __init__(
+        self,
+        utterances: Sequence[Utterance],
+        *,
+        config: MelConfig = MelConfig(),  # noqa: B008 - frozen, so a shared default is safe
+        max_frames: int = 1000,
+        audio: AudioReader | None = None,
+    ) -> None:
         """Keep utterances with at least one known symbol and at most ``max_frames`` mel frames.
 
         Args:
             utterances: items with ``text`` set.
             config: audio settings.
             max_frames: ming024's max_seq_len (its decoder truncates longer inputs; LJSpeech has none).
+            audio: what decodes an utterance: None = `read_segment` (from disk, per item); a `PreloadedAudio`
+                holding the kept utterances reads them from RAM.
         """
         self.config = config
+        self.audio: AudioReader = read_segment if audio is None else audio
         kept: list[tuple[Utterance, torch.Tensor]] = []
         for utt in utterances:
             ids = text_to_ids(utt.text or "")
@@ -142,7 +152,7 @@ class TtsDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def __getitem__(self, index: int) -> dict[str, Any]:
         """tokens (N,), mel (T, 80), pitch and energy (N,) float32, durations (N,) int64, duration_s."""
         utt, tokens = self.utterances[index], self.tokens[index]
-        waveform, rate = read_segment(utt)
+        waveform, rate = self.audio(utt)
         if rate != self.config.sample_rate:
             waveform = AF.resample(waveform, rate, self.config.sample_rate)
         spectrum = torch.stft(
