@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
-from autotune.workloads.common import load_transcribed_data, longest_batch, scheduled_step_hook
+from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
 from autotune.workloads.registry import register
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
             f"none of the {len(utterances)} utterances passes WeNet's filter (1-200 tokens, at least "
             f"{MIN_INPUT_FRAMES} frames); check the transcripts and durations"
         )
+    preload_s = preload_if_asked(dataset, context)  # before the worst-case copy below, which shares the reader
     model = ConformerASR(**{**options["model"], "vocab_size": len(vocabulary)})
     optimizer = torch.optim.Adam(model.parameters(), lr=warmup_lr(1))
     # GradScaler.step unscales before it calls optimizer.step, so the hook clips true gradients, as WeNet does.
@@ -114,6 +115,7 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
         audio_seconds_in=lambda batch: float(batch["durations_s"].sum()),
         batch_sampler_factory=_batch_sampler_factory(dataset.max_frames, int(options["sort_size"])),
         worst_case_batches=_worst_case_batches(dataset),
+        preload_s=preload_s,
     )
 
 

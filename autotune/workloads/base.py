@@ -66,6 +66,9 @@ class TrainingSetup:
             memory on them fails at once (icefall's pessimistic-batch scan; trial/worst_case.py). For workloads
             whose samples vary in length, e.g. the longest utterances packed to the batch limit; None where every
             batch costs the same (fixed-length crops).
+        preload_s: wall seconds the build spent decoding the dataset's audio into RAM (config.preload_audio;
+            `autotune.workloads.common.preload_if_asked`): part of the trial's setup_s, reported on its own so that
+            a one-off cost can be weighed against the faster steps it buys. 0.0 when items are read from disk.
     """
 
     model: nn.Module
@@ -78,6 +81,7 @@ class TrainingSetup:
     batch_to_device: Callable[[Any, torch.device, bool], Any] = move_to_device
     batch_sampler_factory: BatchSamplerFactory | None = None
     worst_case_batches: Callable[[TrialConfig], list[Any]] | None = None
+    preload_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

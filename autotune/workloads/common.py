@@ -1,5 +1,5 @@
-"""Pieces several workloads share: data that must carry transcripts, a recipe's per-step optimiser work, and the
-worst-case batch of length-varying samples."""
+"""Pieces several workloads share: data that must carry transcripts, audio preloaded into RAM when a trial asks for
+it, a recipe's per-step optimiser work, and the worst-case batch of length-varying samples."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ if TYPE_CHECKING:
     import torch
 
     from autotune.data import DataSource
+    from autotune.workloads.base import WorkloadContext
 
-__all__ = ["load_transcribed_data", "longest_batch", "longest_indices", "scheduled_step_hook"]
+__all__ = ["load_transcribed_data", "longest_batch", "longest_indices", "preload_if_asked", "scheduled_step_hook"]
 
 
 def load_transcribed_data(path: str | None, *, task: str) -> DataSource:
@@ -37,6 +38,30 @@ def load_transcribed_data(path: str | None, *, task: str) -> DataSource:
             "file"
         )
     return source
+
+
+def preload_if_asked(dataset: Any, context: WorkloadContext) -> float:
+    """Decode the dataset's utterances into RAM when the trial's config has preload_audio, and read from there.
+
+    Runs after the dataset is built, so a dataset that filters its utterances (ASR, TTS) preloads only those it
+    keeps; before the DataLoader starts, so its workers share the decoded audio instead of reading files.
+
+    Args:
+        dataset: a dataset with ``utterances`` and an ``audio`` reader (SpeakerCropDataset, AsrDataset, TtsDataset).
+        context: the trial's context; ``context.config.preload_audio`` decides.
+
+    Returns:
+        Wall seconds spent preloading (TrainingSetup.preload_s); 0.0 when the trial does not preload.
+
+    Raises:
+        DataError: an audio file cannot be read now.
+    """
+    if not context.config.preload_audio:
+        return 0.0
+    from autotune.data.preload import PreloadedAudio
+
+    dataset.audio = PreloadedAudio.load(dataset.utterances)
+    return float(dataset.audio.load_s)
 
 
 def scheduled_step_hook(

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
+from autotune.workloads.common import preload_if_asked
 from autotune.workloads.registry import register
 
 __all__ = ["speaker_workload", "load_speaker_data"]
@@ -58,6 +59,8 @@ def _build_speaker_setup(make_embedder: Callable[[dict[str, Any]], Any], context
         from autotune.data.augment import WaveformCropDataset, speechbrain_inputs
 
         dataset_class = WaveformCropDataset
+    dataset = dataset_class(context.data.utterances, context.data.speakers, crop_s=crop_s)
+    preload_s = preload_if_asked(dataset, context)
 
     def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         features, labels = batch
@@ -68,11 +71,12 @@ def _build_speaker_setup(make_embedder: Callable[[dict[str, Any]], Any], context
     return TrainingSetup(
         model=model,
         optimizer=_optimizer(options["optimizer"], options["lr"], model.parameters()),
-        dataset=dataset_class(context.data.utterances, context.data.speakers, crop_s=crop_s),
+        dataset=dataset,
         collate_fn=collate_speaker_batch,
         loss_fn=loss_fn,
         samples_in=lambda batch: int(batch[1].shape[0]),
         audio_seconds_in=lambda batch: int(batch[1].shape[0]) * crop_s,
+        preload_s=preload_s,
     )
 
 

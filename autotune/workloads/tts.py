@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
-from autotune.workloads.common import load_transcribed_data, longest_batch, scheduled_step_hook
+from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
 from autotune.workloads.registry import register
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
             f"none of the {len(context.data.utterances)} utterances is usable for TTS (a transcript with known "
             "characters or {ARPAbet} phones, at most 1000 mel frames = 11.6 s); check the transcripts and durations"
         )
+    preload_s = preload_if_asked(dataset, context)
     d_model = int(options.get("d_model", 256))
     optimizer = torch.optim.Adam(model.parameters(), lr=noam_lr(1, d_model), betas=RECIPE_BETAS, eps=RECIPE_EPS)
     optimizer.register_step_pre_hook(scheduled_step_hook(model, lambda step: noam_lr(step, d_model), RECIPE_GRAD_CLIP))
@@ -107,6 +108,7 @@ def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
         audio_seconds_in=lambda batch: float(batch["durations_s"].sum()),
         batch_sampler_factory=_batch_sampler_factory(dataset.token_counts),
         worst_case_batches=_worst_case_batches(dataset),
+        preload_s=preload_s,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +117,27 @@ def test_trains_in_a_trial_subprocess(corpus: Path, tmp_path: Path, workers: int
     assert result.all_losses_finite and result.window_steps == 1
     assert result.samples_per_second and result.samples_per_second > 0
     assert result.audio_seconds_per_second and result.audio_seconds_per_second > result.samples_per_second  # >1 s each
+
+
+def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
+    conformer: workloads.Workload, corpus: Path, tmp_path: Path
+) -> None:
+    source = conformer.load_data(str(shutil.copytree(corpus, tmp_path / "corpus")))
+    # The filter drops an utterance without tokens: its audio (missing here) must not be preloaded.
+    dropped = replace(source.utterances[0], utt_id="no-text", path=str(tmp_path / "gone.wav"), text="")
+    config = TrialConfig(per_device_batch_size=2, preload_audio=True)
+    context = WorkloadContext(
+        data=replace(source, utterances=(*source.utterances, dropped)),
+        config=config,
+        options={**conformer.options, "model": SMALL_MODEL},
+        device=torch.device("cpu"),
+    )
+    setup = conformer.build(context)
+    assert setup.preload_s > 0 and len(setup.dataset.audio) == len(setup.dataset) == 6  # type: ignore[attr-defined]
+    for utt in source.utterances:
+        Path(utt.path).unlink()
+    feats, tokens, _ = setup.dataset[0]  # type: ignore[misc]
+    assert feats.shape[1] == 80 and len(tokens) > 0
+    assert setup.worst_case_batches is not None  # its copy of the dataset reads from RAM too
+    (batch,) = setup.worst_case_batches(config)
+    assert setup.samples_in(batch) == 2

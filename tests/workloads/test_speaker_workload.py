@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,11 @@ from tests.workloads.short_trial import run_two_steps
 SMALL_ECAPA = {"crop_s": 0.5, "channels": 64}
 
 
-def _setup(tiny_corpus: Path, **options: object) -> workloads.TrainingSetup:
+def _setup(tiny_corpus: Path, preload: bool = False, **options: object) -> workloads.TrainingSetup:
     workload = workloads.get("ecapa-tdnn")
     context = WorkloadContext(
         data=workload.load_data(str(tiny_corpus)),
-        config=TrialConfig(per_device_batch_size=3),
+        config=TrialConfig(per_device_batch_size=3, preload_audio=preload),
         options={**workload.options, **SMALL_ECAPA, **options},
         device=torch.device("cpu"),
     )
@@ -58,10 +59,24 @@ def test_bad_copies_are_refused(tiny_corpus: Path, copies: object) -> None:
         _setup(tiny_corpus, augment_copies=copies)
 
 
-def test_trains_with_augmentation_in_a_trial_subprocess(tiny_corpus: Path, tmp_path: Path) -> None:
+def test_trains_with_augmentation_from_preloaded_audio_in_a_trial_subprocess(tiny_corpus: Path, tmp_path: Path) -> None:
     data = workloads.get("ecapa-tdnn").load_data(str(tiny_corpus))
     options = {**SMALL_ECAPA, "augment_copies": 4}
-    result = run_two_steps("ecapa-tdnn", data, options, TrialConfig(per_device_batch_size=2, num_workers=1), tmp_path)
+    config = TrialConfig(per_device_batch_size=2, num_workers=1, preload_audio=True)
+    result = run_two_steps("ecapa-tdnn", data, options, config, tmp_path)
     assert result.samples_per_second and result.samples_per_second > 0
+    assert result.preload_s and 0 < result.preload_s < result.setup_s  # reported on its own, counted in set-up
     # Loader samples: 0.5 s each, however many augmented copies the model saw.
     assert result.audio_seconds_per_second == pytest.approx(0.5 * result.samples_per_second, rel=1e-6)
+
+
+def test_preloaded_dataset_reads_nothing_from_disk(tiny_corpus: Path, tmp_path: Path) -> None:
+    copied = shutil.copytree(tiny_corpus, tmp_path / "corpus")
+    setup, waveforms = _setup(copied, preload=True), _setup(copied, preload=True, augment_copies=4)
+    assert setup.preload_s > 0 and len(setup.dataset.audio) == len(setup.dataset) == 12  # type: ignore[attr-defined]
+    for wav in copied.rglob("*.wav"):
+        wav.unlink()
+    features, _ = setup.dataset[0]  # type: ignore[misc]
+    waveform, _ = waveforms.dataset[0]  # type: ignore[misc]
+    assert features.shape == (48, 80) and waveform.shape == (8000,)  # fbank in the workers, or a waveform crop
+    assert _setup(tiny_corpus).preload_s == 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +110,25 @@ def test_trains_in_a_trial_subprocess(fastspeech2: workloads.Workload, tiny_corp
     assert result.samples_per_second and result.samples_per_second > 0
     assert result.audio_seconds_per_second and result.audio_seconds_per_second > result.samples_per_second  # >1 s each
     assert result.worst_case_batches == 1 and result.worst_case_s  # the longest utterances trained before warm-up
+
+
+def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
+    fastspeech2: workloads.Workload, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    source = fastspeech2.load_data(str(shutil.copytree(tiny_corpus, tmp_path / "corpus")))
+    # No known symbol: the dataset drops it, so its audio (missing here) must not be preloaded.
+    dropped = replace(source.utterances[0], utt_id="no-text", path=str(tmp_path / "gone.wav"), text="%")
+    options = {**fastspeech2.options, "model": SMALL_MODEL}
+
+    def build(preload: bool) -> workloads.TrainingSetup:
+        config = TrialConfig(per_device_batch_size=3, preload_audio=preload)
+        data = replace(source, utterances=(*source.utterances, dropped))
+        return fastspeech2.build(WorkloadContext(data=data, config=config, options=options, device=torch.device("cpu")))
+
+    from_disk, from_ram = build(False), build(True)
+    assert from_disk.preload_s == 0.0 and from_ram.preload_s > 0
+    assert len(from_ram.dataset.audio) == len(from_ram.dataset) == 12  # type: ignore[attr-defined]
+    expected = from_disk.dataset[0]  # type: ignore[index]
+    for utt in source.utterances:
+        Path(utt.path).unlink()
+    assert torch.equal(from_ram.dataset[0]["mel"], expected["mel"])  # type: ignore[index]
