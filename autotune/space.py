@@ -17,7 +17,8 @@ A space file looks like::
 batch_size by the world size), so with several devices the baseline gets its share; the default `per_device` keeps
 it per device (WeNet, SpeechBrain). `when` holds conditions that are data, never code: a key is
 `device` or an earlier parameter; a value is a scalar (equals), a list (one of), or a mapping with `at_least`,
-`at_most`, `equals` or `one_of`. `from_dict` is the one pure function from a mapping to a SearchSpace.
+`at_most`, `equals` or `one_of`. `from_dict` is the one pure function from a mapping to a SearchSpace; fitting the
+recipe's values (baseline, seeds, `auto`, batches per device) into this machine's space is `autotune.space_fit`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import optuna.distributions as od
 
 from autotune import yamlio
 from autotune.errors import SpaceError
+from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds, resolve_auto
 
 if TYPE_CHECKING:
     import optuna
@@ -55,7 +57,6 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 _CONDITION_OPS = {"at_least", "at_most", "equals", "one_of"}
 _TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
 _DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
-_RECIPE_BATCH = ("per_device", "global")
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 
 
@@ -125,19 +126,6 @@ def _suggest(trial: optuna.Trial, param: Param) -> Any:
     return trial.suggest_float(param.name, dist.low, dist.high, step=dist.step, log=dist.log)
 
 
-def contains(distribution: od.BaseDistribution, value: Any) -> bool:
-    """Whether a distribution can produce this value."""
-    if isinstance(distribution, od.CategoricalDistribution):
-        return any(type(value) is type(choice) and value == choice for choice in distribution.choices)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if not distribution.low <= value <= distribution.high:  # type: ignore[attr-defined]
-        return False
-    if isinstance(distribution, od.IntDistribution):
-        return isinstance(value, int) and (value - distribution.low) % distribution.step == 0
-    return True
-
-
 def space_path(name: str) -> Path:
     """The built-in space file of a workload, by workload name or file name."""
     return SPACES_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
@@ -202,10 +190,10 @@ def from_dict(
         if param is not None:
             params.append(param)
     if global_batch_size is not None:
-        params = [_fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
+        params = [fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
     fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
     raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
-    raw_baseline, device_notes = _baseline_per_device(
+    raw_baseline, device_notes = baseline_per_device(
         raw_baseline, merged.get("recipe_batch", "per_device"), world_size, global_batch_size, origin
     )
     space = SearchSpace(
@@ -225,77 +213,8 @@ def from_dict(
         device_type=device_type,
         source=space.source,
         baseline_notes=(*device_notes, *notes),
-        seeds=_fit_seeds(merged.get("seeds"), space, baseline, hardware, known, origin),
+        seeds=fit_seeds(_check_seeds(merged.get("seeds"), known, origin), space, baseline, hardware),
     )
-
-
-def _fit_seeds(
-    raw: Any,
-    space: SearchSpace,
-    baseline: dict[str, Any],
-    hardware: Hardware,
-    known: dict[str, Any],
-    origin: str,
-) -> tuple[dict[str, Any], ...]:
-    """Seeds as points of this machine's space: `auto` resolved, a list value taken as an order of preference (the
-    first this machine offers), values fitted to the nearest allowed one; duplicates and the baseline dropped."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
-        raise SpaceError(f"{origin}: 'seeds' must be a list of mappings of parameter name to value")
-    distributions = {param.name: param.distribution for param in space.params}
-    seeds: list[dict[str, Any]] = []
-    for entry in raw:
-        wanted: dict[str, Any] = {}
-        for name, value in _check_values(entry, known, origin, "seeds").items():
-            choices = value if isinstance(value, list) else [value]
-            choices = [_resolve_auto(choice, hardware) for choice in choices]
-            offered = [c for c in choices if name not in distributions or contains(distributions[name], c)]
-            wanted[name] = (offered or choices)[0]
-        point, _ = adapt_baseline(space, wanted)
-        if point != baseline and point not in seeds:
-            seeds.append(point)
-    return tuple(seeds)
-
-
-def _fit_global_batch(param: Param, global_batch_size: int, world_size: int, origin: str) -> Param:
-    """Keep only per-device batches b with b x world_size dividing the global batch (the rest is accumulation)."""
-    if param.name != "per_device_batch_size":
-        return param
-    dist = param.distribution
-    if isinstance(dist, od.CategoricalDistribution):
-        candidates = list(dist.choices)
-    elif isinstance(dist, od.IntDistribution) and not dist.log:
-        candidates = list(range(dist.low, dist.high + 1, dist.step))
-    else:
-        candidates = [b for b in range(1, global_batch_size + 1) if contains(dist, b)]
-    valid = [b for b in candidates if isinstance(b, int) and global_batch_size % (b * world_size) == 0]
-    if not valid:
-        raise SpaceError(
-            f"{origin}: no per_device_batch_size in the space ({candidates}) times {world_size} device(s) divides "
-            f"--global-batch {global_batch_size}; choose a global batch that is a multiple of one of them"
-        )
-    return Param(name=param.name, distribution=od.CategoricalDistribution(valid), when=param.when)
-
-
-def _baseline_per_device(
-    baseline: dict[str, Any], recipe_batch: Any, world_size: int, global_batch_size: int | None, origin: str
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The recipe's batch as one device's share: of --global-batch when given, of a global recipe batch otherwise."""
-    if recipe_batch not in _RECIPE_BATCH:
-        raise SpaceError(f"{origin}: recipe_batch must be one of {list(_RECIPE_BATCH)}, got {recipe_batch!r}")
-    recipe = baseline.get("per_device_batch_size")
-    if recipe is None:
-        return baseline, ()
-    if global_batch_size is not None:
-        share = max(1, global_batch_size // world_size)
-        note = f"per_device_batch_size: --global-batch {global_batch_size} over {world_size} device(s) -> {share}"
-    elif recipe_batch == "global" and world_size > 1:
-        share = max(1, recipe // world_size)
-        note = f"per_device_batch_size: the recipe's global batch {recipe} over {world_size} devices -> {share}"
-    else:
-        return baseline, ()
-    return {**baseline, "per_device_batch_size": share}, (note,)
 
 
 def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:
@@ -326,8 +245,12 @@ def _check_values(values: Any, known: dict[str, Any], origin: str, section: str)
     return dict(values)
 
 
-def _resolve_auto(value: Any, hardware: Hardware) -> Any:
-    return hardware.cpu_cores if value == "auto" else value
+def _check_seeds(raw: Any, known: dict[str, Any], origin: str) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
+        raise SpaceError(f"{origin}: 'seeds' must be a list of mappings of parameter name to value")
+    return [_check_values(entry, known, origin, "seeds") for entry in raw]
 
 
 def _build_param(name: str, spec: Any, hardware: Hardware, origin: str, earlier: set[str]) -> Param | None:
@@ -382,7 +305,7 @@ def _numeric(kind: str, spec: dict[str, Any], hardware: Hardware, where: str) ->
     allowed = {"low", "high", "step", "log"}
     if set(spec) - allowed or not {"low", "high"} <= set(spec):
         raise SpaceError(f"{where}: an {kind} needs 'low' and 'high' (optional 'step', 'log') and nothing else")
-    low, high = _resolve_auto(spec["low"], hardware), _resolve_auto(spec["high"], hardware)
+    low, high = resolve_auto(spec["low"], hardware), resolve_auto(spec["high"], hardware)
     number = int if kind == "int" else (int, float)
     if not all(isinstance(v, number) and not isinstance(v, bool) for v in (low, high)):
         raise SpaceError(f"{where}: 'low' and 'high' must be {kind}s (or 'auto' for the CPU cores)")
@@ -426,48 +349,3 @@ def _holds(value: Any, rule: Any) -> bool:
         "one_of": lambda options: value in options,
     }
     return all(checks[op](arg) for op, arg in rule.items())
-
-
-# What a training script gets when it does not set a knob: torch's own defaults (all cores for intra-op threads).
-_UNSET_DEFAULTS: dict[str, Any] = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
-
-
-def adapt_baseline(space: SearchSpace, recipe: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Fit the recipe's configuration into this machine's space, saying what had to change and why.
-
-    Knobs the recipe does not set get what an untouched training script gets, so that the sampler never picks
-    them for the baseline.
-    """
-    baseline: dict[str, Any] = {}
-    notes: list[str] = []
-    for param in space.params:
-        if not param.applies(baseline, space.device_type):
-            continue
-        wanted = recipe.get(param.name)
-        if wanted is None:
-            default = _UNSET_DEFAULTS.get(param.name, getattr(param.distribution, "high", None))
-            wanted = default if param.name != "precision" else "fp32"
-        value = _nearest(param.distribution, wanted)
-        if param.name in recipe and value != wanted:
-            notes.append(f"{param.name}: recipe {wanted!r} -> {value!r} (outside this machine's space)")
-        baseline[param.name] = value
-    searched = {param.name for param in space.params}
-    for name in recipe:
-        if name not in searched and name not in space.fixed:
-            notes.append(f"{name}: recipe {recipe[name]!r} does not apply to this device")
-    return {**space.fixed, **baseline}, tuple(notes)
-
-
-def _nearest(distribution: od.BaseDistribution, wanted: Any) -> Any:
-    if contains(distribution, wanted):
-        return wanted
-    if isinstance(distribution, od.CategoricalDistribution):
-        numeric = [c for c in distribution.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if numeric and isinstance(wanted, (int, float)):
-            return min(numeric, key=lambda c: (abs(c - wanted), -c))
-        return "fp32" if "fp32" in distribution.choices else distribution.choices[0]
-    low, high = distribution.low, distribution.high  # type: ignore[attr-defined]
-    if isinstance(distribution, od.IntDistribution):
-        clamped = min(max(int(wanted), low), high)
-        return low + (clamped - low) // distribution.step * distribution.step
-    return float(min(max(wanted, low), high))

@@ -1,0 +1,161 @@
+"""Fitting values into one machine's search space: the recipe's baseline, seeds, `auto` and the global batch.
+
+`autotune.space` parses a space file into distributions; this module decides which concrete values a run starts from
+on this machine. A recipe written for other hardware may name a value the machine does not offer (bf16 on an old
+GPU, 16 workers on 8 cores): it is moved to the nearest offered value, with a note saying so, rather than rejected.
+Seeds name preference lists (`[bf16, fp32]`: the first this machine offers), `auto` is one rank's share of the
+cores, and with several devices the recipe's batch becomes one device's share of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import optuna.distributions as od
+
+from autotune.errors import SpaceError
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+    from autotune.space import Param, SearchSpace
+
+__all__ = [
+    "RECIPE_BATCH",
+    "adapt_baseline",
+    "baseline_per_device",
+    "contains",
+    "fit_global_batch",
+    "fit_seeds",
+    "resolve_auto",
+]
+
+RECIPE_BATCH = ("per_device", "global")
+# What a training script gets when it does not set a knob: torch's own defaults (all cores for intra-op threads).
+_UNSET_DEFAULTS: dict[str, Any] = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
+
+
+def contains(distribution: od.BaseDistribution, value: Any) -> bool:
+    """Whether a distribution can produce this value."""
+    if isinstance(distribution, od.CategoricalDistribution):
+        return any(type(value) is type(choice) and value == choice for choice in distribution.choices)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if not distribution.low <= value <= distribution.high:  # type: ignore[attr-defined]
+        return False
+    if isinstance(distribution, od.IntDistribution):
+        return isinstance(value, int) and (value - distribution.low) % distribution.step == 0
+    return True
+
+
+def resolve_auto(value: Any, hardware: Hardware) -> Any:
+    """`auto` as the CPU cores one rank may use (`hardware` already holds one rank's share); other values as given."""
+    return hardware.cpu_cores if value == "auto" else value
+
+
+def fit_seeds(
+    entries: list[dict[str, Any]], space: SearchSpace, baseline: dict[str, Any], hardware: Hardware
+) -> tuple[dict[str, Any], ...]:
+    """Seeds as points of this machine's space: `auto` resolved, a list value taken as an order of preference (the
+    first this machine offers), values fitted to the nearest allowed one; duplicates and the baseline dropped.
+
+    Args:
+        entries: the space file's seeds, already checked to name known knobs.
+        space: this machine's space (its baseline not yet set).
+        baseline: the fitted baseline, which a seed would only measure again.
+        hardware: one rank's share of the machine, for `auto`.
+    """
+    distributions = {param.name: param.distribution for param in space.params}
+    seeds: list[dict[str, Any]] = []
+    for entry in entries:
+        wanted: dict[str, Any] = {}
+        for name, value in entry.items():
+            choices = value if isinstance(value, list) else [value]
+            choices = [resolve_auto(choice, hardware) for choice in choices]
+            offered = [c for c in choices if name not in distributions or contains(distributions[name], c)]
+            wanted[name] = (offered or choices)[0]
+        point, _ = adapt_baseline(space, wanted)
+        if point != baseline and point not in seeds:
+            seeds.append(point)
+    return tuple(seeds)
+
+
+def fit_global_batch(param: Param, global_batch_size: int, world_size: int, origin: str) -> Param:
+    """Keep only per-device batches b with b x world_size dividing the global batch (the rest is accumulation)."""
+    if param.name != "per_device_batch_size":
+        return param
+    dist = param.distribution
+    if isinstance(dist, od.CategoricalDistribution):
+        candidates = list(dist.choices)
+    elif isinstance(dist, od.IntDistribution) and not dist.log:
+        candidates = list(range(dist.low, dist.high + 1, dist.step))
+    else:
+        candidates = [b for b in range(1, global_batch_size + 1) if contains(dist, b)]
+    valid = [b for b in candidates if isinstance(b, int) and global_batch_size % (b * world_size) == 0]
+    if not valid:
+        raise SpaceError(
+            f"{origin}: no per_device_batch_size in the space ({candidates}) times {world_size} device(s) divides "
+            f"--global-batch {global_batch_size}; choose a global batch that is a multiple of one of them"
+        )
+    return replace(param, distribution=od.CategoricalDistribution(valid))
+
+
+def baseline_per_device(
+    baseline: dict[str, Any], recipe_batch: Any, world_size: int, global_batch_size: int | None, origin: str
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The recipe's batch as one device's share: of --global-batch when given, of a global recipe batch otherwise."""
+    if recipe_batch not in RECIPE_BATCH:
+        raise SpaceError(f"{origin}: recipe_batch must be one of {list(RECIPE_BATCH)}, got {recipe_batch!r}")
+    recipe = baseline.get("per_device_batch_size")
+    if recipe is None:
+        return baseline, ()
+    if global_batch_size is not None:
+        share = max(1, global_batch_size // world_size)
+        note = f"per_device_batch_size: --global-batch {global_batch_size} over {world_size} device(s) -> {share}"
+    elif recipe_batch == "global" and world_size > 1:
+        share = max(1, recipe // world_size)
+        note = f"per_device_batch_size: the recipe's global batch {recipe} over {world_size} devices -> {share}"
+    else:
+        return baseline, ()
+    return {**baseline, "per_device_batch_size": share}, (note,)
+
+
+def adapt_baseline(space: SearchSpace, recipe: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Fit the recipe's configuration into this machine's space, saying what had to change and why.
+
+    Knobs the recipe does not set get what an untouched training script gets, so that the sampler never picks
+    them for the baseline.
+    """
+    baseline: dict[str, Any] = {}
+    notes: list[str] = []
+    for param in space.params:
+        if not param.applies(baseline, space.device_type):
+            continue
+        wanted = recipe.get(param.name)
+        if wanted is None:
+            default = _UNSET_DEFAULTS.get(param.name, getattr(param.distribution, "high", None))
+            wanted = default if param.name != "precision" else "fp32"
+        value = _nearest(param.distribution, wanted)
+        if param.name in recipe and value != wanted:
+            notes.append(f"{param.name}: recipe {wanted!r} -> {value!r} (outside this machine's space)")
+        baseline[param.name] = value
+    searched = {param.name for param in space.params}
+    for name in recipe:
+        if name not in searched and name not in space.fixed:
+            notes.append(f"{name}: recipe {recipe[name]!r} does not apply to this device")
+    return {**space.fixed, **baseline}, tuple(notes)
+
+
+def _nearest(distribution: od.BaseDistribution, wanted: Any) -> Any:
+    if contains(distribution, wanted):
+        return wanted
+    if isinstance(distribution, od.CategoricalDistribution):
+        numeric = [c for c in distribution.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if numeric and isinstance(wanted, (int, float)):
+            return min(numeric, key=lambda c: (abs(c - wanted), -c))
+        return "fp32" if "fp32" in distribution.choices else distribution.choices[0]
+    low, high = distribution.low, distribution.high  # type: ignore[attr-defined]
+    if isinstance(distribution, od.IntDistribution):
+        clamped = min(max(int(wanted), low), high)
+        return low + (clamped - low) // distribution.step * distribution.step
+    return float(min(max(wanted, low), high))
