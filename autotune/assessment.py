@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.diagnosis import diagnose
+from autotune.preloading import preload_report
 from autotune.trial import TrialConfig, TrialResult, TrialSpec, launch
 from autotune.trial.amp_check import (
     AmpCheckResult,
@@ -160,6 +161,9 @@ def assess(
         tuned.notes.extend(rejected.values())
         if amp.status != "ok":
             tuned.notes.append(f"the AMP check could not judge: {amp.reason}")
+    metrics["preload"], preload_note = preload_report(outcome)
+    if preload_note:
+        tuned.notes.append(preload_note)
     metrics["diagnosis"] = diagnose(
         winner,
         config=config,

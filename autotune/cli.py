@@ -29,6 +29,7 @@ stdout_console = Console()
 
 EXIT_NO_STABLE_CONFIG = 1
 EXIT_REGRESSION = 3  # autotune.drift.REGRESSION_EXIT_CODE, kept literal so that --help needs no heavy import
+ERRATIC_THROUGHPUT_CV = 0.3  # autotune.trial.spec.ERRATIC_THROUGHPUT_CV, literal for the same reason
 EXIT_INTERRUPTED = 130
 
 RUN_HELP = """Tune the training throughput of a model on this machine and write the fastest stable configuration.
@@ -162,10 +163,13 @@ def run(
     ] = "5m",
     confirm: Annotated[int, typer.Option(help="How many leading configurations to re-measure before choosing.")] = 3,
     headroom: Annotated[float, typer.Option(help="Fraction of device memory a winner must leave free.")] = 0.10,
-    max_step_cv: Annotated[
-        Optional[float],
-        typer.Option(help="Reject configurations whose step times vary more than this (std/mean); off by default."),
-    ] = None,
+    max_throughput_cv: Annotated[
+        float,
+        typer.Option(
+            help="Reject configurations whose throughput varies more than this across the window's quarters "
+            "(std/mean), in two windows; 0 switches the gate off."
+        ),
+    ] = ERRATIC_THROUGHPUT_CV,
     crop_seconds: Annotated[
         Optional[float], typer.Option(help="Audio crop per training sample (the recipe's 3.0 s by default).")
     ] = None,
@@ -229,10 +233,13 @@ def run(
             raise UserError("--window must be > 0, --warmup-steps >= 1, --headroom in [0, 1) and --confirm >= 0")
         if crop_seconds is not None and crop_seconds <= 0:
             raise UserError(f"--crop-seconds must be positive, got {crop_seconds}")
-        if max_step_cv is not None and max_step_cv <= 0:
-            raise UserError(f"--max-step-cv must be positive, got {max_step_cv}")
+        if max_throughput_cv < 0:
+            raise UserError(f"--max-throughput-cv must be 0 (off) or positive, got {max_throughput_cv}")
         timing = TimingConfig(
-            warmup_steps=warmup_steps, window_s=window, memory_headroom_fraction=headroom, max_step_time_cv=max_step_cv
+            warmup_steps=warmup_steps,
+            window_s=window,
+            memory_headroom_fraction=headroom,
+            max_throughput_cv=max_throughput_cv or None,
         )
         settings = TunerSettings(
             trials=trials,

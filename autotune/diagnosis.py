@@ -100,7 +100,9 @@ def _data_next(config: TrialConfig, hardware: Hardware, data: dict[str, Any], se
     elif config.num_workers < cores:
         steps.append(f"more DataLoader workers (now {config.num_workers}; this machine has {cores} CPU cores)")
     decoded, budget = decoded_audio_bytes(data), settings.preload_memory_fraction * hardware.memory_bytes
-    if decoded is not None and budget and decoded <= budget:
+    if config.preload_audio:
+        pass  # already preloaded: no storage reads or decoding per step left to remove
+    elif decoded is not None and budget and decoded <= budget:
         steps.append(
             f"preload the decoded audio into RAM (~{decoded / 2**30:.1f} GiB as 16-bit PCM, within the "
             f"{budget / 2**30:.0f} GiB budget of {settings.preload_memory_fraction:.0%} of RAM): no decoding or "

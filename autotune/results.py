@@ -139,6 +139,15 @@ class TunedConfig:
             "note": "dynamic batches: a padded-frame budget per device batch; per_device_batch_size is unused",
         }
 
+    def _audio(self) -> dict[str, Any]:
+        if not self.config.preload_audio:
+            return {"preload_decoded": False}
+        return {
+            "preload_decoded": True,
+            "note": "decode every utterance once into RAM (16-bit PCM) before the DataLoader starts, and crop from "
+            "there: autotune.data.preload.PreloadedAudio does it for autotune's datasets; see metrics.preload",
+        }
+
     def to_dict(self) -> dict[str, Any]:
         config = self.config
         return {
@@ -162,6 +171,7 @@ class TunedConfig:
                 "grad_scaler": self.precision.uses_grad_scaler,
             },
             "threads": {"intra_op_threads": config.intra_op_threads},
+            "audio": self._audio(),
             "workload_knobs": dict(config.extra),
             "metrics": self.metrics,
             "notes": list(self.notes),
@@ -184,6 +194,7 @@ class TunedConfig:
             intra_op_threads=(data.get("threads") or {}).get("intra_op_threads"),
             world_size=batch["world_size"],
             grad_accum_steps=batch["grad_accum_steps"],
+            preload_audio=bool((data.get("audio") or {}).get("preload_decoded", False)),
             extra=dict(data.get("workload_knobs") or {}),
         )
         return cls(

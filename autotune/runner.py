@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 
-from autotune import __version__, assessment, drift, history, storage, warmstart, workloads, yamlio
+from autotune import __version__, assessment, drift, history, preloading, storage, warmstart, workloads, yamlio
 from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
@@ -245,6 +245,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         strict_baseline=":" in request.model,
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
         rejected_precisions=amp.rejected() if amp else None,
+        preload_probe=preloading.preload_probe(plan),
     )
     outcome = tuner.run()
     ceiling = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import shutil
 import statistics
@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import optuna
 
 from autotune import storage
+from autotune.candidates import Candidate, TrialRecord, config_key, config_params, pick_winner
 from autotune.errors import WorkloadError
 from autotune.space import SearchSpace
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
@@ -29,17 +30,11 @@ __all__ = [
     "Tuner",
     "make_sampler",
     "config_params",
+    "pick_winner",
 ]
 
 logger = logging.getLogger(__name__)
-FEASIBILITY = "infeasible"
-MIN_NOISE_FRACTION = 0.01
-_PRECISION_RISK = {
-    "fp32": 0,
-    "tf32": 1,
-    "bf16": 2,
-    "fp16": 3,
-}  # fp16 can overflow; fp32 cannot  # the constraint told to Optuna: > 0 means the configuration cannot be used
+FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,51 +84,6 @@ class _Pruner:
 
 
 @dataclass(kw_only=True, slots=True)
-class TrialRecord:
-    """One measured trial of this run."""
-
-    number: int
-    role: str  # baseline | search | confirm
-    config: TrialConfig
-    result: TrialResult
-
-    @property
-    def value(self) -> float:
-        return self.result.samples_per_second or 0.0
-
-
-@dataclass(kw_only=True, slots=True)
-class Candidate:
-    """A configuration and every measurement of it in this run."""
-
-    config: TrialConfig
-    records: list[TrialRecord]
-
-    @property
-    def feasible(self) -> bool:
-        return all(record.result.feasible for record in self.records)
-
-    @property
-    def values(self) -> list[float]:
-        return [record.value for record in self.records if record.result.feasible]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values) if self.values else 0.0
-
-    @property
-    def spread_fraction(self) -> float:
-        """(max - min) / median of the measurements: this machine's noise for this configuration."""
-        values = self.values
-        return (max(values) - min(values)) / self.median if len(values) > 1 and self.median else 0.0
-
-    def safety_key(self) -> tuple[int, int, int]:
-        """Smaller is safer: memory (in 256 MiB steps, finer is noise), then workers, then numeric precision."""
-        peak = max((record.result.peak_memory_bytes or 0) for record in self.records)
-        return peak // 2**28, self.config.num_workers, _PRECISION_RISK.get(self.config.precision, 9)
-
-
-@dataclass(kw_only=True, slots=True)
 class TuningOutcome:
     """What a run found."""
 
@@ -177,10 +127,6 @@ def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.Ba
     raise ValueError(f"unknown sampler {name!r}")
 
 
-def _config_key(config: TrialConfig) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
-
-
 class Tuner:
     """Runs one tuning session against an Optuna study.
 
@@ -200,6 +146,9 @@ class Tuner:
             winner (role "previous", always among the confirmed) and its best neighbours (role "warm").
         rejected_precisions: precisions the AMP check rejected, with the reason: a trial with one is recorded as
             status "precision" (infeasible to Optuna) without being launched.
+        preload_probe: says whether the best configuration so far is worth measuring with its decoded audio
+            preloaded into RAM (it waits for data and the corpus fits the RAM budget); if so, the search's last trial
+            (role "preload") measures it. None: never.
     """
 
     def __init__(
@@ -217,7 +166,9 @@ class Tuner:
         strict_baseline: bool = False,
         warm_start: tuple[tuple[str, dict[str, Any]], ...] = (),
         rejected_precisions: dict[str, str] | None = None,
+        preload_probe: Callable[[TrialRecord], bool] | None = None,
     ) -> None:
+        self.preload_probe = preload_probe
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.rejected_precisions = dict(rejected_precisions or {})  # by the AMP check: precision -> why
         self.workdir, self.reporter = workdir, reporter or _SilentReporter()
@@ -256,7 +207,7 @@ class Tuner:
                 result = TrialResult(status="precision", reason=self.rejected_precisions[config.precision])
             else:
                 with storage.heartbeat(self.study, trial):
-                    result = launch(spec, workdir=folder, timeout_s=self.settings.trial_timeout_s, should_prune=pruner)
+                    result = self._launch(spec, folder, pruner)
         except BaseException:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
@@ -267,6 +218,21 @@ class Tuner:
         self.records.append(record)
         self.reporter.trial_finished(record, self.best())
         return record
+
+    def _launch(self, spec: TrialSpec, folder: Path, pruner: _Pruner | None) -> TrialResult:
+        """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
+        condemns it (a passing load on a shared machine must not; a configuration that stalls does it again)."""
+        timeout_s = self.settings.trial_timeout_s
+        result = launch(spec, workdir=folder, timeout_s=timeout_s, should_prune=pruner)
+        if result.status != "erratic":
+            return result
+        logger.warning("%s: %s; measuring it once more", spec.config.short(), result.reason)
+        retry_spec = dataclasses.replace(spec, result_path=str(folder / "retry" / "result.json"))
+        retry = launch(retry_spec, workdir=folder / "retry", timeout_s=timeout_s, should_prune=pruner)
+        retry.wall_s = (retry.wall_s or 0.0) + (result.wall_s or 0.0)
+        if retry.status == "erratic":
+            retry.reason = f"{retry.reason}, and CV {result.throughput_cv:.2f} in the first window"
+        return retry
 
     def _tell(self, trial: optuna.Trial, record: TrialRecord, pruner: _Pruner | None) -> None:
         """Record the trial in the study. If another run has meanwhile failed it as stale (this run's heartbeat went
@@ -307,9 +273,21 @@ class Tuner:
         wanted = per_trial * self.settings.confirm_top_k * self.settings.confirm_repeats
         return min(wanted, 0.25 * self.settings.budget_s) if self.settings.budget_s else wanted
 
-    def _out_of_budget(self) -> bool:
+    def _out_of_budget(self, spare_trials: int = 0) -> bool:
+        """No time left for another trial (beyond spare_trials more) before confirmation's reserve."""
         budget = self.settings.budget_s
-        return budget is not None and self.elapsed_s() + self._reserve_s() >= budget
+        if budget is None:
+            return False
+        walls = [record.result.wall_s for record in self.records if record.result.wall_s]
+        spare_s = spare_trials * (statistics.median(walls) if walls else 0.0)
+        return self.elapsed_s() + self._reserve_s() + spare_s >= budget
+
+    def _preload_point(self) -> dict[str, Any] | None:
+        """The best configuration so far with its audio preloaded, where the probe says it is worth a trial."""
+        best = self.best()
+        if self.preload_probe is None or best is None or any(r.config.preload_audio for r in self.records):
+            return None
+        return {**config_params(best.config, self.space), "preload_audio": True} if self.preload_probe(best) else None
 
     def run(self) -> TuningOutcome:
         """Baseline, warm start, search until the trial count or budget is spent, confirm the leaders, pick the winner.
@@ -329,7 +307,7 @@ class Tuner:
         baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
             records=list(self.records),
-            baseline=self._candidates().get(_config_key(baseline.config)) if baseline else None,
+            baseline=self._candidates().get(config_key(baseline.config)) if baseline else None,
             winner=winner,
             stopped_by=stopped_by,
             elapsed_s=self.elapsed_s(),
@@ -350,7 +328,10 @@ class Tuner:
         while launched < self.settings.trials:
             if self._out_of_budget():
                 return "budget"
-            if self.warm_start or self.seeds:
+            last = launched == self.settings.trials - 1 or self._out_of_budget(spare_trials=1)
+            if last and (point := self._preload_point()) is not None:
+                record = self._run_one("preload", point)  # the search's last trial: the best so far, preloaded
+            elif self.warm_start or self.seeds:
                 record = self._run_one(*(self.warm_start or self.seeds).pop(0))
             elif grid is not None and not grid:
                 return "grid exhausted"
@@ -377,7 +358,7 @@ class Tuner:
     def _candidates(self) -> dict[str, Candidate]:
         candidates: dict[str, Candidate] = {}
         for record in self.records:
-            key = _config_key(record.config)
+            key = config_key(record.config)
             candidates.setdefault(key, Candidate(config=record.config, records=[])).records.append(record)
         return candidates
 
@@ -400,37 +381,4 @@ class Tuner:
                     break
                 self._run_one("confirm", config_params(leader.config, self.space))
         by_key = self._candidates()
-        return [by_key[_config_key(leader.config)] for leader in leaders]
-
-
-def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:
-    """The fastest by median; among leaders within the measured noise of it, the safest (and say why)."""
-    if not candidates:
-        return None, ""
-    fastest = max(candidates, key=lambda c: c.median)
-    tied = []
-    for candidate in candidates:
-        noise = max(fastest.spread_fraction, candidate.spread_fraction, MIN_NOISE_FRACTION)
-        if candidate.median >= fastest.median * (1.0 - noise):
-            tied.append(candidate)
-    safest = min(tied, key=lambda c: (c.safety_key(), -c.median))
-    if safest is fastest:
-        return fastest, "fastest by median"
-    gap = 1.0 - safest.median / fastest.median
-    return safest, (
-        f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} slower, "
-        "within the measured noise, and safer (less memory, fewer workers or higher precision)"
-    )
-
-
-def config_params(config: TrialConfig, space: SearchSpace) -> dict[str, Any]:
-    """The search-space parameters that reproduce a configuration (for a fixed trial)."""
-    params = {k: v for k, v in config.to_dict().items() if k not in ("world_size", "grad_accum_steps", "extra")}
-    params.update(config.extra)
-    return _space_params(params, space)
-
-
-def _space_params(params: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
-    """Only the parameters the space knows, so that enqueue_trial gets exactly what suggest() asks for."""
-    names = {param.name for param in space.params} | set(space.fixed)
-    return {key: value for key, value in params.items() if key in names}
+        return [by_key[config_key(leader.config)] for leader in leaders]

@@ -123,11 +123,12 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
     assert [(r.config.precision, r.result.status) for r in report.outcome.records] == [
         ("fp32", "ok"),
         ("bf16", "precision"),  # never launched: the AMP check rejected bf16 before the search
+        ("fp32", "ok"),  # the grid's other point; the rejected one did not use up a trial
     ]
     metrics = load_config(report.result_path).metrics
     assert metrics["amp_check"]["precisions"]["bf16"]["accepted"] is False
     assert metrics["compute"]["flops_per_sample"] == 64 and metrics["compute"]["pipeline_efficiency"] > 0
-    assert metrics["overhead"]["trials"] == 1 and metrics["overhead"]["mean_setup_s"] > 0
+    assert metrics["overhead"]["trials"] == 2 and metrics["overhead"]["mean_setup_s"] > 0
     assert metrics["diagnosis"]["bound"] in ("data pipeline", "compute") and metrics["diagnosis"]["next"]
     console = Console(file=io.StringIO(), width=200)
     print_summary(console, report)

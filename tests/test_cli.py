@@ -60,6 +60,7 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         (["--model", "cam++", "--epoch-samples", "0"], "--epoch-samples must be at least 1"),
         (["--model", "cam++", "--option", "augment_copies=4"], "unknown option 'augment_copies' for cam++"),
         (["--model", "ecapa-tdnn", "--option", "augment_copies"], "is not KEY=VALUE"),
+        (["--model", "cam++", "--max-throughput-cv", "-0.1"], "--max-throughput-cv must be 0 (off) or positive"),
     ],
     ids=[
         "unknown-model",
@@ -74,12 +75,21 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         "epoch",
         "option-unknown",
         "option-form",
+        "throughput-cv",
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words, results_dir):
     result = _invoke(["run", *args, "--results-dir", str(results_dir)])
     assert result.exit_code == 2
     assert words in _error_line(result)
+
+
+def test_the_erratic_gate_default_of_the_cli_is_the_libraries():
+    # A literal in the CLI (so that --help imports nothing heavy), kept equal to the library's.
+    from autotune.cli import ERRATIC_THROUGHPUT_CV as cli_default
+    from autotune.trial.spec import ERRATIC_THROUGHPUT_CV, TimingConfig
+
+    assert cli_default == ERRATIC_THROUGHPUT_CV == TimingConfig().max_throughput_cv
 
 
 def test_workload_options_take_json_types():

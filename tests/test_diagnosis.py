@@ -33,6 +33,13 @@ def test_waiting_for_data_is_data_bound_with_workers_and_preloading_next():
     assert result.to_dict()["bound"] == "data pipeline"
 
 
+def test_a_winner_that_already_preloads_is_not_told_to_preload():
+    config = TrialConfig(per_device_batch_size=64, num_workers=2, pin_memory=True, preload_audio=True)
+    result = diagnose({"data_wait_fraction": 0.3}, config=config, hardware=make_cuda(), data=SMALL_CORPUS)
+    assert result.bound == "data pipeline" and result.next  # more workers still applies
+    assert not any("preload" in line or "storage" in line for line in result.next)
+
+
 def test_a_corpus_too_big_for_ram_points_at_storage():
     config = TrialConfig(per_device_batch_size=64, num_workers=16, pin_memory=True)
     result = diagnose({"data_wait_fraction": 0.3}, config=config, hardware=make_cuda(), data=HUGE_CORPUS)

@@ -29,6 +29,7 @@ WITH_WORKERS = TrialConfig(
 )
 WORKERS_DEFAULT_PREFETCH = TrialConfig(per_device_batch_size=16, num_workers=2, precision="fp32")
 NO_WORKERS = TrialConfig(per_device_batch_size=8, num_workers=0, precision="fp32")
+PRELOADED = TrialConfig(per_device_batch_size=8, num_workers=2, precision="fp32", preload_audio=True)
 
 
 def make_tuned(config: TrialConfig = WITH_WORKERS, device_type: str = "cpu") -> TunedConfig:
@@ -48,8 +49,8 @@ def make_tuned(config: TrialConfig = WITH_WORKERS, device_type: str = "cpu") -> 
 
 @pytest.mark.parametrize(
     "config",
-    [WITH_WORKERS, WORKERS_DEFAULT_PREFETCH, NO_WORKERS],
-    ids=["workers", "workers-default-prefetch", "no-workers"],
+    [WITH_WORKERS, WORKERS_DEFAULT_PREFETCH, NO_WORKERS, PRELOADED],
+    ids=["workers", "workers-default-prefetch", "no-workers", "preloaded"],
 )
 def test_yaml_round_trip(config: TrialConfig) -> None:
     tuned = make_tuned(config)
@@ -249,3 +250,11 @@ def test_dynamic_batches_leave_batching_to_the_dataset_and_name_the_frame_budget
     loaded = load_config(write_config(tuned, tmp_path / "dynamic.yaml"))
     assert loaded.config == dynamic and loaded.dataloader_kwargs() == kwargs
     assert "batch_type" not in make_tuned(WITH_WORKERS).to_dict()["batch"]
+
+
+def test_a_preloading_winner_says_so_outside_the_dataloader_kwargs() -> None:
+    tuned = make_tuned(PRELOADED)
+    assert tuned.to_dict()["audio"]["preload_decoded"] is True and "PreloadedAudio" in tuned.to_dict()["audio"]["note"]
+    assert "preload_audio" not in tuned.dataloader_kwargs()
+    torch.utils.data.DataLoader(list(range(16)), **tuned.dataloader_kwargs())  # still valid DataLoader arguments
+    assert make_tuned(NO_WORKERS).to_dict()["audio"] == {"preload_decoded": False}

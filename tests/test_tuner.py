@@ -163,10 +163,35 @@ def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_do
     assert all(role != "seed" for role, _ in run(2))  # the study has trials now: no seeds
 
 
-def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_path, monkeypatch, cpu_hardware):
+def _cam_tuner(tmp_path, hardware, settings: TunerSettings | None = None, *, study=None, **kwargs):
+    """A Tuner over the cam++ space on this hardware, for tests that replace autotune.tuner.launch."""
     from autotune import space
-    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+    from autotune.trial import TrialSpec
     from autotune.tuner import Tuner
+
+    def make_spec(config, path: str) -> TrialSpec:
+        return TrialSpec(
+            workload="cam++",
+            workload_options={},
+            data_file="",
+            config=config,
+            timing=TimingConfig(),
+            device_type="cpu",
+            result_path=path,
+        )
+
+    return Tuner(
+        study=study or optuna.create_study(direction="maximize"),
+        space=space.load(space.space_path("cam++"), hardware),
+        make_spec=make_spec,
+        settings=settings or TunerSettings(),
+        workdir=tmp_path,
+        **kwargs,
+    )
+
+
+def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_path, monkeypatch, cpu_hardware):
+    from autotune.trial import TrialConfig, TrialResult, TrialSpec
 
     launched: list[TrialConfig] = []
 
@@ -176,22 +201,8 @@ def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_p
 
     monkeypatch.setattr("autotune.tuner.launch", fake_launch)
     study = optuna.create_study(direction="maximize")
-    tuner = Tuner(
-        study=study,
-        space=space.load(space.space_path("cam++"), cpu_hardware),
-        make_spec=lambda config, path: TrialSpec(
-            workload="cam++",
-            workload_options={},
-            data_file="",
-            config=config,
-            timing=TimingConfig(),
-            device_type="cpu",
-            result_path=path,
-        ),
-        settings=TunerSettings(),
-        workdir=tmp_path,
-        rejected_precisions={"bf16": "bf16 rejected by the AMP check: its loss curve strays 40%"},
-    )
+    rejected = {"bf16": "bf16 rejected by the AMP check: its loss curve strays 40%"}
+    tuner = _cam_tuner(tmp_path, cpu_hardware, study=study, rejected_precisions=rejected)
     params = {"per_device_batch_size": 16, "num_workers": 0, "intra_op_threads": 1}
     rejected = tuner._run_one("search", {**params, "precision": "bf16"})
     measured = tuner._run_one("search", {**params, "precision": "fp32"})
@@ -219,22 +230,8 @@ def test_trials_with_a_rejected_precision_do_not_use_up_the_trial_count_and_seed
     assert any(seed.get("precision") == "bf16" for seed in cam.seeds)
 
     def tuner(sampler: str) -> Tuner:
-        return Tuner(
-            study=optuna.create_study(direction="maximize"),
-            space=cam,
-            make_spec=lambda config, path: TrialSpec(
-                workload="cam++",
-                workload_options={},
-                data_file="",
-                config=config,
-                timing=TimingConfig(),
-                device_type="cpu",
-                result_path=path,
-            ),
-            settings=TunerSettings(trials=6, sampler=sampler, seed=3, confirm_top_k=0, prune=False),
-            workdir=tmp_path,
-            rejected_precisions={"bf16": "rejected"},
-        )
+        settings = TunerSettings(trials=6, sampler=sampler, seed=3, confirm_top_k=0, prune=False)
+        return _cam_tuner(tmp_path, cpu_hardware, settings, rejected_precisions={"bf16": "rejected"})
 
     assert all(seed[1].get("precision") != "bf16" for seed in tuner("tpe").seeds)
     outcome = tuner("random").run()
@@ -263,3 +260,59 @@ def test_a_trial_another_run_failed_meanwhile_keeps_the_studys_verdict_and_this_
     tuner._tell(trial, record, None)
     assert study.trials[0].state == optuna.trial.TrialState.FAIL
     assert "marked FAIL by another run" in caplog.text
+
+
+@pytest.mark.parametrize(("second_cv", "status"), [(0.05, "ok"), (0.4, "erratic")])
+def test_an_erratic_window_is_measured_once_more_and_only_a_second_one_condemns(
+    tmp_path, monkeypatch, cpu_hardware, second_cv, status
+):
+    from autotune.trial import TrialResult, TrialSpec
+
+    windows = iter([0.6, second_cv])
+    result_paths: list[str] = []
+
+    def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
+        result_paths.append(spec.result_path)
+        cv = next(windows)
+        if cv > 0.25:
+            return TrialResult(status="erratic", reason=f"CV {cv:.2f} > 0.25", throughput_cv=cv, wall_s=10.0)
+        return TrialResult(status="ok", samples_per_second=10.0, throughput_cv=cv, wall_s=10.0)
+
+    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    tuner = _cam_tuner(tmp_path, cpu_hardware)
+    record = tuner._run_one("search", {"per_device_batch_size": 16, "num_workers": 0, "precision": "fp32"})
+    assert record.result.status == status and record.result.wall_s == 20.0
+    assert len(result_paths) == 2 and result_paths[0] != result_paths[1]  # a retry never reads the first's result
+    if status == "erratic":
+        assert "CV 0.40" in record.result.reason and "CV 0.60 in the first window" in record.result.reason
+
+
+def test_the_last_search_trial_measures_the_best_so_far_with_its_audio_preloaded(tmp_path, monkeypatch, cpu_hardware):
+    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+
+    launched: list[TrialConfig] = []
+
+    def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
+        launched.append(spec.config)
+        rate = 20.0 if spec.config.preload_audio else 10.0 + len(launched)
+        return TrialResult(status="ok", samples_per_second=rate, data_wait_fraction=0.4, wall_s=1.0)
+
+    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    asked: list[float] = []
+
+    def probe(record) -> bool:
+        asked.append(record.value)
+        return record.result.data_wait_fraction > 0.1
+
+    settings = TunerSettings(trials=5, sampler="random", confirm_top_k=1, confirm_repeats=1, prune=False)
+    tuner = _cam_tuner(tmp_path, cpu_hardware, settings, preload_probe=probe)
+    outcome = tuner.run()
+    roles = [record.role for record in outcome.records]
+    assert roles == ["baseline", "search", "search", "search", "preload", "confirm"]
+    best_before = max(outcome.records[:4], key=lambda record: record.value)
+    preloaded = outcome.records[4].config
+    assert preloaded.preload_audio and preloaded == TrialConfig.from_dict(
+        {**best_before.config.to_dict(), "preload_audio": True}
+    )
+    assert asked == [best_before.value]  # asked once, at the last slot
+    assert outcome.winner.config.preload_audio and outcome.records[5].config.preload_audio  # confirmation keeps it

@@ -117,7 +117,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         del batches
         loader = None  # noqa: F841
     summary = window.summary(max(1, len(setup.dataset) // rank.world_size), config)  # type: ignore[arg-type]
-    summary.update(setup_s=setup_s, memory_capacity_bytes=memory.capacity_bytes, flops_per_sample=flops)
+    summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
+    summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
     summaries = distributed.all_gather({**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s})
     distributed.stop()
@@ -231,9 +232,13 @@ def _gate(result: TrialResult, spec: TrialSpec) -> TrialResult:
                 f"{timing.memory_headroom_fraction:.0%} of {result.memory_capacity_bytes / 2**30:.2f} GiB free"
             )
             return result
-    if timing.max_step_time_cv is not None and (result.step_time_cv or 0.0) > timing.max_step_time_cv:
-        result.status = "unstable"
-        result.reason = f"step times vary too much (CV {result.step_time_cv:.2f} > {timing.max_step_time_cv:.2f})"
+    limit = timing.max_throughput_cv
+    if limit is not None and result.throughput_cv is not None and result.throughput_cv > limit:
+        result.status = "erratic"
+        result.reason = (
+            f"throughput varies too much across the window (CV {result.throughput_cv:.2f} over its quarters > "
+            f"{limit:.2f})"
+        )
         return result
     skipped = skip_gate_reason(result.scaler_skip_fraction, timing.max_scaler_skip_fraction)
     if skipped:

@@ -22,7 +22,7 @@ from autotune.trial.scaler import SkipCountingScaler
 from autotune.trial.spec import TimingConfig, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
-__all__ = ["NonFiniteLossError", "WindowMeasurement", "build_loader", "measure"]
+__all__ = ["NonFiniteLossError", "WindowMeasurement", "build_loader", "measure", "throughput_cv"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class WindowMeasurement:
     warmup_steps: int = 0
     loader_start_s: float = 0.0
     step_times_s: list[float] = field(default_factory=list)
+    step_samples: list[int] = field(default_factory=list)
     scaler_skip_fraction: float | None = None  # fp16: optimiser steps GradScaler skipped in the window
 
     def summary(self, dataset_size: int, config: TrialConfig) -> dict[str, Any]:
@@ -61,6 +62,7 @@ class WindowMeasurement:
             "step_time_median_s": statistics.median(times),
             "step_time_p90_s": times[min(len(times) - 1, math.ceil(0.9 * len(times)) - 1)],
             "step_time_cv": statistics.pstdev(times) / mean if mean > 0 else 0.0,
+            "throughput_cv": throughput_cv(self.step_times_s, self.step_samples),
             "data_wait_fraction": self.data_wait_s / self.window_s,
             "window_steps": len(times),
             "window_s": self.window_s,
@@ -69,6 +71,30 @@ class WindowMeasurement:
             "loader_start_s": self.loader_start_s,
             "scaler_skip_fraction": self.scaler_skip_fraction,
         }
+
+
+MIN_STABILITY_PART_S = 1.0  # shorter parts measure the OS scheduler on a shared machine, not the configuration
+
+
+def throughput_cv(step_times_s: list[float], step_samples: list[int], parts: int = 4) -> float | None:
+    """Coefficient of variation of the throughput over consecutive parts of the window (quarters by default).
+
+    This is what makes a configuration erratic: throughput that stalls or drifts within the window. Single steps vary
+    for healthy reasons that a per-step CV cannot tell from trouble: batches of different lengths, and a data-bound
+    loader whose workers deliver batches in bursts (one step waits, the next ones find their batch ready). Summed
+    over a few steps and a second or more those even out; stalls do not. None when the window cannot be cut into at
+    least two parts of two steps and MIN_STABILITY_PART_S each.
+    """
+    parts = min(parts, len(step_times_s) // 2, int(sum(step_times_s) / MIN_STABILITY_PART_S))
+    if parts < 2 or len(step_samples) != len(step_times_s):
+        return None
+    bounds = [round(i * len(step_times_s) / parts) for i in range(parts + 1)]
+    rates = []
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        seconds = sum(step_times_s[start:stop])
+        rates.append(sum(step_samples[start:stop]) / seconds if seconds > 0 else 0.0)
+    mean = statistics.fmean(rates)
+    return statistics.pstdev(rates) / mean if mean > 0 else None
 
 
 def build_loader(
@@ -202,7 +228,8 @@ def measure(
         fetched = time.perf_counter()
         result.data_wait_s += fetched - last
         step(setup.batch_to_device(batch, device, non_blocking))
-        result.samples += setup.samples_in(batch)
+        result.step_samples.append(setup.samples_in(batch))
+        result.samples += result.step_samples[-1]
         result.audio_s += setup.audio_seconds_in(batch)
         now = time.perf_counter()
         result.step_times_s.append(now - last)

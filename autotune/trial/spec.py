@@ -17,6 +17,8 @@ __all__ = [
 ]
 
 # "ok": measured and feasible. The others name why a configuration cannot be used.
+# "erratic": throughput stalled or drifted within the window, twice (the tuner re-measures once: a shared machine's
+# passing load must not condemn a configuration).
 # "precision": the AMP check rejected the configuration's precision for this workload; such a trial is never launched.
 STATUSES = (
     "ok",
@@ -30,8 +32,10 @@ STATUSES = (
     "pruned",
     "accounting",
     "precision",
+    "erratic",
 )
 FEASIBLE_STATUSES = ("ok",)
+ERRATIC_THROUGHPUT_CV = 0.3  # healthy CPU trials measured 0.01-0.07 alone, up to 0.25 under load (README)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
 
 
@@ -121,7 +125,9 @@ class TimingConfig:
     min_window_steps: int = 5
     max_window_steps: int = 10_000
     memory_headroom_fraction: float = 0.10
-    max_step_time_cv: float | None = None  # coefficient of variation above which a config is 'unstable'
+    # Throughput CV across the window's quarters above which a config is 'erratic' (trial/loop.py throughput_cv);
+    # None switches the gate off.
+    max_throughput_cv: float | None = ERRATIC_THROUGHPUT_CV
     max_scaler_skip_fraction: float | None = 0.05  # fp16: share of window steps GradScaler may skip (after calibration)
     worst_case_scan: bool = True  # train on the workload's most expensive batches before warm-up (trial/worst_case.py)
 
@@ -174,6 +180,7 @@ class TrialResult:
     step_time_median_s: float | None = None
     step_time_p90_s: float | None = None
     step_time_cv: float | None = None
+    throughput_cv: float | None = None  # across the window's quarters (trial/loop.py throughput_cv): the stability gate
     data_wait_fraction: float | None = None
     peak_memory_bytes: int | None = None
     memory_capacity_bytes: int | None = None
@@ -187,6 +194,7 @@ class TrialResult:
     warmup_steps: int | None = None
     loader_start_s: float | None = None  # iter(loader) to first batch: what each epoch pays without persistent workers
     setup_s: float | None = None  # interpreter start, imports, model and loader build
+    preload_s: float | None = None  # of setup_s: decoding the audio into RAM (config.preload_audio; 0 without)
     wall_s: float | None = None  # whole trial as the parent saw it
     world_size: int = 1  # ranks that trained; throughput and samples are summed over them
     per_rank_samples_per_second: list[float] | None = None  # each rank over its own view of the shared window

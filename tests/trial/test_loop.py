@@ -109,3 +109,51 @@ def test_objective_charges_worker_start_once_per_epoch_without_persistent_worker
     # 1000 samples take 100 s at 10/s; a restart adds 5 s per epoch: 1000 / 105 s.
     assert window.summary(1000, restarted)["samples_per_second"] == pytest.approx(1000 / 105)
     assert window.summary(1000, restarted)["window_samples_per_second"] == pytest.approx(10.0)
+
+
+def test_throughput_cv_sees_stalls_and_forgives_bursts_and_uneven_batches():
+    from autotune.trial.loop import throughput_cv
+
+    # A data-bound loader delivering in bursts: one step waits 0.9 s, the next three find batches ready.
+    bursty = [0.9, 0.1, 0.1, 0.1] * 4
+    assert throughput_cv(bursty, [8] * 16) == pytest.approx(0.0)
+    # Batches of different lengths: time follows samples, throughput does not move.
+    uneven = [0.5, 1.0, 0.25, 0.75] * 4
+    assert throughput_cv(uneven, [int(t * 40) for t in uneven]) == pytest.approx(0.0)
+    # The last quarter stalls to a tenth of the speed: the kind of window the gate is for.
+    stalled = [0.5] * 12 + [5.0] * 4
+    assert throughput_cv(stalled, [8] * 16) == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("times", "why"),
+    [([0.5, 0.5, 0.5], "fewer than four steps"), ([0.01] * 40, "the window is shorter than two parts of a second")],
+)
+def test_throughput_cv_is_not_judged_on_windows_too_short_to_tell(times, why):
+    from autotune.trial.loop import throughput_cv
+
+    assert throughput_cv(times, [4] * len(times)) is None, why
+
+
+def test_the_erratic_gate_rejects_a_stalling_window_and_can_be_switched_off():
+    from autotune.trial import TrialResult, TrialSpec
+    from autotune.trial.child import _gate
+
+    def gate(cv: float | None, limit: float | None) -> TrialResult:
+        spec = TrialSpec(
+            workload="x",
+            workload_options={},
+            data_file="",
+            config=TrialConfig(per_device_batch_size=4),
+            timing=TimingConfig(max_throughput_cv=limit),
+            device_type="cpu",
+            result_path="",
+        )
+        return _gate(TrialResult(status="ok", throughput_cv=cv), spec)
+
+    assert TimingConfig().max_throughput_cv is not None  # on by default
+    stalled = gate(0.5, 0.25)
+    assert stalled.status == "erratic" and "CV 0.50" in stalled.reason
+    assert gate(0.1, 0.25).status == "ok"
+    assert gate(None, 0.25).status == "ok"  # a window too short to judge is not condemned
+    assert gate(0.5, None).status == "ok"

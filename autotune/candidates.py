@@ -1,0 +1,103 @@
+"""Measured trials and the choice among them: a configuration's repeated measurements, its noise and its safety,
+and the winner chosen on medians (the safer among leaders within the noise)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.trial import TrialConfig, TrialResult
+
+if TYPE_CHECKING:
+    from autotune.space import SearchSpace
+
+__all__ = ["TrialRecord", "Candidate", "pick_winner", "config_params", "config_key", "MIN_NOISE_FRACTION"]
+
+MIN_NOISE_FRACTION = 0.01  # leaders closer than this are tied even when repeats agreed exactly
+_PRECISION_RISK = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3}  # fp16 can overflow; fp32 cannot
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialRecord:
+    """One measured trial of this run."""
+
+    number: int
+    role: str  # baseline | previous | warm | seed | search | preload | confirm
+    config: TrialConfig
+    result: TrialResult
+
+    @property
+    def value(self) -> float:
+        return self.result.samples_per_second or 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class Candidate:
+    """A configuration and every measurement of it in this run."""
+
+    config: TrialConfig
+    records: list[TrialRecord]
+
+    @property
+    def feasible(self) -> bool:
+        return all(record.result.feasible for record in self.records)
+
+    @property
+    def values(self) -> list[float]:
+        return [record.value for record in self.records if record.result.feasible]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else 0.0
+
+    @property
+    def spread_fraction(self) -> float:
+        """(max - min) / median of the measurements: this machine's noise for this configuration."""
+        values = self.values
+        return (max(values) - min(values)) / self.median if len(values) > 1 and self.median else 0.0
+
+    def safety_key(self) -> tuple[int, int, int]:
+        """Smaller is safer: memory (in 256 MiB steps, finer is noise), then workers, then numeric precision."""
+        peak = max((record.result.peak_memory_bytes or 0) for record in self.records)
+        return peak // 2**28, self.config.num_workers, _PRECISION_RISK.get(self.config.precision, 9)
+
+
+def config_key(config: TrialConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:
+    """The fastest by median; among leaders within the measured noise of it, the safest (and say why)."""
+    if not candidates:
+        return None, ""
+    fastest = max(candidates, key=lambda c: c.median)
+    tied = []
+    for candidate in candidates:
+        noise = max(fastest.spread_fraction, candidate.spread_fraction, MIN_NOISE_FRACTION)
+        if candidate.median >= fastest.median * (1.0 - noise):
+            tied.append(candidate)
+    safest = min(tied, key=lambda c: (c.safety_key(), -c.median))
+    if safest is fastest:
+        return fastest, "fastest by median"
+    gap = 1.0 - safest.median / fastest.median
+    return safest, (
+        f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} slower, "
+        "within the measured noise, and safer (less memory, fewer workers or higher precision)"
+    )
+
+
+def config_params(config: TrialConfig, space: SearchSpace) -> dict[str, Any]:
+    """The search-space parameters that reproduce a configuration (for a fixed trial)."""
+    params = {k: v for k, v in config.to_dict().items() if k not in ("world_size", "grad_accum_steps", "extra")}
+    params.update(config.extra)
+    fitted = _space_params(params, space)
+    # Preloading is no search dimension (the tuner's preload probe tries it), but it is part of the configuration.
+    return {**fitted, "preload_audio": True} if config.preload_audio else fitted
+
+
+def _space_params(params: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """Only the parameters the space knows, so that enqueue_trial gets exactly what suggest() asks for."""
+    names = {param.name for param in space.params} | set(space.fixed)
+    return {key: value for key, value in params.items() if key in names}

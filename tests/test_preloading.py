@@ -1,0 +1,65 @@
+"""The preload probe's decision and its report."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from autotune.diagnosis import DiagnosisSettings
+from autotune.preloading import preload_probe, preload_report
+from autotune.trial.spec import TrialConfig, TrialResult
+from autotune.tuner import Candidate, TrialRecord, TuningOutcome
+
+GIB = 2**30
+
+
+def _plan(model: str = "cam++", hours: float = 1.0, memory_bytes: int = 16 * GIB, world_size: int = 1):
+    data = SimpleNamespace(describe=lambda: {"total_audio_hours": hours, "sample_rates": [16000]})
+    hardware = SimpleNamespace(memory_bytes=memory_bytes)
+    return SimpleNamespace(request=SimpleNamespace(model=model), data=data, hardware=hardware, world_size=world_size)
+
+
+def _record(number: int, config: TrialConfig, rate: float | None, wait: float = 0.3, **extra) -> TrialRecord:
+    status = "ok" if rate else "oom"
+    result = TrialResult(status=status, samples_per_second=rate, data_wait_fraction=wait, reason="", **extra)
+    return TrialRecord(number=number, role="search", config=config, result=result)
+
+
+def test_the_probe_runs_only_for_a_data_bound_config_of_a_corpus_that_fits():
+    # One hour of 16 kHz audio is ~110 MiB as 16-bit PCM: within a quarter of 16 GiB, not of 256 MiB.
+    worth_it = preload_probe(_plan())
+    config = TrialConfig(per_device_batch_size=8)
+    assert worth_it(_record(0, config, 10.0, wait=0.3))
+    assert not worth_it(_record(0, config, 10.0, wait=0.02))
+    assert preload_probe(_plan(memory_bytes=256 * 2**20)) is None
+    assert preload_probe(_plan(hours=15.0, world_size=2)) is not None  # 2 x 1.6 GiB within 4 GiB
+    assert preload_probe(_plan(hours=15.0, world_size=4)) is None  # every rank holds its own copy
+    assert preload_probe(_plan(model="my.pkg:factory")) is None  # a plugin's dataset may ignore the flag
+    strict = preload_probe(_plan(), DiagnosisSettings(max_data_wait_fraction=0.5))
+    assert not strict(_record(0, config, 10.0, wait=0.3))
+
+
+def test_the_report_compares_the_preloaded_config_with_the_same_config_reading_per_item():
+    plain = TrialConfig(per_device_batch_size=8, num_workers=1)
+    preloaded = TrialConfig(per_device_batch_size=8, num_workers=1, preload_audio=True)
+    records = [
+        _record(0, plain, 10.0),
+        _record(1, plain, 12.0),
+        _record(2, TrialConfig(per_device_batch_size=16), 30.0),
+        _record(3, preloaded, 16.5, preload_s=4.0),
+    ]
+    winner = Candidate(config=preloaded, records=[records[3]])
+    outcome = TuningOutcome(records=records, baseline=None, winner=winner, stopped_by="trials", elapsed_s=1.0)
+    report, note = preload_report(outcome)
+    assert report["gain_fraction"] == 0.5 and report["without_preload_samples_per_second"] == 11.0
+    assert report["preload_s"] == 4.0 and "+50%" in note and "the winner preloads it" in note
+
+
+def test_a_failed_or_absent_probe_is_reported_as_such():
+    plain = TrialConfig(per_device_batch_size=8)
+    outcome = TuningOutcome(records=[_record(0, plain, 10.0)], baseline=None, winner=None, stopped_by="t", elapsed_s=1)
+    assert preload_report(outcome) == (None, None)
+    failed = _record(1, TrialConfig(per_device_batch_size=8, preload_audio=True), None)
+    failed.result.reason = "out of memory"
+    outcome.records.append(failed)
+    report, note = preload_report(outcome)
+    assert report["status"] == "oom" and note.endswith("failed: out of memory")
