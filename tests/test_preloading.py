@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from autotune.diagnosis import DiagnosisSettings
 from autotune.preloading import preload_probe, preload_report
 from autotune.trial.spec import TrialConfig, TrialResult
@@ -63,3 +65,44 @@ def test_a_failed_or_absent_probe_is_reported_as_such():
     outcome.records.append(failed)
     report, note = preload_report(outcome)
     assert report["status"] == "oom" and note.endswith("failed: out of memory")
+
+
+@pytest.mark.slow
+def test_a_real_run_measures_its_best_config_preloaded_and_reports_it(tmp_path, tiny_corpus, monkeypatch):
+    """cam++ for real: the baseline, then (the probe told to find any wait worth it) the same config preloaded."""
+    from autotune import load_config, preloading, runner
+    from autotune.trial import TimingConfig
+    from autotune.tuner import TunerSettings
+
+    real_probe = preloading.preload_probe
+    monkeypatch.setattr(
+        runner.preloading, "preload_probe", lambda plan: real_probe(plan, DiagnosisSettings(max_data_wait_fraction=-1))
+    )
+    space_file = tmp_path / "space.yaml"  # the recipe's own baseline takes minutes per step on a CPU
+    space_file.write_text(
+        "params:\n  num_workers: {type: int, low: 0, high: 1}\n"
+        "fixed: {per_device_batch_size: 4, precision: fp32, intra_op_threads: 1}\nbaseline: {num_workers: 1}\n"
+    )
+    request = runner.RunRequest(
+        model="cam++",
+        data=str(tiny_corpus),
+        space=str(space_file),
+        results_dir=str(tmp_path / "results"),
+        device="cpu",
+        workload_options={"crop_s": 0.5},
+        settings=TunerSettings(trials=2, confirm_top_k=0, timing=TimingConfig(warmup_steps=1, window_s=0.3)),
+        warm_start=False,
+        compute_ceiling=False,
+        amp_check=None,
+    )
+    report = runner.execute(runner.prepare(request))
+    baseline, preloaded = report.outcome.records
+    assert baseline.result.status == "ok", baseline.result.reason
+    assert (baseline.role, preloaded.role) == ("baseline", "preload")
+    assert preloaded.config == TrialConfig.from_dict({**baseline.config.to_dict(), "preload_audio": True})
+    assert preloaded.result.status == "ok" and 0 < preloaded.result.preload_s < preloaded.result.setup_s
+    tuned = load_config(report.result_path)
+    measured = tuned.metrics["preload"]
+    assert measured["without_preload_samples_per_second"] == round(baseline.value, 3)
+    assert measured["gain_fraction"] is not None and any("preloading the decoded audio" in n for n in tuned.notes)
+    assert tuned.config.preload_audio == (preloaded.value > baseline.value)
