@@ -125,15 +125,17 @@ def _mean(values: list[float | None]) -> float | None:
 def overhead_metrics(outcome: TuningOutcome) -> dict[str, Any]:
     """What process isolation and careful timing cost per launched trial, and as a share of the whole run."""
     results = [record.result for record in outcome.records if record.result.wall_s is not None]
+    start = [r.start_s for r in results]
     setup = [r.setup_s for r in results]
     warmup = [r.warmup_s for r in results]
     worst = [r.worst_case_s for r in results]
-    spent = sum((r.setup_s or 0.0) + (r.warmup_s or 0.0) + (r.worst_case_s or 0.0) for r in results)
+    spent = sum(sum(part or 0.0 for part in (r.start_s, r.setup_s, r.warmup_s, r.worst_case_s)) for r in results)
     timed = sum(r.window_s or 0.0 for r in results)
     elapsed = outcome.elapsed_s
     return {
         "trials": len(results),
-        "mean_setup_s": _mean(setup),  # process start, imports, model and loader build
+        "mean_start_s": _mean(start),  # process start and imports (python, torch, the workload)
+        "mean_setup_s": _mean(setup),  # model, data and loader build
         "mean_warmup_s": _mean(warmup),
         "mean_worst_case_s": _mean(worst),
         "mean_trial_wall_s": _mean([r.wall_s for r in results]),

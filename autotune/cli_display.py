@@ -172,7 +172,7 @@ def _fmt(value: object) -> str:
 
 
 def _overhead(metrics: dict) -> str:
-    """Process start, imports, model and loader build against the whole trial: what isolation costs."""
+    """Model, data and loader build against the whole trial (process start and imports are in metrics.overhead)."""
     setup, wall = metrics.get("setup_s"), metrics.get("trial_wall_s")
     return f"{setup:.1f} / {wall:.1f}" if setup is not None and wall else "-"
 
@@ -207,7 +207,8 @@ def _print_assessment(console: Console, metrics: dict) -> None:
     if overhead.get("trials"):
         scan = f" + worst-case scan {overhead['mean_worst_case_s']:.1f} s" if overhead.get("mean_worst_case_s") else ""
         console.print(
-            f"per-trial overhead (mean of {overhead['trials']}): setup {overhead['mean_setup_s'] or 0:.1f} s + warm-up "
+            f"per-trial overhead (mean of {overhead['trials']}): start and imports "
+            f"{overhead.get('mean_start_s') or 0:.1f} s + setup {overhead['mean_setup_s'] or 0:.1f} s + warm-up "
             f"{overhead['mean_warmup_s'] or 0:.1f} s{scan} = {_percent(overhead.get('overhead_share_of_run'))} of the "
             f"run; timed windows {_percent(overhead.get('timed_share_of_run'))}",
             highlight=False,

@@ -60,6 +60,7 @@ def summarise_measurements(results: Sequence[TrialResult]) -> dict[str, Any]:
         "memory_capacity_bytes": feasible[0].memory_capacity_bytes,
         "gpu_utilization_percent": median_of("gpu_utilization_percent"),
         "gpu_power_watts": median_of("gpu_power_watts"),
+        "start_s": median_of("start_s"),
         "setup_s": median_of("setup_s"),
         "trial_wall_s": median_of("wall_s"),
         "world_size": feasible[0].world_size,

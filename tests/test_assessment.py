@@ -35,15 +35,16 @@ def _record(number: int, **result) -> TrialRecord:
 
 def test_overhead_per_trial_and_share_of_the_run():
     records = [
-        _record(0, status="ok", setup_s=4.0, warmup_s=1.0, worst_case_s=0.5, window_s=10.0, wall_s=16.0),
-        _record(1, status="oom", setup_s=6.0, wall_s=7.0),
+        _record(0, status="ok", start_s=2.0, setup_s=4.0, warmup_s=1.0, worst_case_s=0.5, window_s=10.0, wall_s=18.0),
+        _record(1, status="oom", start_s=3.0, setup_s=6.0, wall_s=10.0),
         _record(2, status="precision", reason="rejected, never launched"),
     ]
     outcome = TuningOutcome(records=records, baseline=None, winner=None, stopped_by="trials", elapsed_s=25.0)
     overhead = assessment.overhead_metrics(outcome)
     assert overhead["trials"] == 2 and overhead["mean_setup_s"] == 5.0 and overhead["mean_warmup_s"] == 1.0
-    assert overhead["mean_worst_case_s"] == 0.5 and overhead["mean_trial_wall_s"] == 11.5
-    assert overhead["overhead_share_of_run"] == pytest.approx(11.5 / 25) and overhead["timed_share_of_run"] == 0.4
+    assert overhead["mean_start_s"] == 2.5 and overhead["mean_worst_case_s"] == 0.5
+    assert overhead["mean_trial_wall_s"] == 14.0
+    assert overhead["overhead_share_of_run"] == pytest.approx(16.5 / 25) and overhead["timed_share_of_run"] == 0.4
 
 
 def test_the_amp_check_time_comes_off_the_budget():

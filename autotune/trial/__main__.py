@@ -15,7 +15,7 @@ from autotune import yamlio
 from autotune.trial.child import run_trial
 from autotune.trial.distributed import RankInfo
 from autotune.trial.lifeline import die_with_parent
-from autotune.trial.spec import TrialSpec, rank_result_path
+from autotune.trial.spec import LAUNCHED_AT_ENV, TrialSpec, rank_result_path
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +26,9 @@ def main(argv: list[str]) -> int:
     spec = TrialSpec.from_dict(yamlio.read_json(argv[0]))
     rank = RankInfo.from_environment()
     result = run_trial(spec, started, rank)
+    launched_at = os.environ.get(LAUNCHED_AT_ENV)
+    if launched_at:
+        result.start_s = max(0.0, time.time() - float(launched_at) - (time.perf_counter() - started))
     yamlio.write_json(rank_result_path(spec.result_path, rank.rank), result.to_dict())
     if rank.distributed and not result.feasible:
         # A failed rank leaves its peers blocked in collectives; exiting through the interpreter's teardown (process

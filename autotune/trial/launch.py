@@ -21,7 +21,7 @@ from typing import Any
 from autotune import yamlio
 from autotune.hardware import available_cores
 from autotune.trial.signals import describe_signal, describe_signal_name
-from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
+from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
 
 __all__ = ["launch", "child_environment", "free_port"]
 
@@ -37,6 +37,7 @@ def child_environment(spec: TrialSpec, rank: int = 0, port: int | None = None) -
     paths = [entry for entry in sys.path if entry and Path(entry).exists()]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, *filter(None, [env.get("PYTHONPATH")])]))
     env["PYTHONUNBUFFERED"] = "1"
+    env[LAUNCHED_AT_ENV] = repr(time.time())  # the child reports how long its start and imports took (start_s)
     world_size = spec.config.world_size
     threads = spec.config.intra_op_threads
     if threads is None and world_size > 1 and spec.device_type == "cpu":
@@ -124,6 +125,16 @@ class _Ranks:
     def all_exited(self) -> bool:
         return all(process.poll() is not None for process in self.processes)
 
+    def all_succeeded(self) -> bool:
+        """Every rank has written a feasible result: the trial is over, whatever the interpreters still tear down."""
+        for rank in range(len(self.processes)):
+            try:
+                if yamlio.read_json(rank_result_path(self.spec.result_path, rank)).get("status") != "ok":
+                    return False
+            except (OSError, ValueError):
+                return False  # not written yet (files are renamed into place whole)
+        return True
+
 
 def _wait(ranks: _Ranks, timeout_s: float, should_prune: ShouldPrune | None) -> tuple[str, int | None, str | None]:
     """Wait for the ranks: ("done" | "failed" | "timeout" | "pruned", rank that failed, prune reason)."""
@@ -132,7 +143,9 @@ def _wait(ranks: _Ranks, timeout_s: float, should_prune: ShouldPrune | None) -> 
         failed = ranks.failed_rank()
         if failed is not None:
             return "failed", failed, None
-        if ranks.all_exited():
+        # Results are written last thing; DataLoader workers and the interpreter's teardown after that are no part
+        # of the trial (seconds per trial), and the parent kills the process groups anyway.
+        if ranks.all_exited() or ranks.all_succeeded():
             return "done", None, None
         if time.monotonic() >= deadline:
             return "timeout", None, None

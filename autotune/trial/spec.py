@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "LAUNCHED_AT_ENV",
     "PROGRESS_SUFFIX",
     "TrialConfig",
     "TimingConfig",
@@ -36,6 +37,7 @@ STATUSES = (
 )
 FEASIBLE_STATUSES = ("ok",)
 ERRATIC_THROUGHPUT_CV = 0.3  # healthy CPU trials measured 0.01-0.07 alone, up to 0.25 under load (README)
+LAUNCHED_AT_ENV = "AUTOTUNE_LAUNCHED_AT"  # the parent's time.time() when it started the child (for start_s)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
 
 
@@ -193,7 +195,8 @@ class TrialResult:
     warmup_s: float | None = None
     warmup_steps: int | None = None
     loader_start_s: float | None = None  # iter(loader) to first batch: what each epoch pays without persistent workers
-    setup_s: float | None = None  # interpreter start, imports, model and loader build
+    start_s: float | None = None  # from the parent's launch to the child's main(): process start and imports
+    setup_s: float | None = None  # from main(): process group, model, data and loader build
     preload_s: float | None = None  # of setup_s: decoding the audio into RAM (config.preload_audio; 0 without)
     wall_s: float | None = None  # whole trial as the parent saw it
     world_size: int = 1  # ranks that trained; throughput and samples are summed over them

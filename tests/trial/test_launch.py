@@ -67,3 +67,11 @@ def test_a_hopeless_trial_is_pruned_from_its_progress(tmp_path, tiny_corpus):
     result = launch(spec, workdir=tmp_path / "trial", timeout_s=120, should_prune=should_prune)
     assert result.status == "pruned" and result.reason == "too slow"
     assert seen and seen[-1]["samples_per_second"] > 0
+
+
+def test_a_trial_is_over_when_its_result_is_written_not_when_its_interpreter_exits(tmp_path, tiny_corpus):
+    result = launch(_spec(tmp_path, tiny_corpus, 13), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok" and result.wall_s < 45  # not the minute its teardown would take
+    assert 0 < result.start_s < result.wall_s  # process start and imports, reported apart from setup
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_trial_of(int(pid), tmp_path)]
+    assert leftovers == []
