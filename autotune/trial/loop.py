@@ -44,7 +44,14 @@ class WindowMeasurement:
     loader_start_s: float = 0.0
     step_times_s: list[float] = field(default_factory=list)
     step_samples: list[int] = field(default_factory=list)
+    step_audio_s: list[float] = field(default_factory=list)
     scaler_skip_fraction: float | None = None  # fp16: optimiser steps GradScaler skipped in the window
+
+    def _step_work(self) -> list[float]:
+        """Work per step for the stability measure: seconds of audio where the workload counts them (utterances of
+        different lengths are different work), else samples."""
+        audio = self.step_audio_s
+        return audio if audio and len(audio) == len(self.step_samples) and min(audio) > 0 else list(self.step_samples)
 
     def summary(self, dataset_size: int, config: TrialConfig) -> dict[str, Any]:
         """Throughput and step-time statistics; the objective amortises loader start-up over an epoch."""
@@ -62,7 +69,7 @@ class WindowMeasurement:
             "step_time_median_s": statistics.median(times),
             "step_time_p90_s": times[min(len(times) - 1, math.ceil(0.9 * len(times)) - 1)],
             "step_time_cv": statistics.pstdev(times) / mean if mean > 0 else 0.0,
-            "throughput_cv": throughput_cv(self.step_times_s, self.step_samples),
+            "throughput_cv": throughput_cv(self.step_times_s, self._step_work()),
             "data_wait_fraction": self.data_wait_s / self.window_s,
             "window_steps": len(times),
             "window_s": self.window_s,
@@ -76,8 +83,9 @@ class WindowMeasurement:
 MIN_STABILITY_PART_S = 1.0  # shorter parts measure the OS scheduler on a shared machine, not the configuration
 
 
-def throughput_cv(step_times_s: list[float], step_samples: list[int], parts: int = 4) -> float | None:
-    """Coefficient of variation of the throughput over consecutive parts of the window (quarters by default).
+def throughput_cv(step_times_s: list[float], step_work: list[float] | list[int], parts: int = 4) -> float | None:
+    """Coefficient of variation of the throughput (work per second: samples, or seconds of audio) over consecutive
+    parts of the window (quarters by default).
 
     This is what makes a configuration erratic: throughput that stalls or drifts within the window. Single steps vary
     for healthy reasons that a per-step CV cannot tell from trouble: batches of different lengths, and a data-bound
@@ -86,13 +94,13 @@ def throughput_cv(step_times_s: list[float], step_samples: list[int], parts: int
     least two parts of two steps and MIN_STABILITY_PART_S each.
     """
     parts = min(parts, len(step_times_s) // 2, int(sum(step_times_s) / MIN_STABILITY_PART_S))
-    if parts < 2 or len(step_samples) != len(step_times_s):
+    if parts < 2 or len(step_work) != len(step_times_s):
         return None
     bounds = [round(i * len(step_times_s) / parts) for i in range(parts + 1)]
     rates = []
     for start, stop in zip(bounds, bounds[1:], strict=False):
         seconds = sum(step_times_s[start:stop])
-        rates.append(sum(step_samples[start:stop]) / seconds if seconds > 0 else 0.0)
+        rates.append(sum(step_work[start:stop]) / seconds if seconds > 0 else 0.0)
     mean = statistics.fmean(rates)
     return statistics.pstdev(rates) / mean if mean > 0 else None
 
@@ -229,8 +237,9 @@ def measure(
         result.data_wait_s += fetched - last
         step(setup.batch_to_device(batch, device, non_blocking))
         result.step_samples.append(setup.samples_in(batch))
+        result.step_audio_s.append(setup.audio_seconds_in(batch))
         result.samples += result.step_samples[-1]
-        result.audio_s += setup.audio_seconds_in(batch)
+        result.audio_s += result.step_audio_s[-1]
         now = time.perf_counter()
         result.step_times_s.append(now - last)
         last = now

@@ -125,6 +125,25 @@ def test_throughput_cv_sees_stalls_and_forgives_bursts_and_uneven_batches():
     assert throughput_cv(stalled, [8] * 16) == pytest.approx(0.5, abs=0.01)
 
 
+def test_the_window_judges_stability_on_seconds_of_audio_where_utterances_differ_in_length():
+    # Four utterances a batch, 2 to 8 s long, batched by length (WeNet sorts): step time follows the audio, not the
+    # sample count, and a quarter of long utterances is no stall.
+    times = [0.4] * 4 + [1.6] * 4 + [0.8] * 4 + [1.2] * 4
+    window = WindowMeasurement(
+        samples=64,
+        audio_s=sum(t * 20 for t in times),
+        window_s=sum(times),
+        step_times_s=times,
+        step_samples=[4] * 16,
+        step_audio_s=[t * 20 for t in times],
+    )
+    summary = window.summary(1000, TrialConfig(per_device_batch_size=4))
+    assert summary["throughput_cv"] == pytest.approx(0.0)
+    assert summary["step_time_cv"] > 0.3  # what a per-step gate would have condemned
+    without_audio = WindowMeasurement(samples=64, window_s=sum(times), step_times_s=times, step_samples=[4] * 16)
+    assert without_audio.summary(1000, TrialConfig(per_device_batch_size=4))["throughput_cv"] > 0
+
+
 @pytest.mark.parametrize(
     ("times", "why"),
     [([0.5, 0.5, 0.5], "fewer than four steps"), ([0.01] * 40, "the window is shorter than two parts of a second")],
