@@ -1,16 +1,22 @@
-"""The `autotune` command: parse, call the library, print. No tuning logic lives here."""
+"""The `autotune` command: parse, call the library, print. No tuning logic lives here.
+
+This module holds the app, `run` and the entry point; the small commands are in `autotune.cli_commands`, the text
+parsing in `autotune.cli_parsing`, the consoles and error line in `autotune.cli_output`. Nothing heavy is imported
+at module level (torch, optuna, the runner come inside the commands) so that `autotune --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.console import Console
 
+from autotune import cli_commands
+from autotune.cli_output import fail, stderr_console, stdout_console
+from autotune.cli_parsing import parse_duration, parse_workload_options
 from autotune.errors import USER_ERROR_EXIT_CODE, UserError
 
 if TYPE_CHECKING:
@@ -24,8 +30,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-stderr_console = Console(stderr=True)
-stdout_console = Console()
 
 EXIT_NO_STABLE_CONFIG = 1
 EXIT_REGRESSION = 3  # autotune.drift.REGRESSION_EXIT_CODE, kept literal so that --help needs no heavy import
@@ -61,35 +65,6 @@ current trial is stopped, the best so far written, completed trials stay in the 
 """
 
 
-def parse_duration(text: str) -> float:
-    """'90s', '15m', '1h30m' or a plain number of seconds -> seconds."""
-    text = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
-    if not text or match is None:
-        raise UserError(f"cannot read duration {text!r}; write it like 90s, 15m or 1h30m")
-    hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
-    return hours * 3600 + minutes * 60 + seconds
-
-
-def parse_workload_options(pairs: list[str] | None, crop_seconds: float | None) -> dict[str, object]:
-    """`--option KEY=VALUE` pairs (and --crop-seconds) as workload options; a VALUE that reads as JSON (4, 0.5,
-    true, "text") takes that type, anything else stays a string. The runner rejects keys the workload lacks."""
-    import json
-
-    options: dict[str, object] = {} if crop_seconds is None else {"crop_s": crop_seconds}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--option {pair!r} is not KEY=VALUE; write it like --option augment_copies=4")
-        try:
-            options[key.strip()] = json.loads(value)
-        except ValueError:
-            options[key.strip()] = value
-    return options
-
-
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -99,11 +74,6 @@ def _setup_logging(verbose: bool) -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
-
-
-def _fail(message: str, code: int = USER_ERROR_EXIT_CODE) -> typer.Exit:
-    stderr_console.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
 
 
 @app.command(help=RUN_HELP)
@@ -282,13 +252,11 @@ def run(
         with reporter:
             report = runner.execute(plan, reporter)
     except UserError as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     except runner.TuningFailed as error:
-        raise _fail(str(error), EXIT_NO_STABLE_CONFIG) from None
+        raise fail(str(error), EXIT_NO_STABLE_CONFIG) from None
     except KeyboardInterrupt:
-        raise _fail(
-            "interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED
-        ) from None
+        raise fail("interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED) from None
     print_summary(stdout_console, report)
     _finish(report)
 
@@ -302,124 +270,17 @@ def _finish(report: RunReport) -> None:
             stdout_console.print(f"[{style}]{line}[/{style}]", highlight=False, soft_wrap=True)
     if report.outcome.stopped_by == "interrupted":
         where = "best so far written" if report.written else "the previous result kept"
-        raise _fail(f"interrupted; {where}; completed trials stay in the study, rerun to continue", EXIT_INTERRUPTED)
+        raise fail(f"interrupted; {where}; completed trials stay in the study, rerun to continue", EXIT_INTERRUPTED)
     if verdict is not None and verdict.regression:
         raise typer.Exit(EXIT_REGRESSION)
 
 
-@app.command()
-def export(
-    result: Annotated[Path, typer.Argument(help="A result YAML written by 'autotune run'.")],
-    to: Annotated[str, typer.Option("--to", help="3d-speaker, wenet, speechbrain, espnet or lightning.")],
-    world_size: Annotated[Optional[int], typer.Option(help="Devices to train on (default: as measured).")] = None,
-) -> None:
-    """Print the configuration as an override for a training framework, with its real keys and batch semantics.
-
-    Example: autotune export results/cam++/cpu-x2-cec72d5a08.yaml --to 3d-speaker --world-size 4
-    """
-    from autotune.exports import export as make_export
-    from autotune.results import load_config
-
-    try:
-        text = make_export(load_config(result), to, world_size=world_size).render()
-    except UserError as error:
-        raise _fail(str(error)) from None
-    typer.echo(text)
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def schedule(
-    ctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", "-m", help="Workload to retune nightly.")],
-    at: Annotated[str, typer.Option(help="Local time of day, HH:MM (24 h).")] = "02:30",
-    systemd: Annotated[bool, typer.Option("--systemd", help="A systemd user timer + service instead of cron.")] = False,
-    install: Annotated[
-        bool, typer.Option("--install", help="Install it (crontab, or ~/.config/systemd/user).")
-    ] = False,
-) -> None:
-    """Print (or install) a nightly retuning job; arguments after -- go to 'autotune run'.
-
-    Example: autotune schedule --model cam++ --at 02:30 -- --data /data/train.csv --budget 30m
-    """
-    from autotune import schedule as scheduling
-
-    try:
-        request = scheduling.ScheduleRequest(model=model, at=at, run_args=tuple(ctx.args), systemd=systemd)
-        if install:
-            lines = scheduling.install(request)
-        elif systemd:
-            lines = [f"# {name}\n{text}" for name, text in scheduling.systemd_units(request).items()]
-            lines.append(f"# then: {scheduling.enable_command(request)}")
-        else:
-            lines = [scheduling.cron_line(request)]
-    except UserError as error:
-        raise _fail(str(error)) from None
-    for line in lines:
-        typer.echo(line)
-
-
-@app.command()
-def history(
-    model: Annotated[str, typer.Option("--model", "-m", help="Workload whose results to list.")],
-    results_dir: Annotated[Path, typer.Option(help="Folder the results were written to.")] = Path("results"),
-) -> None:
-    """Show every accepted result of a model: date, hardware, versions, winner, throughput and speedup."""
-    from autotune import history as result_history
-
-    frame = result_history.load(results_dir, model)
-    if frame.empty:
-        stdout_console.print(f"no results recorded yet for {model} under {results_dir}")
-        return
-    stdout_console.print(result_history.render_table(frame))
-
-
-@app.command()
-def report(
-    result: Annotated[Path, typer.Argument(help="A result YAML written by 'autotune run'.")],
-    storage: Annotated[
-        Optional[str], typer.Option(help="Storage URL of the study (default: the one in the result).")
-    ] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Folder for report.html and the PNG plots.")] = None,
-    csv: Annotated[Optional[Path], typer.Option(help="Also save the trial table as CSV here.")] = None,
-) -> None:
-    """Write the trial table, plots and a self-contained HTML page for a result and its study.
-
-    Example: autotune report results/cam++/cpu-x2-cec72d5a08.yaml --csv trials.csv
-    """
-    from autotune.report import build_report
-
-    try:
-        files = build_report(result, storage=storage, out_dir=out, csv=csv)
-    except UserError as error:
-        raise _fail(str(error)) from None
-    stdout_console.print(f"{files.trials} trials; report: [bold]{files.html}[/bold]")
-    for path in [*files.plots, *([files.csv] if files.csv else [])]:
-        stdout_console.print(f"  {path}")
-
-
-@app.command()
-def models() -> None:
-    """List the built-in workloads with their task, parameter count and default data."""
-    from rich.table import Table
-
-    from autotune import workloads
-
-    table = Table(title="autotune workloads")
-    for column in ("model", "task", "parameters", "published", "default data", "description"):
-        table.add_column(column)
-    for name in workloads.names():
-        workload = workloads.get(name)
-        counted = workload.count_parameters() if workload.count_parameters else None
-        published = workload.published_parameters
-        table.add_row(
-            name,
-            workload.task,
-            f"{counted:,}" if counted else "-",
-            f"{published:,}" if published else "-",
-            "synthetic corpus (generated on first use)",
-            workload.description,
-        )
-    stdout_console.print(table)
+# The small commands live in autotune.cli_commands; registered after `run` so the help lists them in this order.
+app.command()(cli_commands.export)
+app.command(context_settings=cli_commands.SCHEDULE_CONTEXT)(cli_commands.schedule)
+app.command()(cli_commands.history)
+app.command()(cli_commands.report)
+app.command()(cli_commands.models)
 
 
 def main() -> None:

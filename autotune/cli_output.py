@@ -1,0 +1,23 @@
+"""Where every `autotune` command writes: results on stdout, progress and errors on stderr.
+
+One place for the consoles and the error line, shared by `autotune.cli` and `autotune.cli_commands` without either
+importing the other.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from autotune.errors import USER_ERROR_EXIT_CODE
+
+__all__ = ["fail", "stderr_console", "stdout_console"]
+
+stderr_console = Console(stderr=True)
+stdout_console = Console()
+
+
+def fail(message: str, code: int = USER_ERROR_EXIT_CODE) -> typer.Exit:
+    """Print one 'error:' line on stderr and return the exit to raise, so a caller writes `raise fail(...)`."""
+    stderr_console.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
