@@ -167,7 +167,7 @@ def _cam_tuner(tmp_path, hardware, settings: TunerSettings | None = None, *, stu
     """A Tuner over the cam++ space on this hardware, for tests that replace autotune.tuner.launch."""
     from autotune import space
     from autotune.trial import TrialSpec
-    from autotune.tuner import Tuner
+    from autotune.tuner import Tuner, make_sampler
 
     def make_spec(config, path: str) -> TrialSpec:
         return TrialSpec(
@@ -180,11 +180,14 @@ def _cam_tuner(tmp_path, hardware, settings: TunerSettings | None = None, *, stu
             result_path=path,
         )
 
+    settings = settings or TunerSettings()
+    cam = space.load(space.space_path("cam++"), hardware)
+    sampler = make_sampler(settings.sampler, cam, settings.seed)  # seeded, as the runner opens its studies
     return Tuner(
-        study=study or optuna.create_study(direction="maximize"),
-        space=space.load(space.space_path("cam++"), hardware),
+        study=study or optuna.create_study(direction="maximize", sampler=sampler),
+        space=cam,
         make_spec=make_spec,
-        settings=settings or TunerSettings(),
+        settings=settings,
         workdir=tmp_path,
         **kwargs,
     )
