@@ -113,7 +113,14 @@ def print_summary(console: Console, report: RunReport) -> None:
     console.print(table)
     speedup = tuned.metrics.get("speedup")
     if speedup:
-        console.print(f"[bold green]speedup over the recipe: {speedup:.2f}x[/bold green]")
+        spread = tuned.metrics.get("speedup_range") or {}
+        within = (
+            f" ({spread['low']:.2f}-{spread['high']:.2f}x across {spread['winner_measurements']} winner and "
+            f"{spread['baseline_measurements']} baseline window(s))"
+            if spread
+            else ""
+        )
+        console.print(f"[bold green]speedup over the recipe: {speedup:.2f}x[/bold green]{within}", highlight=False)
     epoch = tuned.metrics.get("epoch") or {}
     if epoch.get("winner_minutes") is not None:
         before = f"~{epoch['baseline_minutes']:.1f} min -> " if epoch.get("baseline_minutes") is not None else ""

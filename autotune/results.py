@@ -14,7 +14,7 @@ from autotune.errors import UserError
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TrialConfig, TrialResult
 
-__all__ = ["TunedConfig", "summarise_measurements", "load_config", "write_config"]
+__all__ = ["TunedConfig", "summarise_measurements", "speedup_range", "load_config", "write_config"]
 
 _HEADER = """\
 # autotune result: the fastest stable training configuration measured on this machine.
@@ -66,6 +66,19 @@ def summarise_measurements(results: Sequence[TrialResult]) -> dict[str, Any]:
         "world_size": feasible[0].world_size,
         "per_rank_samples_per_second": feasible[0].per_rank_samples_per_second,
         "epoch_accounting": feasible[0].epoch_accounting,
+    }
+
+
+def speedup_range(winner: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any] | None:
+    """The speedup's spread: the worst and best pairings of the two configurations' measurements, and how many there
+    were (a single baseline window carries this machine's noise unmeasured; the range then understates it)."""
+    if winner.get("status") != "ok" or baseline.get("status") != "ok":
+        return None
+    return {
+        "low": round(winner["samples_per_second_min"] / baseline["samples_per_second_max"], 3),
+        "high": round(winner["samples_per_second_max"] / baseline["samples_per_second_min"], 3),
+        "winner_measurements": winner["measurements"],
+        "baseline_measurements": baseline["measurements"],
     }
 
 

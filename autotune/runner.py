@@ -19,7 +19,7 @@ from autotune import __version__, assessment, drift, history, preloading, storag
 from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
-from autotune.results import TunedConfig, summarise_measurements, write_config
+from autotune.results import TunedConfig, speedup_range, summarise_measurements, write_config
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
 from autotune.trial.amp_check import AmpCheckSettings
@@ -320,6 +320,7 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
             "winner": winner,
             "baseline": baseline,
             "speedup": speedup,
+            "speedup_range": speedup_range(winner, baseline),
             "epoch": predict_epoch(plan, winner, baseline),
         },
         hardware=plan.hardware.to_dict(),

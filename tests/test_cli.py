@@ -207,6 +207,9 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     assert "amp_check" not in tuned.metrics and tuned.metrics["compute"]["pipeline_efficiency"] > 0  # --no-amp-check
     assert tuned.metrics["compute"]["flops_per_sample"] > 1e8 and "bound by:" in result.output
     assert tuned.metrics["baseline"]["status"] == "ok" and tuned.metrics["speedup"] > 0
+    spread = tuned.metrics["speedup_range"]
+    assert spread["low"] <= tuned.metrics["speedup"] <= spread["high"] and spread["winner_measurements"] >= 1
+    assert f"{spread['low']:.2f}-{spread['high']:.2f}x across" in " ".join(result.output.split())
     assert tuned.search["trials_this_run"] >= 3 and tuned.data["n_speakers"] == 4
     epoch = tuned.metrics["epoch"]  # 12 utterances at the measured rates
     assert epoch["samples"] == 12

@@ -258,3 +258,16 @@ def test_a_preloading_winner_says_so_outside_the_dataloader_kwargs() -> None:
     assert "preload_audio" not in tuned.dataloader_kwargs()
     torch.utils.data.DataLoader(list(range(16)), **tuned.dataloader_kwargs())  # still valid DataLoader arguments
     assert make_tuned(NO_WORKERS).to_dict()["audio"] == {"preload_decoded": False}
+
+
+def test_the_speedup_comes_with_the_range_its_measurements_allow() -> None:
+    winner = summarise_measurements([_ok(200.0), _ok(220.0), _ok(240.0)])
+    baseline = summarise_measurements([_ok(100.0), _ok(110.0)])
+    assert results.speedup_range(winner, baseline) == {
+        "low": round(200 / 110, 3),
+        "high": 2.4,
+        "winner_measurements": 3,
+        "baseline_measurements": 2,
+    }
+    failed = summarise_measurements([TrialResult(status="oom", reason="out of memory")])
+    assert results.speedup_range(winner, failed) is None
