@@ -140,7 +140,7 @@ def test_grid_and_size():
 def test_seeds_become_points_of_this_machines_space():
     cpu = space.load(CAM, make_cpu(4))
     first = cpu.seeds[0]
-    assert (first["per_device_batch_size"], first["precision"], first["num_workers"]) == (32, "bf16", 0)
+    assert (first["per_device_batch_size"], first["precision"], first["num_workers"]) == (32, "bf16", 1)
     assert first["intra_op_threads"] == 4  # auto: the cores a trial may use
     assert all(seed != cpu.baseline for seed in cpu.seeds)
     old_gpu = make_cuda(capability=(7, 0))  # a V100: no bf16, no TF32 -> the next preference in each list
