@@ -110,30 +110,25 @@ class _Ranks:
                 return rank
         if self.spec.config.world_size == 1:
             return None
-        failed = [(written, rank) for rank in range(len(self.processes)) if (written := self._failed_at(rank))]
+        written = [(found, rank) for rank in range(len(self.processes)) if (found := self._written(rank))]
+        failed = [(at_ns, rank) for (at_ns, status), rank in written if status != "ok"]
         return min(failed)[1] if failed else None
 
-    def _failed_at(self, rank: int) -> int | None:
-        """When this rank wrote a failed result (ns), or None."""
+    def _written(self, rank: int) -> tuple[int, str] | None:
+        """When this rank wrote its result (ns) and its status; None while it has not (files are renamed into place
+        whole)."""
         path = rank_result_path(self.spec.result_path, rank)
         try:
-            written = os.stat(path).st_mtime_ns
-            return written if yamlio.read_json(path).get("status") != "ok" else None
+            return os.stat(path).st_mtime_ns, str(yamlio.read_json(path).get("status"))
         except (OSError, ValueError):
-            return None  # not written (yet)
+            return None
 
     def all_exited(self) -> bool:
         return all(process.poll() is not None for process in self.processes)
 
     def all_succeeded(self) -> bool:
         """Every rank has written a feasible result: the trial is over, whatever the interpreters still tear down."""
-        for rank in range(len(self.processes)):
-            try:
-                if yamlio.read_json(rank_result_path(self.spec.result_path, rank)).get("status") != "ok":
-                    return False
-            except (OSError, ValueError):
-                return False  # not written yet (files are renamed into place whole)
-        return True
+        return all((found := self._written(rank)) and found[1] == "ok" for rank in range(len(self.processes)))
 
 
 def _wait(ranks: _Ranks, timeout_s: float, should_prune: ShouldPrune | None) -> tuple[str, int | None, str | None]:
