@@ -7,8 +7,12 @@ at module level (torch, optuna, the runner come inside the commands) so that `au
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -60,8 +64,8 @@ than its recorded throughput by more than --drift-threshold is a regression (wit
 driver, GPU, autotune); the YAML is rewritten only when a new configuration is faster by more than the threshold.
 
 [bold]Exit codes[/bold]: 0 done (result written, or kept unchanged); 1 no stable configuration; 2 bad input; \
-3 regression: the previous winner got slower (the history is still recorded); 130 interrupted (Ctrl-C: the \
-current trial is stopped, the best so far written, completed trials stay in the study).
+3 regression: the previous winner got slower (the history is still recorded); 130 interrupted (Ctrl-C or \
+SIGTERM: the current trial is stopped, the best so far written, completed trials stay in the study).
 """
 
 
@@ -247,10 +251,11 @@ def run(
                 "[dim]no --data: using the embedded synthetic corpus "
                 "(generated once into the cache, about 300 MB)[/dim]"
             )
-        plan = runner.prepare(request)
-        reporter = RichReporter(stderr_console, plan)
-        with reporter:
-            report = runner.execute(plan, reporter)
+        with _sigterm_interrupts():
+            plan = runner.prepare(request)
+            reporter = RichReporter(stderr_console, plan)
+            with reporter:
+                report = runner.execute(plan, reporter)
     except UserError as error:
         raise fail(str(error)) from None
     except runner.TuningFailed as error:
@@ -259,6 +264,25 @@ def run(
         raise fail("interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED) from None
     print_summary(stdout_console, report)
     _finish(report)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a batch job's time limit or scancel, `timeout`, `kill`) ends the run as Ctrl-C does: the running trial
+    is stopped and failed, the best so far written, exit 130. Python's default would die at once, taking the trial's
+    processes with it (trial/lifeline.py) but writing nothing. The previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _finish(report: RunReport) -> None:

@@ -117,7 +117,10 @@ def test_pruner_compares_running_rate_with_the_best_so_far():
     assert _Pruner(None, TunerSettings())({"phase": "window", "samples_per_second": 0.1, "elapsed_s": 9.0}) is None
 
 
-def test_ctrl_c_ends_the_trial_writes_the_best_so_far_and_leaves_the_study_consistent(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])  # Ctrl-C; a batch job's time limit or `kill`
+def test_ctrl_c_ends_the_trial_writes_the_best_so_far_and_leaves_the_study_consistent(
+    tiny_corpus, tmp_path, signal_name
+):
     import signal
 
     from optuna.trial import TrialState
@@ -133,7 +136,7 @@ def test_ctrl_c_ends_the_trial_writes_the_best_so_far_and_leaves_the_study_consi
         return states.get(0) == TrialState.COMPLETE and states.get(1) == TrialState.RUNNING
 
     wait_for(second_trial_running, "trial 1 to run")
-    process.send_signal(signal.SIGINT)
+    process.send_signal(getattr(signal, signal_name))
     assert process.wait(timeout=60) == 130, log.read_text()
     output = " ".join(log.read_text().split())
     assert "interrupted; best so far written" in output
