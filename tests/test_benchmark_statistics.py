@@ -1,0 +1,60 @@
+"""The statistics behind the benchmarks' published numbers (benchmarks/ is scripts, not a package: loaded by path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_noise_floor_chunks_a_steady_rate_into_equal_chunks():
+    noise_floor = _load("noise_floor")
+    marks = [(0.5 * step, 5 * step) for step in range(61)]  # 10 samples/s for 30 s, a step every 0.5 s
+    rates = noise_floor._chunks(marks, 3.0)
+    assert len(rates) == 10 and all(rate == pytest.approx(10.0) for rate in rates)
+    assert "+-0.0%" in noise_floor._describe(rates)
+    assert "too few" in noise_floor._describe(noise_floor._chunks(marks, 20.0))
+
+
+def test_noise_floor_sees_a_slow_phase():
+    noise_floor = _load("noise_floor")
+    marks, samples = [], 0
+    for step in range(40):  # 1 s steps: 10 samples each, then 5 each from the 20th second
+        marks.append((float(step), samples))
+        samples += 10 if step < 20 else 5
+    rates = noise_floor._chunks(marks, 10.0)
+    assert rates == pytest.approx([10.0, 10.0, 5.0])
+
+
+def test_regret_interval_is_zero_for_a_clear_winner_and_wide_for_a_tie():
+    efficiency = _load("search_efficiency")
+    remeasured = {"fast": [30.0, 30.5, 29.5, 30.2, 29.8], "slow": [24.0, 24.5, 23.5, 24.2, 23.8]}
+    assert efficiency._regret_interval("fast", remeasured, {}) == (0.0, 0.0)
+    low, high = efficiency._regret_interval("slow", remeasured, {})
+    assert 0.17 < low <= high < 0.23  # about 1 - 24/30 = 20%
+    tied = {"a": [30.0, 27.0, 29.0, 31.0, 26.0], "b": [28.0, 31.0, 27.5, 30.5, 28.5]}
+    low, high = efficiency._regret_interval("a", tied, {})
+    assert low == 0.0 and high > 0.02  # cannot tell them apart: the interval starts at zero
+    assert efficiency._regret_interval("never re-measured", tied, {}) is None
+
+
+def test_regret_interval_counts_a_better_grid_only_figure():
+    efficiency = _load("search_efficiency")
+    remeasured = {"pick": [20.0, 20.0, 20.0]}
+    assert efficiency._regret_interval("pick", remeasured, {"pick": 99.0, "other": 25.0}) == (
+        pytest.approx(0.2),
+        pytest.approx(0.2),
+    )
+    assert efficiency._spread([9.0, 10.0, 11.0]) == pytest.approx(0.1)
