@@ -17,7 +17,7 @@ points); random search and the grid are unseeded, as in autotune itself. Autotun
     .venv/bin/python benchmarks/search_efficiency.py --out benchmarks/results/search_efficiency.md
 
 Writes a markdown table: best throughput found, regret versus the best, wall time, trials, and the time to reach a
-configuration within 2% of the optimum. Target: regret <= 2% using <= 15% of the grid's wall time. About 25 minutes
+configuration within 2% of the optimum. Target: regret <= 2% using <= 15% of the grid's wall time. About 40 minutes
 on 2 cores.
 """
 
