@@ -195,6 +195,8 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
             str(results_dir),
             "--out",
             str(out),
+            "--max-throughput-cv",
+            "0",  # the erratic gate has its own tests; this one must not fail because other jobs load the machine
             *FAST,
         ]
     )
