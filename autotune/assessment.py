@@ -16,7 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.diagnosis import diagnose
+import optuna.distributions as od
+
+from autotune.candidates import Candidate, config_key
+from autotune.diagnosis import LargerBatches, diagnose
 from autotune.preloading import preload_report
 from autotune.trial import TrialConfig, TrialResult, TrialSpec, launch
 from autotune.trial.amp_check import (
@@ -33,12 +36,23 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.results import TunedConfig
     from autotune.runner import RunPlan
+    from autotune.space import SearchSpace
     from autotune.tuner import TunerSettings, TuningOutcome
 
-__all__ = ["check_precisions", "budget_left", "measure_ceiling", "compute_metrics", "overhead_metrics", "assess"]
+__all__ = [
+    "check_precisions",
+    "budget_left",
+    "measure_ceiling",
+    "compute_metrics",
+    "overhead_metrics",
+    "larger_batches",
+    "assess",
+]
 
 logger = logging.getLogger(__name__)
 MakeSpec = Callable[[TrialConfig, str], TrialSpec]
+DYNAMIC_BATCH_KNOB = "max_frames_in_batch"  # a workload knob that sets the batch in frames (WeNet's dynamic batches)
+MEMORY_STATUSES = ("oom", "headroom")
 AMP_BUDGET_SHARE = 0.2  # of --budget the AMP check may take at most
 
 
@@ -144,6 +158,52 @@ def overhead_metrics(outcome: TuningOutcome) -> dict[str, Any]:
     }
 
 
+def _batch_of(config: TrialConfig, knob: str) -> int | None:
+    """The configuration's value of the knob that sets the batch; None where that knob does not set its batch."""
+    dynamic = config.extra.get(DYNAMIC_BATCH_KNOB)
+    if knob == DYNAMIC_BATCH_KNOB:
+        return dynamic
+    return None if dynamic is not None else config.per_device_batch_size
+
+
+def _largest_offered(space: SearchSpace, knob: str) -> int | None:
+    """The search space's largest value of a batch knob; None when the search does not vary it."""
+    distribution = next((param.distribution for param in space.params if param.name == knob), None)
+    if isinstance(distribution, od.CategoricalDistribution):
+        numbers = [choice for choice in distribution.choices if isinstance(choice, int)]
+        return max(numbers) if len(numbers) > 1 else None
+    if isinstance(distribution, od.IntDistribution) and distribution.high > distribution.low:
+        return distribution.high
+    return None
+
+
+def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConfig) -> LargerBatches:
+    """What the run measured above the winner's batch at the winner's precision (diagnosis.LargerBatches)."""
+    knob = DYNAMIC_BATCH_KNOB if DYNAMIC_BATCH_KNOB in config.extra else "per_device_batch_size"
+    winner_value = _batch_of(config, knob) or 0
+    above: dict[str, Candidate] = {}
+    for record in outcome.records:
+        value = _batch_of(record.config, knob)
+        if value is not None and value > winner_value and record.config.precision == config.precision:
+            key = config_key(record.config)
+            above.setdefault(key, Candidate(config=record.config, records=[])).records.append(record)
+    feasible = [candidate for candidate in above.values() if candidate.feasible]
+    best = max(feasible, key=lambda candidate: candidate.median, default=None)
+    statuses = [{record.result.status for record in candidate.records} for candidate in above.values()]
+    return LargerBatches(
+        knob=knob,
+        winner_value=winner_value,
+        largest_offered=_largest_offered(space, knob),
+        best_measured=(best.config.short(), best.median, len(best.values)) if best else None,
+        pruned=sum(1 for status in statuses if "pruned" in status),
+        out_of_memory=tuple(
+            candidate.config.short()
+            for candidate, status in zip(above.values(), statuses, strict=True)
+            if status & set(MEMORY_STATUSES)
+        ),
+    )
+
+
 def assess(
     tuned: TunedConfig,
     *,
@@ -174,4 +234,5 @@ def assess(
         compute=metrics["compute"],
         searched_precisions=space_precisions(plan.space),
         rejected_precisions=tuple(rejected),
+        larger_batches=larger_batches(outcome, plan.space, config),
     ).to_dict()

@@ -196,10 +196,12 @@ def _print_assessment(console: Console, metrics: dict) -> None:
         parts.append(f"{compute['flops_per_sample'] / 1e9:.3g} GFLOP/sample, {compute['achieved_tflops']:.3g} TFLOP/s")
         if compute.get("fraction_of_peak") is not None:
             parts[-1] += f" ({compute['fraction_of_peak']:.1%} of the {compute['peak_tflops']:g} TFLOP/s peak)"
-    if compute.get("pipeline_efficiency") is not None:
+    efficiency = compute.get("pipeline_efficiency")
+    if efficiency is not None:
+        at_ceiling = " (at the ceiling: above 100% is measurement noise)" if efficiency >= 1.0 else ""
         parts.append(
             f"compute-only ceiling {_rate(compute['ceiling_samples_per_second'])} samples/s: pipeline efficiency "
-            f"{compute['pipeline_efficiency']:.0%}"
+            f"{efficiency:.0%}{at_ceiling}"
         )
     if parts:
         console.print("compute: " + "; ".join(parts), highlight=False)

@@ -6,7 +6,7 @@ batches already in memory), GPU utilisation from NVML, the fraction of the devic
 A step that waits for data, or runs well below its own ceiling, is bound by the data pipeline; otherwise by compute.
 The suggestions follow the seed cases: more workers, decoded audio preloaded into RAM when the corpus fits a memory
 budget, faster storage when it does not; for compute, an autocast precision the search did not cover, a larger
-batch while memory allows, more devices.
+batch while memory allows and the search has not already measured one (LargerBatches), more devices.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
     from autotune.trial.spec import TrialConfig
 
-__all__ = ["DiagnosisSettings", "Diagnosis", "diagnose", "decoded_audio_bytes"]
+__all__ = ["DiagnosisSettings", "Diagnosis", "LargerBatches", "diagnose", "decoded_audio_bytes"]
 
 DATA_BOUND, COMPUTE_BOUND, UNKNOWN = "data pipeline", "compute", "unknown"
 
@@ -47,6 +47,23 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {"bound": self.bound, "evidence": list(self.evidence), "next": list(self.next)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LargerBatches:
+    """What the run learned about batches larger than the winner's, at the winner's precision.
+
+    A larger batch is worth suggesting only where the search could not have measured one: the space offers none above
+    the winner's, or the budget ran out before one was tried. Where larger batches were measured and lost, or ran out
+    of memory, the suggestion would send the user to re-measure what the run already did.
+    """
+
+    knob: str  # the knob that sets the batch: per_device_batch_size, or a workload's (max_frames_in_batch)
+    winner_value: int
+    largest_offered: int | None  # the space's largest value of the knob; None when the search does not vary it
+    best_measured: tuple[str, float, int] | None = None  # the fastest: (configuration, median samples/s, windows)
+    pruned: int = 0  # larger ones stopped early as far slower than the best so far
+    out_of_memory: tuple[str, ...] = ()  # larger ones rejected for memory (oom, headroom): their configurations
 
 
 def decoded_audio_bytes(data: dict[str, Any]) -> int | None:
@@ -75,12 +92,36 @@ def _data_evidence(winner: dict[str, Any], compute: dict[str, Any], settings: Di
     return found
 
 
+def _larger_batch_evidence(winner: dict[str, Any], larger: LargerBatches | None) -> list[str]:
+    """What the search measured above the winner's batch: why a larger batch is not the next thing to try."""
+    if larger is None:
+        return []
+    found = []
+    if larger.best_measured is not None:
+        config, rate, windows = larger.best_measured
+        versus = winner.get("samples_per_second")
+        against = f" against the winner's {versus:.3g}" if versus else ""
+        found.append(
+            f"larger batches were measured: the fastest, {config}, ran {rate:.3g} samples/s (median of {windows})"
+            f"{against}"
+        )
+    if larger.pruned:
+        found.append(f"{larger.pruned} configuration(s) with a larger batch were stopped early as far slower")
+    if larger.out_of_memory:
+        shown = ", ".join(larger.out_of_memory[:3]) + (", ..." if len(larger.out_of_memory) > 3 else "")
+        found.append(f"larger batches ran out of memory or headroom: {shown}")
+    return found
+
+
 def _compute_evidence(winner: dict[str, Any], compute: dict[str, Any]) -> list[str]:
     found = []
     wait, efficiency = winner.get("data_wait_fraction"), compute.get("pipeline_efficiency")
     if wait is not None:
         found.append(f"the step waited for data only {wait:.0%} of the timed window")
-    if efficiency is not None:
+    if efficiency is not None and efficiency >= 1.0:
+        # The ceiling is one window and the winner a median of several: above 100% is noise, not a faster pipeline.
+        found.append(f"end to end it runs at its compute-only ceiling (measured {efficiency:.0%}: above 100% is noise)")
+    elif efficiency is not None:
         found.append(f"end to end it runs at {efficiency:.0%} of its compute-only ceiling")
     fraction = compute.get("fraction_of_peak")
     if fraction is not None:
@@ -125,6 +166,7 @@ def _compute_next(
     searched_precisions: Collection[str],
     rejected_precisions: Collection[str],
     settings: DiagnosisSettings,
+    larger: LargerBatches | None,
 ) -> list[str]:
     steps = []
     if config.precision in ("fp32", "tf32"):
@@ -137,9 +179,21 @@ def _compute_next(
             steps.append(f"{untried[0]} (the search covered {', '.join(sorted(searched_precisions)) or 'no other'})")
     peak, capacity = winner.get("peak_memory_bytes"), winner.get("memory_capacity_bytes")
     if peak and capacity and peak < settings.low_memory_use_fraction * capacity:
-        steps.append(
-            f"a larger per-device batch where the recipe allows it (peak memory is {peak / capacity:.0%} of the device)"
-        )
+        memory = f"peak memory is {peak / capacity:.0%} of the device"
+        if larger is None or larger.largest_offered is None:
+            steps.append(f"a larger per-device batch where the recipe allows it ({memory})")
+        elif larger.best_measured is None and not larger.pruned and not larger.out_of_memory:
+            if larger.largest_offered > larger.winner_value:
+                steps.append(
+                    f"a larger {larger.knob} ({memory}): the space offers up to {larger.largest_offered}, but this run "
+                    f"measured none above {larger.winner_value} at {config.precision} (a longer --budget or more "
+                    "--trials would)"
+                )
+            else:
+                steps.append(
+                    f"a larger {larger.knob} than the space's largest ({larger.winner_value}) where the recipe allows "
+                    f"it ({memory}): add larger choices to the search space"
+                )
     devices = hardware.device_count if hardware.device_type == "cuda" else 1
     if config.world_size < devices:
         steps.append(f"more devices: {config.world_size} of this machine's {devices} GPUs trained (--devices)")
@@ -157,6 +211,7 @@ def diagnose(
     compute: dict[str, Any] | None = None,
     searched_precisions: Collection[str] = (),
     rejected_precisions: Collection[str] = (),
+    larger_batches: LargerBatches | None = None,
     settings: DiagnosisSettings = DiagnosisSettings(),  # noqa: B008 - frozen
 ) -> Diagnosis:
     """Say what bounds the winner and what to try next.
@@ -170,6 +225,8 @@ def diagnose(
         compute: pipeline_efficiency, ceiling_samples_per_second, fraction_of_peak where measured.
         searched_precisions: the precisions the search space offered.
         rejected_precisions: precisions the AMP check rejected.
+        larger_batches: what the search measured above the winner's batch (None: unknown, so a larger batch is
+            suggested whenever memory allows).
         settings: thresholds.
     """
     compute = compute or {}
@@ -183,11 +240,11 @@ def diagnose(
             evidence.append(f"the GPU was busy {utilisation:.0f}% of the time")
         steps = _data_next(config, hardware, data, settings)
         return Diagnosis(bound=DATA_BOUND, evidence=tuple(evidence), next=tuple(steps))
-    evidence = _compute_evidence(winner, compute)
+    evidence = _compute_evidence(winner, compute) + _larger_batch_evidence(winner, larger_batches)
     if low_utilisation:
         evidence.append(
             f"GPU utilisation is {utilisation:.0f}% without waiting for data: host-side overhead between small "
             "kernels (a larger batch or torch.compile helps)"
         )
-    steps = _compute_next(winner, config, hardware, searched_precisions, rejected_precisions, settings)
+    steps = _compute_next(winner, config, hardware, searched_precisions, rejected_precisions, settings, larger_batches)
     return Diagnosis(bound=COMPUTE_BOUND, evidence=tuple(evidence), next=tuple(steps))

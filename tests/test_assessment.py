@@ -47,6 +47,62 @@ def test_overhead_per_trial_and_share_of_the_run():
     assert overhead["overhead_share_of_run"] == pytest.approx(16.5 / 25) and overhead["timed_share_of_run"] == 0.4
 
 
+def _measured(number: int, config: TrialConfig, status: str, rate: float = 0.0) -> TrialRecord:
+    return TrialRecord(
+        number=number, role="search", config=config, result=TrialResult(status=status, samples_per_second=rate)
+    )
+
+
+def test_larger_batches_are_what_the_run_measured_above_the_winner_at_its_precision(cpu_hardware):
+    cam = space.load(space.space_path("cam++"), cpu_hardware)
+    winner = TrialConfig(per_device_batch_size=16, precision="bf16")
+    bs32 = TrialConfig(per_device_batch_size=32, num_workers=1, precision="bf16")
+    records = [
+        _measured(0, winner, "ok", 14.0),
+        _measured(1, bs32, "ok", 15.0),
+        _measured(2, bs32, "ok", 17.0),
+        _measured(3, bs32, "ok", 16.0),  # median 16 of 3
+        _measured(4, TrialConfig(per_device_batch_size=64, precision="bf16"), "ok", 12.0),
+        _measured(5, TrialConfig(per_device_batch_size=64, precision="fp32"), "ok", 30.0),  # another precision
+        _measured(6, TrialConfig(per_device_batch_size=64, num_workers=2, precision="bf16"), "pruned", 3.0),
+        _measured(7, TrialConfig(per_device_batch_size=128, precision="bf16"), "oom"),
+        _measured(8, TrialConfig(per_device_batch_size=8, precision="bf16"), "ok", 40.0),  # smaller
+    ]
+    outcome = TuningOutcome(records=records, baseline=None, winner=None, stopped_by="trials", elapsed_s=1.0)
+    larger = assessment.larger_batches(outcome, cam, winner)
+    assert larger.knob == "per_device_batch_size" and larger.winner_value == 16
+    assert larger.largest_offered == max(cam.grid()["per_device_batch_size"])
+    assert larger.best_measured == (bs32.short(), 16.0, 3)
+    assert larger.pruned == 1 and larger.out_of_memory == ("bs=128 w=0 bf16",)
+    nothing = assessment.larger_batches(outcome, cam, TrialConfig(per_device_batch_size=128, precision="fp16"))
+    assert nothing.best_measured is None and nothing.pruned == 0 and nothing.out_of_memory == ()
+
+
+def test_larger_batches_of_dynamic_batching_are_counted_in_frames(cpu_hardware):
+    knobs = ("batch_type", "max_frames_in_batch")
+    conformer = space.load(space.space_path("conformer"), cpu_hardware, extra_knobs=knobs)
+    dynamic = TrialConfig(per_device_batch_size=16, extra={"batch_type": "dynamic", "max_frames_in_batch": 8000})
+    records = [
+        _measured(0, dynamic, "ok", 5.0),
+        _measured(1, TrialConfig(per_device_batch_size=64, extra={"batch_type": "static"}), "ok", 9.0),  # not frames
+        _measured(
+            2,
+            TrialConfig(per_device_batch_size=16, extra={"batch_type": "dynamic", "max_frames_in_batch": 12000}),
+            "ok",
+            6.0,
+        ),
+    ]
+    outcome = TuningOutcome(records=records, baseline=None, winner=None, stopped_by="trials", elapsed_s=1.0)
+    larger = assessment.larger_batches(outcome, conformer, dynamic)
+    assert larger.knob == "max_frames_in_batch" and larger.winner_value == 8000
+    assert larger.largest_offered == max(conformer.grid()["max_frames_in_batch"])
+    assert larger.best_measured == (records[2].config.short(), 6.0, 1)
+    static = assessment.larger_batches(
+        outcome, conformer, TrialConfig(per_device_batch_size=16, extra={"batch_type": "static"})
+    )
+    assert static.knob == "per_device_batch_size" and static.best_measured == (records[1].config.short(), 9.0, 1)
+
+
 def test_the_amp_check_time_comes_off_the_budget():
     amp = AmpCheckResult(status="ok", wall_s=60.0)
     assert assessment.budget_left(TunerSettings(budget_s=900.0), amp).budget_s == 840.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.diagnosis import decoded_audio_bytes, diagnose
+from autotune.diagnosis import LargerBatches, decoded_audio_bytes, diagnose
 from autotune.trial import TrialConfig
 from tests.conftest import make_cpu, make_cuda
 
@@ -87,3 +87,64 @@ def test_cpu_data_bound_advice_is_about_sharing_cores():
 def test_nothing_measured_is_unknown():
     result = diagnose({}, config=TrialConfig(per_device_batch_size=8), hardware=make_cpu(), data={})
     assert result.bound == "unknown" and result.next == ()
+
+
+ROOMY = {
+    "data_wait_fraction": 0.02,
+    "samples_per_second": 14.7,
+    "peak_memory_bytes": 2**30,
+    "memory_capacity_bytes": 20 * 2**30,
+}
+BS16 = TrialConfig(per_device_batch_size=16, precision="bf16")
+
+
+def _compute_bound(larger: LargerBatches | None, compute: dict | None = None):
+    return diagnose(ROOMY, config=BS16, hardware=make_cpu(), data=SMALL_CORPUS, compute=compute, larger_batches=larger)
+
+
+def test_an_efficiency_above_one_is_read_as_at_the_ceiling_not_as_faster():
+    result = _compute_bound(None, compute={"pipeline_efficiency": 1.10})
+    assert result.bound == "compute"
+    assert "end to end it runs at its compute-only ceiling (measured 110%: above 100% is noise)" in result.evidence
+    assert not any("110% of its compute-only ceiling" in line for line in result.evidence)
+
+
+def test_a_larger_batch_the_search_measured_is_not_suggested_again():
+    measured = LargerBatches(
+        knob="per_device_batch_size",
+        winner_value=16,
+        largest_offered=64,
+        best_measured=("bs=32 w=1 bf16 thr=2", 15.8, 2),
+    )
+    result = _compute_bound(measured)
+    assert not any("larger" in line for line in result.next)
+    assert (
+        "larger batches were measured: the fastest, bs=32 w=1 bf16 thr=2, ran 15.8 samples/s (median of 2) against "
+        "the winner's 14.7" in result.evidence
+    )
+    pruned = LargerBatches(knob="per_device_batch_size", winner_value=16, largest_offered=64, pruned=2)
+    result = _compute_bound(pruned)
+    assert not any("larger" in line for line in result.next)
+    assert "2 configuration(s) with a larger batch were stopped early as far slower" in result.evidence
+    oom = LargerBatches(
+        knob="per_device_batch_size", winner_value=16, largest_offered=64, out_of_memory=("bs=64 w=0 bf16",)
+    )
+    result = _compute_bound(oom)
+    assert not any("larger" in line for line in result.next)
+    assert "larger batches ran out of memory or headroom: bs=64 w=0 bf16" in result.evidence
+
+
+def test_a_larger_batch_is_suggested_where_the_search_could_not_measure_one():
+    unmeasured = LargerBatches(knob="per_device_batch_size", winner_value=16, largest_offered=64)
+    assert _compute_bound(unmeasured).next[0] == (
+        "a larger per_device_batch_size (peak memory is 5% of the device): the space offers up to 64, but this run "
+        "measured none above 16 at bf16 (a longer --budget or more --trials would)"
+    )
+    at_the_top = LargerBatches(knob="max_frames_in_batch", winner_value=48000, largest_offered=48000)
+    assert _compute_bound(at_the_top).next[0] == (
+        "a larger max_frames_in_batch than the space's largest (48000) where the recipe allows it (peak memory is 5% "
+        "of the device): add larger choices to the search space"
+    )
+    not_searched = LargerBatches(knob="per_device_batch_size", winner_value=16, largest_offered=None)
+    assert _compute_bound(not_searched).next[0].startswith("a larger per-device batch where the recipe allows it")
+    assert _compute_bound(None).next[0].startswith("a larger per-device batch where the recipe allows it")
