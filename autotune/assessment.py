@@ -3,7 +3,8 @@
 Before the search: the AMP check (trial/amp_check.py) of the space's autocast precisions. After confirmation: the
 compute-only ceiling of the winner (trial/compute_only.py) with its FLOPs per sample (trial/flops.py). Then the
 result's extra metrics: work per sample and achieved TFLOP/s against the device's peak, pipeline efficiency, the
-per-trial overhead of process isolation, the AMP curves, and the diagnosis (diagnosis.py).
+per-trial overhead of process isolation, the measurement noise of repeated windows, the AMP curves, and the diagnosis
+(diagnosis.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
-from autotune.candidates import Candidate, config_key
+from autotune.candidates import group_by_config
 from autotune.diagnosis import LargerBatches, diagnose
 from autotune.preloading import preload_report
 from autotune.trial import TrialConfig, TrialResult, TrialSpec, launch
@@ -46,6 +47,7 @@ __all__ = [
     "compute_metrics",
     "overhead_metrics",
     "larger_batches",
+    "noise_metrics",
     "assess",
 ]
 
@@ -53,6 +55,7 @@ logger = logging.getLogger(__name__)
 MakeSpec = Callable[[TrialConfig, str], TrialSpec]
 DYNAMIC_BATCH_KNOB = "max_frames_in_batch"  # a workload knob that sets the batch in frames (WeNet's dynamic batches)
 MEMORY_STATUSES = ("oom", "headroom")
+NOISY_SPREAD_FRACTION = 0.10  # repeated windows of one configuration disagreeing more than this get a note
 AMP_BUDGET_SHARE = 0.2  # of --budget the AMP check may take at most
 
 
@@ -158,6 +161,31 @@ def overhead_metrics(outcome: TuningOutcome) -> dict[str, Any]:
     }
 
 
+def noise_metrics(outcome: TuningOutcome) -> dict[str, Any]:
+    """How far repeated windows of one configuration disagreed in this run: the smallest difference it resolves."""
+    spreads = [
+        candidate.spread_fraction
+        for candidate in group_by_config(outcome.records).values()
+        if candidate.feasible and len(candidate.values) > 1
+    ]
+    return {
+        "configurations": len(spreads),  # measured more than once (the confirmed leaders, a repeated search point)
+        "median_spread_fraction": round(statistics.median(spreads), 4) if spreads else None,
+        "max_spread_fraction": round(max(spreads), 4) if spreads else None,
+    }
+
+
+def _noise_note(noise: dict[str, Any]) -> str | None:
+    median = noise["median_spread_fraction"]
+    if median is None or median <= NOISY_SPREAD_FRACTION:
+        return None
+    return (
+        f"repeated windows of one configuration disagreed by {median:.0%} (median over {noise['configurations']} "
+        f"re-measured configurations, up to {noise['max_spread_fraction']:.0%}): differences smaller than that are "
+        "not resolved on this machine; tune it when it is quiet, or lengthen --window"
+    )
+
+
 def _batch_of(config: TrialConfig, knob: str) -> int | None:
     """The configuration's value of the knob that sets the batch; None where that knob does not set its batch."""
     dynamic = config.extra.get(DYNAMIC_BATCH_KNOB)
@@ -181,12 +209,13 @@ def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConf
     """What the run measured above the winner's batch at the winner's precision (diagnosis.LargerBatches)."""
     knob = DYNAMIC_BATCH_KNOB if DYNAMIC_BATCH_KNOB in config.extra else "per_device_batch_size"
     winner_value = _batch_of(config, knob) or 0
-    above: dict[str, Candidate] = {}
-    for record in outcome.records:
-        value = _batch_of(record.config, knob)
-        if value is not None and value > winner_value and record.config.precision == config.precision:
-            key = config_key(record.config)
-            above.setdefault(key, Candidate(config=record.config, records=[])).records.append(record)
+    above = group_by_config(
+        record
+        for record in outcome.records
+        if (value := _batch_of(record.config, knob)) is not None
+        and value > winner_value
+        and record.config.precision == config.precision
+    )
     feasible = [candidate for candidate in above.values() if candidate.feasible]
     best = max(feasible, key=lambda candidate: candidate.median, default=None)
     statuses = [{record.result.status for record in candidate.records} for candidate in above.values()]
@@ -212,11 +241,14 @@ def assess(
     ceiling: TrialResult | None,
     amp: AmpCheckResult | None,
 ) -> None:
-    """Add compute, overhead, AMP-check and diagnosis sections to the result's metrics (and notes)."""
+    """Add compute, overhead, noise, AMP-check and diagnosis sections to the result's metrics (and notes)."""
     metrics, config = tuned.metrics, tuned.config
     winner = metrics.get("winner") or {}
     metrics["compute"] = compute_metrics(winner, ceiling, config, plan.hardware)
     metrics["overhead"] = overhead_metrics(outcome)
+    metrics["noise"] = noise_metrics(outcome)
+    if noise_note := _noise_note(metrics["noise"]):
+        tuned.notes.append(noise_note)
     rejected = amp.rejected() if amp else {}
     if amp is not None:
         metrics["amp_check"] = amp.report()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,15 @@ from autotune.trial import TrialConfig, TrialResult
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
 
-__all__ = ["TrialRecord", "Candidate", "pick_winner", "config_params", "config_key", "MIN_NOISE_FRACTION"]
+__all__ = [
+    "TrialRecord",
+    "Candidate",
+    "pick_winner",
+    "config_params",
+    "config_key",
+    "group_by_config",
+    "MIN_NOISE_FRACTION",
+]
 
 MIN_NOISE_FRACTION = 0.01  # leaders closer than this are tied even when repeats agreed exactly
 _PRECISION_RISK = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3}  # fp16 can overflow; fp32 cannot
@@ -66,6 +75,16 @@ class Candidate:
 
 def config_key(config: TrialConfig) -> str:
     return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def group_by_config(records: Iterable[TrialRecord]) -> dict[str, Candidate]:
+    """Every measurement of each configuration together, by config_key, in order of first measurement."""
+    candidates: dict[str, Candidate] = {}
+    for record in records:
+        candidates.setdefault(config_key(record.config), Candidate(config=record.config, records=[])).records.append(
+            record
+        )
+    return candidates
 
 
 def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:

@@ -205,6 +205,13 @@ def _print_assessment(console: Console, metrics: dict) -> None:
         )
     if parts:
         console.print("compute: " + "; ".join(parts), highlight=False)
+    noise = metrics.get("noise") or {}
+    if noise.get("configurations"):
+        console.print(
+            f"measurement noise: repeated windows of one configuration spread {noise['median_spread_fraction']:.0%} "
+            f"(median over {noise['configurations']} re-measured; up to {noise['max_spread_fraction']:.0%})",
+            highlight=False,
+        )
     amp = metrics.get("amp_check") or {}
     for name, verdict in (amp.get("precisions") or {}).items():
         word = "[green]accepted[/green]" if verdict["accepted"] else "[red]rejected[/red]"

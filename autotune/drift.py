@@ -168,6 +168,12 @@ def judge(
             f"kept {path} unchanged: the previous winner {old} re-measured at {now:,.1f} samples/s "
             f"({change:+.1%} vs recorded), and nothing beats it by more than {threshold:.0%}"
         )
+    if regression and again.spread_fraction > threshold:
+        # A nightly on a busy node must not cry wolf unannounced; the verdict stands (a real regression must surface).
+        summary += (
+            f"; its windows tonight spread {again.spread_fraction:.0%}, more than the threshold, so confirm with a "
+            "rerun on a quiet machine"
+        )
     if regression:
         summary += (
             f"; {winner.config.short()} is {gain:.1%} faster now: writing {path}"

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import optuna
 
 from autotune import storage
-from autotune.candidates import Candidate, TrialRecord, config_key, config_params, pick_winner
+from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, pick_winner
 from autotune.errors import WorkloadError
 from autotune.space import SearchSpace
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
@@ -356,11 +356,7 @@ class Tuner:
         return points
 
     def _candidates(self) -> dict[str, Candidate]:
-        candidates: dict[str, Candidate] = {}
-        for record in self.records:
-            key = config_key(record.config)
-            candidates.setdefault(key, Candidate(config=record.config, records=[])).records.append(record)
-        return candidates
+        return group_by_config(self.records)
 
     def _leaders(self) -> list[Candidate]:
         """The top few feasible configurations by median, and a rerun's previous winner (the drift check compares

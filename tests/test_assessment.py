@@ -103,6 +103,35 @@ def test_larger_batches_of_dynamic_batching_are_counted_in_frames(cpu_hardware):
     assert static.knob == "per_device_batch_size" and static.best_measured == (records[1].config.short(), 9.0, 1)
 
 
+def test_noise_is_the_spread_of_configurations_measured_more_than_once():
+    slow = TrialConfig(per_device_batch_size=32, precision="bf16")
+    records = [
+        _measured(0, BF16, "ok", 10.0),
+        _measured(1, BF16, "ok", 12.0),
+        _measured(2, BF16, "ok", 11.0),  # spread 2/11
+        _measured(3, slow, "ok", 20.0),
+        _measured(4, slow, "ok", 21.0),  # spread 1/20.5
+        _measured(5, TrialConfig(per_device_batch_size=8), "ok", 5.0),  # once: no spread
+        _measured(6, TrialConfig(per_device_batch_size=16), "ok", 5.0),
+        _measured(7, TrialConfig(per_device_batch_size=16), "erratic", 1.0),  # infeasible
+    ]
+    outcome = TuningOutcome(records=records, baseline=None, winner=None, stopped_by="trials", elapsed_s=1.0)
+    noise = assessment.noise_metrics(outcome)
+    assert noise["configurations"] == 2
+    assert noise["median_spread_fraction"] == pytest.approx((2 / 11 + 1 / 20.5) / 2, abs=1e-4)
+    assert noise["max_spread_fraction"] == pytest.approx(2 / 11, abs=1e-4)
+    assert "disagreed by 12% (median over 2 re-measured configurations, up to 18%)" in assessment._noise_note(noise)
+    quiet = assessment.noise_metrics(
+        TuningOutcome(records=records[3:6], baseline=None, winner=None, stopped_by="trials", elapsed_s=1.0)
+    )
+    assert quiet["configurations"] == 1 and assessment._noise_note(quiet) is None
+    never = assessment.noise_metrics(
+        TuningOutcome(records=records[5:6], baseline=None, winner=None, stopped_by="trials", elapsed_s=1.0)
+    )
+    assert never == {"configurations": 0, "median_spread_fraction": None, "max_spread_fraction": None}
+    assert assessment._noise_note(never) is None
+
+
 def test_the_amp_check_time_comes_off_the_budget():
     amp = AmpCheckResult(status="ok", wall_s=60.0)
     assert assessment.budget_left(TunerSettings(budget_s=900.0), amp).budget_s == 840.0
@@ -144,6 +173,7 @@ def test_assess_adds_every_section_and_notes_a_rejected_precision(cpu_hardware):
     assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=CEILING, amp=amp)  # type: ignore[arg-type]
     metrics = tuned.metrics
     assert metrics["compute"]["pipeline_efficiency"] == 0.5 and metrics["overhead"]["trials"] == 1
+    assert metrics["noise"]["configurations"] == 0
     assert metrics["amp_check"]["precisions"]["bf16"]["accepted"] is False
     assert metrics["diagnosis"]["bound"] == "data pipeline"
     assert "bf16 rejected by the AMP check: 40%" in tuned.notes

@@ -79,6 +79,14 @@ def test_a_regression_without_environment_change_says_to_look_at_the_machine():
     assert "no change in torch, CUDA, driver, GPU or autotune versions" in verdict.lines()[1]
 
 
+def test_a_regression_measured_noisily_says_to_confirm_it_and_still_counts():
+    noisy = _judge(_previous(100.0), _measured(OLD, 60.0, 85.0, 70.0), _measured(OLD, 70.0))
+    assert noisy.regression  # a real regression must surface even on a noisy machine
+    assert "its windows tonight spread 36%, more than the threshold, so confirm with a rerun" in noisy.summary
+    steady = _judge(_previous(100.0), _measured(OLD, 69.0, 70.0, 71.0), _measured(OLD, 70.0))
+    assert steady.regression and "confirm with a rerun" not in steady.summary
+
+
 def test_a_previous_winner_that_now_fails_is_a_regression_and_the_new_winner_is_written():
     verdict = _judge(_previous(), _measured(OLD, 0.0, status="oom"), _measured(NEW, 70.0))
     assert verdict.regression and verdict.write and "now fails (oom" in verdict.summary
