@@ -133,7 +133,7 @@ class TunedConfig:
         return self.precision.autocast()
 
     def apply_backend_flags(self) -> str:
-        """Set TF32 (new fp32_precision API where torch has it, legacy flags otherwise) and cudnn.benchmark."""
+        """Set TF32 explicitly (both of torch's APIs where it has two, precision.py) and cudnn.benchmark."""
         if self.config.intra_op_threads is not None:
             import torch
 

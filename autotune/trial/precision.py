@@ -2,13 +2,17 @@
 
 "fp32" is strict IEEE float32 everywhere: it says so to cuDNN too, whose convolution default in current torch is
 TF32. "tf32" is float32 storage with TF32 matmuls and convolutions. "bf16" and "fp16" are autocast; fp16 on CUDA
-scales the loss with GradScaler. TF32 goes through the fp32_precision API where torch has it and through the legacy
-allow_tf32 flags otherwise, never both in one process (torch.compile rejects a process that mixed them).
+scales the loss with GradScaler. TF32 is set through both APIs where torch has the per-backend fp32_precision
+settings, the legacy allow_tf32 flags first: in torch 2.14 the new setters leave the legacy state behind, and any
+later legacy read (torch.backends.cudnn.flags(), which ESPnet's CTC enters every step; inductor's matmul precision
+query) then raises "a mix of the legacy and new APIs". The legacy setters keep both states in step, and the
+per-backend values set after them make conv and rnn explicit ("ieee" rather than "none").
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -78,22 +82,25 @@ def apply_backend_flags(*, tf32: bool, cudnn_benchmark: bool, torch_module: Modu
         torch_module: torch, or a stand-in for tests.
 
     Returns:
-        "fp32_precision" when the new API was used, "legacy" when the allow_tf32 flags were.
+        "fp32_precision" when the per-backend settings were set too, "legacy" when only the allow_tf32 flags were.
     """
     if torch_module is None:
         import torch as torch_module
     backends = torch_module.backends
     backends.cudnn.benchmark = cudnn_benchmark
-    if uses_new_tf32_api(torch_module):
-        value = "tf32" if tf32 else "ieee"
-        # The generic torch.backends.fp32_precision does not reach cudnn.conv: set each backend.
-        backends.cuda.matmul.fp32_precision = value
-        backends.cudnn.conv.fp32_precision = value
-        backends.cudnn.rnn.fp32_precision = value
-        return "fp32_precision"
-    backends.cuda.matmul.allow_tf32 = tf32
-    backends.cudnn.allow_tf32 = tf32
-    return "legacy"
+    new_api = uses_new_tf32_api(torch_module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # their deprecation notice: deliberate, see the module docstring
+        backends.cuda.matmul.allow_tf32 = tf32
+        backends.cudnn.allow_tf32 = tf32
+    if not new_api:
+        return "legacy"
+    value = "tf32" if tf32 else "ieee"
+    # The generic torch.backends.fp32_precision does not reach cudnn.conv: set each backend.
+    backends.cuda.matmul.fp32_precision = value
+    backends.cudnn.conv.fp32_precision = value
+    backends.cudnn.rnn.fp32_precision = value
+    return "fp32_precision"
 
 
 class NullScaler:

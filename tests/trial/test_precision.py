@@ -12,21 +12,16 @@ import torch
 from autotune.trial.precision import NullScaler, PrecisionSettings, apply_backend_flags, uses_new_tf32_api
 
 
-class NoLegacyFlags(SimpleNamespace):
-    """A backend namespace of a torch with the fp32_precision API: setting allow_tf32 would mix the two APIs."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "allow_tf32":
-            raise AssertionError(f"legacy flag {name} set on a torch with the fp32_precision API")
-        super().__setattr__(name, value)
-
-
 def new_api_torch() -> SimpleNamespace:
-    cuda = NoLegacyFlags(matmul=NoLegacyFlags(fp32_precision="none"))
-    cudnn = NoLegacyFlags(
-        benchmark=False, conv=NoLegacyFlags(fp32_precision="none"), rnn=NoLegacyFlags(fp32_precision="none")
+    """A torch with both the legacy allow_tf32 flags and the per-backend fp32_precision settings (2.9 and later)."""
+    cuda = SimpleNamespace(matmul=SimpleNamespace(allow_tf32=None, fp32_precision="none"))
+    cudnn = SimpleNamespace(
+        allow_tf32=None,
+        benchmark=False,
+        conv=SimpleNamespace(fp32_precision="none"),
+        rnn=SimpleNamespace(fp32_precision="none"),
     )
-    return SimpleNamespace(backends=NoLegacyFlags(cuda=cuda, cudnn=cudnn, fp32_precision="none"))
+    return SimpleNamespace(backends=SimpleNamespace(cuda=cuda, cudnn=cudnn, fp32_precision="none"))
 
 
 def legacy_torch() -> SimpleNamespace:
@@ -45,14 +40,13 @@ def _new_api_values(fake: SimpleNamespace) -> tuple[str, str, str]:
 
 
 @pytest.mark.parametrize(("tf32", "expected"), [(True, "tf32"), (False, "ieee")], ids=["tf32", "fp32"])
-def test_new_api_sets_each_backend_and_no_legacy_flag(tf32: bool, expected: str) -> None:
+def test_new_api_sets_each_backend_and_the_legacy_flags_too(tf32: bool, expected: str) -> None:
     fake = new_api_torch()
     assert uses_new_tf32_api(fake)  # type: ignore[arg-type]
     assert apply_backend_flags(tf32=tf32, cudnn_benchmark=True, torch_module=fake) == "fp32_precision"  # type: ignore[arg-type]
     assert _new_api_values(fake) == (expected, expected, expected)
     assert fake.backends.cudnn.benchmark is True
-    assert not hasattr(fake.backends.cudnn, "allow_tf32")
-    assert not hasattr(fake.backends.cuda.matmul, "allow_tf32")
+    assert fake.backends.cudnn.allow_tf32 is tf32 and fake.backends.cuda.matmul.allow_tf32 is tf32
 
 
 @pytest.mark.parametrize(("tf32", "benchmark"), [(True, False), (False, True)], ids=["tf32", "fp32"])
@@ -99,6 +93,42 @@ def test_real_torch_takes_the_new_api(restore_torch_flags: None, precision: str,
     assert torch.backends.cudnn.conv.fp32_precision == expected
     assert torch.backends.cuda.matmul.fp32_precision == expected
     assert torch.backends.cudnn.benchmark is True
+
+
+_READ_EVERY_TF32_GETTER = """
+import warnings
+import torch
+from autotune.trial.precision import PrecisionSettings
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # the legacy setters' deprecation notice must not reach the user
+    for precision in ("fp32", "tf32", "fp32"):
+        PrecisionSettings(precision=precision, device_type="cuda").apply_backend_flags()
+        print(
+            precision,
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision(),
+            torch.backends.cuda.matmul.fp32_precision,
+            torch.backends.cudnn.conv.fp32_precision,
+            torch.backends.cudnn.rnn.fp32_precision,
+        )
+        with torch.backends.cudnn.flags(enabled=True, deterministic=True):  # ESPnet's CTC does this every step
+            pass
+"""
+
+
+def test_after_the_flags_every_tf32_getter_of_real_torch_reads_without_error() -> None:
+    """A fresh interpreter: legacy reads after the new setters alone raise 'a mix of the legacy and new APIs'."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _READ_EVERY_TF32_GETTER], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == [
+        "fp32 False False highest ieee ieee ieee",
+        "tf32 True True high tf32 tf32 tf32",
+        "fp32 False False highest ieee ieee ieee",
+    ]
 
 
 @pytest.mark.parametrize(
