@@ -1,4 +1,11 @@
-"""Peak memory of a trial: CUDA's allocator peak on a GPU, the process tree's resident memory on a CPU."""
+"""Peak memory of a trial: what the device held at its peak on a GPU, the process tree's resident memory on a CPU.
+
+On CUDA the peak is the caching allocator's peak of reserved memory plus what the device already held outside the
+allocator when tracking started (the CUDA context, cuBLAS and NCCL buffers, other processes on the same GPU). The
+allocated peak (max_memory_allocated) counts tensors only: it leaves out the allocator's cached and fragmented
+segments, which variable-length ASR batches make large, and the context's few hundred MiB, so a configuration could
+pass the headroom gate by that figure and still run out of memory in training.
+"""
 
 from __future__ import annotations
 
@@ -61,9 +68,9 @@ def available_memory_bytes() -> int:
 class PeakMemory:
     """Tracks peak memory over the timed window and knows the device's capacity.
 
-    On CUDA: torch.cuda.max_memory_allocated against the device's total memory. On a CPU: the process tree's RSS,
-    sampled by a background thread, against the memory that was available when the trial started plus what the
-    trial already held then.
+    On CUDA: the allocator's reserved peak plus the memory held outside the allocator at start (module docstring),
+    against the device's total memory. On a CPU: the process tree's RSS, sampled by a background thread, against the
+    memory that was available when the trial started plus what the trial already held then.
     """
 
     def __init__(self, device: torch.device, interval_s: float = 0.1) -> None:
@@ -72,6 +79,7 @@ class PeakMemory:
         self.peak_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.outside_allocator_bytes = 0  # CUDA: held on the device but not by torch's caching allocator
         if device.type == "cuda":
             self.capacity_bytes = int(torch.cuda.get_device_properties(device).total_memory)
         else:
@@ -81,6 +89,8 @@ class PeakMemory:
         """Start tracking from zero (called before the first training step)."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.outside_allocator_bytes = max(0, int(total) - int(free) - int(torch.cuda.memory_reserved(self.device)))
             return
         self.peak_bytes = process_tree_rss_bytes()
         if self._thread is None:
@@ -94,7 +104,8 @@ class PeakMemory:
     def sample(self) -> int:
         """Take a last reading and return the peak so far."""
         if self.device.type == "cuda":
-            self.peak_bytes = max(self.peak_bytes, int(torch.cuda.max_memory_allocated(self.device)))
+            reserved = int(torch.cuda.max_memory_reserved(self.device))
+            self.peak_bytes = max(self.peak_bytes, reserved + self.outside_allocator_bytes)
         else:
             self.peak_bytes = max(self.peak_bytes, process_tree_rss_bytes())
         return self.peak_bytes
