@@ -35,6 +35,10 @@ def _import_nvml() -> ModuleType | None:
 class GpuTelemetry:
     """Samples one GPU in a background thread between start() and stop().
 
+    open() does the slow part (NVML's initialisation and the device lookup) before the timed window, so that start(),
+    called when every rank has met at the window's edge, only starts a thread: NVML's start-up must not land inside
+    the peers' windows.
+
     Args:
         uuid: the GPU's UUID as NVML spells it.
         interval_s: time between samples.
@@ -48,24 +52,43 @@ class GpuTelemetry:
         self._samples: dict[str, list[float]] = {"utilization": [], "memory": [], "power": []}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._opened = self._initialised = False
         self.unavailable_reason: str | None = None
 
-    def start(self) -> None:
-        """Open NVML, find the GPU and start sampling; any NVML problem only disables telemetry."""
+    def open(self) -> None:
+        """Initialise NVML and find the GPU (once); any NVML problem only disables telemetry."""
+        if self._opened:
+            return
+        self._opened = True
         nvml = self.nvml
         if nvml is None:
             self.unavailable_reason = "pynvml (nvidia-ml-py) is not installed"
             return
         try:
             nvml.nvmlInit()
+            self._initialised = True
             self._handle = nvml.nvmlDeviceGetHandleByUUID(self.uuid.encode())
         except nvml.NVMLError as error:
             self.unavailable_reason = f"NVML unavailable: {error}"
             logger.info("GPU telemetry off: %s", self.unavailable_reason)
             self._handle = None
+            self._shutdown()
+
+    def start(self) -> None:
+        """Start sampling (opening NVML first if open() was not called)."""
+        self.open()
+        if self._handle is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="autotune-nvml", daemon=True)
+            self._thread.start()
+
+    def _shutdown(self) -> None:
+        if not self._initialised:
             return
-        self._thread = threading.Thread(target=self._run, name="autotune-nvml", daemon=True)
-        self._thread.start()
+        self._initialised = False
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError:
+            pass
 
     def _read(self, name: str, call: Any) -> None:
         if name not in self._samples:
@@ -89,15 +112,14 @@ class GpuTelemetry:
             self.sample()
 
     def stop(self) -> dict[str, float | int | None]:
-        """Stop sampling and summarise: mean utilisation %, peak memory used (bytes), mean power (W)."""
+        """Stop sampling, close NVML and summarise: mean utilisation %, peak memory used (bytes), mean power (W).
+
+        Calling it again returns the same summary.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
-        if self._handle is not None:
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError:
-                pass
+        self._shutdown()
         utilization, memory, power = (self._samples.get(name) or None for name in ("utilization", "memory", "power"))
         return {
             "gpu_utilization_percent": round(statistics.fmean(utilization), 1) if utilization else None,

@@ -79,6 +79,29 @@ def test_nvml_failures_give_null_fields_never_a_crash(kwargs, uuid, reason):
     assert reason in telemetry.unavailable_reason
 
 
+def test_open_does_nvmls_start_up_before_the_window_and_shuts_it_down_once():
+    nvml, calls = _fake_nvml()
+    opened = []
+    nvml.nvmlInit = lambda: opened.append("init")
+    telemetry = GpuTelemetry("GPU-1234", interval_s=0.01, nvml=nvml)
+    telemetry.open()
+    assert opened == ["init"] and telemetry._thread is None  # nothing samples before the window
+    telemetry.start()
+    assert opened == ["init"] and telemetry._thread is not None  # the window's edge only starts a thread
+    first = telemetry.stop()
+    assert telemetry.stop() == first and calls["shutdown"] == 1
+
+
+def test_a_gpu_nvml_cannot_find_still_shuts_nvml_down():
+    nvml, calls = _fake_nvml()
+    telemetry = GpuTelemetry("GPU-other", nvml=nvml)
+    telemetry.open()
+    assert calls["shutdown"] == 1 and "Not Found" in telemetry.unavailable_reason
+    telemetry.start()
+    telemetry.stop()
+    assert calls["shutdown"] == 1
+
+
 def test_missing_pynvml_module(monkeypatch):
     monkeypatch.setattr("autotune.telemetry._import_nvml", lambda: None)
     telemetry = GpuTelemetry("GPU-1234")

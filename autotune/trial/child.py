@@ -85,6 +85,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     forward = distributed.Forward(setup.model, setup.loss_fn, device)
     memory = PeakMemory(device)
     telemetry = _telemetry_for(device)
+    if telemetry:
+        telemetry.open()  # NVML's start-up now, not at the window's edge where the ranks meet
     setup_s = time.perf_counter() - started
     scan = WorstCaseScan()
     if timing.worst_case_scan:  # the most expensive batches first: an OOM there fails the trial before warm-up
@@ -93,7 +95,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         batches = in_memory_batches(setup, config, device=device, seed=spec.seed, rank=rank)
     else:
         batches = iter(loader)
-    flops = None
+    flops, gpu = None, {}
     progress = ProgressWriter(spec.result_path + PROGRESS_SUFFIX, scale=rank.world_size) if rank.rank == 0 else None
     try:
         window = measure(
@@ -108,11 +110,13 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
             on_window_start=telemetry.start if telemetry else lambda: None,
             on_progress=progress or (lambda phase, rate, elapsed_s: None),
         )
+        gpu = telemetry.stop() if telemetry else {}  # the window's figures: not the FLOP counting's below
         if spec.count_flops:  # after the window: counting is slow
             flops = count_flops_per_sample(setup, next(batches), precision, device)
     finally:
         memory.stop()
-        gpu = telemetry.stop() if telemetry else {}
+        if telemetry:
+            telemetry.stop()  # a trial that failed in its window still closes NVML
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
