@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 
 _WORKER_SIGNAL = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: (.+?)\.?\s*$", re.MULTILINE)
 _WORKER_DIED = re.compile(r"DataLoader worker \(pid\(s\) [\d, ]+\) exited unexpectedly")
+# Out of memory as CUDA libraries report it, not as torch.OutOfMemoryError: a cuBLAS or cuDNN workspace that could
+# not be allocated, or the CUDA runtime's own allocation error (raised as a plain RuntimeError / AcceleratorError).
+_LIBRARY_OOM = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|CUDA error: out of memory")
 
 
 def classify_exception(error: BaseException) -> tuple[str, str]:
@@ -30,7 +33,7 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
     lines = str(error).strip().splitlines() or [""]
     # An exception from a DataLoader worker arrives wrapped: "Caught X in DataLoader worker...\nOriginal Traceback"
     first_line = (lines[-1] if "Original Traceback" in str(error) else lines[0])[:300]
-    if isinstance(error, torch.OutOfMemoryError):
+    if isinstance(error, torch.OutOfMemoryError) or _LIBRARY_OOM.search(str(error)):
         return "oom", f"out of memory: {first_line}"
     if isinstance(error, NonFiniteLossError):
         return "nonfinite", first_line

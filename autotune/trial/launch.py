@@ -42,6 +42,10 @@ def child_environment(spec: TrialSpec, rank: int = 0, port: int | None = None) -
     threads = spec.config.intra_op_threads
     if threads is None and world_size > 1 and spec.device_type == "cpu":
         threads = max(1, available_cores() // world_size)  # ranks on one CPU share its cores, not each take all
+    if threads is None and world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # GPU ranks as torchrun starts them (torch.distributed.run sets 1 when several processes share a node and
+        # the variable is unset): the recipes' launches are measured, not ranks each taking every core.
+        threads = 1
     if threads is not None:
         # OpenMP reads this before torch starts: it sizes the pool set_num_threads later draws from.
         env["OMP_NUM_THREADS"] = str(threads)

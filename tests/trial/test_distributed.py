@@ -159,6 +159,19 @@ def test_rank_environment_follows_torchruns_contract(tmp_path, monkeypatch):
     assert env["OMP_NUM_THREADS"] == "2"  # 8 cores shared by 4 ranks on a CPU
 
 
+def test_gpu_ranks_get_torchruns_thread_default_unless_the_user_set_one(tmp_path, monkeypatch):
+    from autotune.trial.launch import child_environment
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    fields = {**_spec_fields(tmp_path), "device_type": "cuda"}
+    ranks = TrialSpec(**fields, config=TrialConfig(per_device_batch_size=5, world_size=4))
+    assert child_environment(ranks, rank=0, port=29611)["OMP_NUM_THREADS"] == "1"  # torch.distributed.run's default
+    one = TrialSpec(**fields, config=TrialConfig(per_device_batch_size=5))
+    assert "OMP_NUM_THREADS" not in child_environment(one)  # one process, as `python train.py` runs it
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert child_environment(ranks, rank=0, port=29611)["OMP_NUM_THREADS"] == "6"  # the user's, as torchrun keeps it
+
+
 def _spec_fields(tmp_path: Path) -> dict[str, object]:
     return {
         "workload": FAULTY,
