@@ -2,18 +2,26 @@
 
 GradScaler skips an optimiser step when the scaled gradients overflow and then halves its scale; a step it took
 leaves the scale as it was (or doubles it after a long run of good steps). So "the scale went down in update()" is
-exactly "this step was skipped", read through the public get_scale(). A fresh scaler starts at 2**16 and halves its
-way down to a scale the gradients fit: that first run of skipped steps is calibration, not instability, and is not
-counted. A configuration whose fp16 gradients keep overflowing after it trains only some of the steps it is timed
-for: its throughput is not what it seems, and its training may not converge.
+exactly "this step was skipped". A fresh scaler starts at 2**16 and halves its way down to a scale the gradients
+fit: that first run of skipped steps is calibration, not instability, and is not counted. A configuration whose fp16
+gradients keep overflowing after it trains only some of the steps it is timed for: its throughput is not what it
+seems, and its training may not converge.
 
-On CUDA get_scale() waits for the device; GradScaler.step already does (it reads found_inf to decide whether to
-step), so the reading adds a copy of one number, not a new stall.
+Reading the scale must not slow the steps it judges. On CUDA GradScaler.get_scale() is `.item()`: a host-device sync
+that waits for the optimiser step and the scale update. GradScaler.step has synced already, but earlier: it reads
+found_inf before it queues optimizer.step(), so a get_scale() after update() would be a second stall in every step,
+and the host could not load the next batch or launch the next forward while the optimiser runs. So after each
+update() the scale is copied on the device, and the copies are read in one sync where a count is asked for: at the
+start of the window (the warm-up synchronises every step anyway) and at its end, when the loop has synchronised
+too (as it checks the window's losses in one sync).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from autotune.trial.precision import NullScaler
 
@@ -30,11 +38,15 @@ class SkipCountingScaler:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.active = not isinstance(inner, NullScaler)
-        self.calibrated = False  # a step has been taken: the initial scale search is over
         self.in_window = False
-        self.window_updates = 0
-        self.window_counted = 0  # window steps after calibration
-        self.window_skipped = 0
+        self.window_updates = 0  # every update() in the window, calibration included
+        self._calibrated = False  # a step has been taken: the initial scale search is over
+        self._window_counted = 0  # window steps after calibration
+        self._window_skipped = 0
+        self._device_scale = _device_scale_reader(inner) if self.active else None
+        # The scale after each update() not yet counted; on CUDA one 512-byte block a step, 5 MB for 10,000 steps.
+        self._pending: list[torch.Tensor | float] = []
+        # A fresh GradScaler answers its initial scale without touching the device.
         self._scale = float(inner.get_scale()) if self.active else 1.0
 
     def scale(self, loss: Any) -> Any:
@@ -56,33 +68,69 @@ class SkipCountingScaler:
             self.inner.update(new_scale)
         if not self.active:
             return
-        scale = float(self.inner.get_scale())
-        skipped, self._scale = scale < self._scale, scale
-        if not self.calibrated and skipped:
-            if self.in_window:
-                self.window_updates += 1
-            return  # still searching for a scale the gradients fit
-        self.calibrated = True
         if self.in_window:
             self.window_updates += 1
-            self.window_counted += 1
-            self.window_skipped += int(skipped)
+        scale = self._device_scale() if self._device_scale else None
+        # update() rewrites the scale tensor in place: keep a copy (queued on the device, no sync).
+        self._pending.append(scale.clone() if scale is not None else float(self.inner.get_scale()))
 
     def start_window(self) -> None:
         """From now on, count: steps before this (warm-up, worst-case scan) are not the timed window's."""
+        self._settle()  # the warm-up's steps decide only whether calibration is over
         self.in_window = True
-        self.window_updates = self.window_counted = self.window_skipped = 0
+        self.window_updates = self._window_counted = self._window_skipped = 0
+
+    @property
+    def window_counted(self) -> int:
+        """Window steps after calibration (reads the pending scales: one device sync on CUDA)."""
+        self._settle()
+        return self._window_counted
+
+    @property
+    def window_skipped(self) -> int:
+        """Window steps after calibration that were skipped (reads the pending scales: one device sync on CUDA)."""
+        self._settle()
+        return self._window_skipped
+
+    def has_taken_a_step(self) -> bool:
+        """Whether any optimiser step was taken since this scaler started: the scale search is over.
+
+        Reads the pending scales (one device sync on CUDA). True without loss scaling, where no step is skipped.
+        """
+        self._settle()
+        return self._calibrated or not self.active
 
     def window_skip_fraction(self) -> float | None:
         """Skipped share of the window's optimiser steps after calibration; None without loss scaling.
 
-        A window whose every step was skipped, calibration never ending, is 1.0: nothing trained.
+        A window whose every step was skipped, calibration never ending, is 1.0: nothing trained. Reads the window's
+        scales in one device sync on CUDA: ask once the window is over.
         """
         if not self.active or not self.window_updates:
             return None
-        if not self.window_counted:
+        self._settle()
+        if not self._window_counted:
             return 1.0
-        return self.window_skipped / self.window_counted
+        return self._window_skipped / self._window_counted
+
+    def _settle(self) -> None:
+        """Count the steps whose scales are pending, reading all of them at once."""
+        if not self._pending:
+            return
+        on_device = [scale for scale in self._pending if isinstance(scale, torch.Tensor)]
+        read = iter(torch.cat([scale.reshape(1) for scale in on_device]).tolist() if on_device else [])
+        for scale in self._pending:
+            self._count(next(read) if isinstance(scale, torch.Tensor) else scale)
+        self._pending.clear()
+
+    def _count(self, scale: float) -> None:
+        skipped, self._scale = scale < self._scale, scale
+        if not self._calibrated and skipped:
+            return  # still searching for a scale the gradients fit
+        self._calibrated = True
+        if self.in_window:
+            self._window_counted += 1
+            self._window_skipped += int(skipped)
 
 
 def skip_gate_reason(skip_fraction: float | None, limit: float | None) -> str | None:
@@ -93,3 +141,18 @@ def skip_gate_reason(skip_fraction: float | None, limit: float | None) -> str | 
         f"GradScaler skipped {skip_fraction:.0%} of the window's optimiser steps (fp16 gradients overflow; "
         f"limit {limit:.0%})"
     )
+
+
+def _device_scale_reader(inner: Any) -> Callable[[], torch.Tensor | None] | None:
+    """GradScaler's scale as the tensor update() writes, read without a sync; None where only get_scale() tells.
+
+    GradScaler has no public way to read its scale without a sync. _get_scale_async() is the one GradScaler.step
+    itself uses to hand the scale to fused optimisers, so it is the least private; a scaler without it (another
+    torch, a stand-in) or a disabled one (which has no scale tensor; its get_scale() returns 1.0 without a sync) is
+    read through get_scale() after every update().
+    """
+    read = getattr(inner, "_get_scale_async", None)
+    is_enabled = getattr(inner, "is_enabled", None)
+    if not callable(read) or (callable(is_enabled) and not is_enabled()):
+        return None
+    return read

@@ -10,13 +10,19 @@ leave it None and the scan is a no-op.
 The scan runs full training steps (forward, backward, optimiser step). The first step of a fresh optimiser
 allocates its state after the activations are freed; every later step holds both. So when the optimiser has no
 state yet, the first worst batch runs once more at the end: that step's peak is the one real training reaches.
-Its peak memory is kept apart from the window's (which resets the CUDA peak counter) and counts for the headroom
-gate; an OOM here makes the trial "oom" with a reason naming the scan.
+Under fp16 a fresh GradScaler (scale 2**16) usually overflows and skips its first steps, and a skipped step
+allocates no state: the first worst batch then repeats until GradScaler has taken a step, and once more holding
+what that step allocated (bounded; see MAX_SCALE_SEARCH_STEPS). Loss scaling stays on, as in real training:
+without it an overflowing step would write inf or NaN into the weights. Its peak memory is kept apart from the
+window's (which resets the CUDA peak counter) and counts for the headroom gate; an OOM here makes the trial "oom"
+with a reason naming the scan.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +31,18 @@ import torch
 if TYPE_CHECKING:
     from autotune.trial.distributed import Forward
     from autotune.trial.precision import PrecisionSettings
+    from autotune.trial.scaler import SkipCountingScaler
     from autotune.trial.spec import TrialConfig
     from autotune.workloads.base import TrainingSetup
 
-__all__ = ["WorstCaseScan", "WorstCaseOutOfMemoryError", "scan_worst_case"]
+__all__ = ["MAX_SCALE_SEARCH_STEPS", "WorstCaseScan", "WorstCaseOutOfMemoryError", "scan_worst_case"]
+
+logger = logging.getLogger(__name__)
+
+# A fresh GradScaler starts at 2**16 and halves its scale on every step it skips; 20 halvings take it to 2**-4.
+# Gradients that still overflow there overflow unscaled too: that is not a scale still coming down, and waiting
+# longer would only spend the trial's time. The window's skipped-step gate judges such a configuration.
+MAX_SCALE_SEARCH_STEPS = 20
 
 
 class WorstCaseOutOfMemoryError(torch.OutOfMemoryError):
@@ -44,6 +58,8 @@ class WorstCaseScan:
     largest_batch_samples: int = 0
     seconds: float = 0.0
     peak_memory_bytes: int = 0
+    # False when a fresh optimiser never stepped in the scan (GradScaler skipped every step): the peak misses its state.
+    optimizer_state_held: bool = True
 
     def summary(self) -> dict[str, Any]:
         """Fields of the trial result (None where the workload has no worst case)."""
@@ -78,16 +94,21 @@ def scan_worst_case(
     if not batches:
         return WorstCaseScan()
     scan = WorstCaseScan(batches=len(batches), largest_batch_samples=max(setup.samples_in(b) for b in batches))
-    if not setup.optimizer.state:  # a fresh optimiser: the state it allocates must be there for a worst step too
-        batches.append(batches[0])
+    fresh = not setup.optimizer.state  # the state a fresh optimiser allocates must be there for a worst step too
     step = _Stepper(setup, forward, precision, 1)
+
+    def run(batch: Any) -> None:
+        step(setup.batch_to_device(batch, device, False))
+        scan.steps += 1
+
     memory = PeakMemory(device)
     started = time.perf_counter()
     memory.start()
     try:
         for batch in batches:
-            step(setup.batch_to_device(batch, device, False))
-            scan.steps += 1
+            run(batch)
+        if fresh:
+            scan.optimizer_state_held = _repeat_holding_state(lambda: run(batches[0]), setup.optimizer, step.scaler)
         _synchronize(device)
     except torch.OutOfMemoryError as error:
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
@@ -101,4 +122,25 @@ def scan_worst_case(
     scan.seconds = time.perf_counter() - started
     _check_finite(step.losses, "the worst-case scan")
     setup.optimizer.zero_grad(set_to_none=True)
+    if not scan.optimizer_state_held:
+        logger.warning(
+            "worst-case scan: GradScaler skipped all %d steps, so the optimiser allocated no state and the scan's peak "
+            "memory leaves it out (fp16 gradients overflow; the window's skipped-step gate judges this)",
+            scan.steps,
+        )
     return scan
+
+
+def _repeat_holding_state(run_first: Callable[[], None], optimizer: Any, scaler: SkipCountingScaler) -> bool:
+    """Run the first worst batch again until a run of it starts with the optimiser's first step taken; whether one did.
+
+    Without loss scaling (or when the scan's steps were taken) that is one run. A step GradScaler skipped allocates
+    no state, so under fp16 it repeats while the scale comes down, at most MAX_SCALE_SEARCH_STEPS times more. Asking
+    the scaler whether it took a step reads its scale (a sync on CUDA): the scan is not timed for throughput.
+    """
+    for _ in range(1 + MAX_SCALE_SEARCH_STEPS):
+        held = bool(optimizer.state) or scaler.has_taken_a_step()
+        run_first()
+        if held:
+            return True
+    return False

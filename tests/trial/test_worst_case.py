@@ -13,7 +13,7 @@ from autotune.trial import TrialConfig, launch
 from autotune.trial.child import classify_exception
 from autotune.trial.distributed import Forward
 from autotune.trial.precision import PrecisionSettings
-from autotune.trial.worst_case import WorstCaseOutOfMemoryError, scan_worst_case
+from autotune.trial.worst_case import MAX_SCALE_SEARCH_STEPS, WorstCaseOutOfMemoryError, scan_worst_case
 from autotune.workloads.base import TrainingSetup, WorkloadContext
 from tests.trial.tiny_setups import faulty_spec, linear_setup
 
@@ -49,6 +49,82 @@ def test_worst_batches_train_with_the_optimizer_state_allocated():
     assert scan.peak_memory_bytes > 0 and scan.seconds > 0
     assert not torch.equal(setup.model.weight, before) and setup.optimizer.state
     assert scan.summary()["worst_case_batches"] == 1 and scan.summary()["worst_case_s"] == scan.seconds
+
+
+class SkipsFirstSteps:
+    """GradScaler as the scan meets it under fp16: the first `skips` steps overflow, so optimizer.step() is not called
+    and the scale halves; later steps are taken."""
+
+    def __init__(self, skips: int) -> None:
+        self.skips, self.steps, self._scale = skips, 0, 2.0**16
+
+    def scale(self, loss):
+        return loss
+
+    def unscale_(self, optimizer) -> None:
+        return None
+
+    def step(self, optimizer) -> None:
+        self.steps += 1
+        if self.steps > self.skips:
+            optimizer.step()
+
+    def update(self) -> None:
+        if self.steps <= self.skips:
+            self._scale /= 2
+
+    def get_scale(self) -> float:
+        return self._scale
+
+
+def _scan_with_skips(monkeypatch, setup: TrainingSetup, skips: int) -> tuple[object, list[bool]]:
+    """Scan under a scaler that skips the first `skips` steps; also whether each step began with optimiser state."""
+    monkeypatch.setattr(PrecisionSettings, "grad_scaler", lambda self: SkipsFirstSteps(skips))
+    state_held, loss_fn = [], setup.loss_fn
+
+    def recording_loss(module: nn.Module, batch):
+        state_held.append(bool(setup.optimizer.state))
+        return loss_fn(module, batch)
+
+    setup.loss_fn = recording_loss
+    return _scan(setup), state_held
+
+
+@pytest.mark.parametrize("skips", [0, 1, 5, MAX_SCALE_SEARCH_STEPS])
+def test_under_loss_scaling_the_worst_batch_repeats_until_a_step_holds_the_optimizer_state(monkeypatch, skips):
+    setup = _setup(worst_samples=24)
+    before = setup.model.weight.detach().clone()
+    scan, state_held = _scan_with_skips(monkeypatch, setup, skips)
+    # The worst batch, its repeats while GradScaler skips, the first taken step, then one step holding its state.
+    assert scan.steps == skips + 2 and scan.optimizer_state_held
+    assert state_held == [False] * (skips + 1) + [True]
+    assert setup.optimizer.state and not torch.equal(setup.model.weight, before)
+
+
+def test_a_scaler_that_never_steps_in_the_scan_is_left_to_the_window_gate(monkeypatch, caplog):
+    setup = _setup(worst_samples=24)
+    before = setup.model.weight.detach().clone()
+    with caplog.at_level("WARNING", logger="autotune.trial.worst_case"):
+        scan, state_held = _scan_with_skips(monkeypatch, setup, 1000)
+    # Bounded: the worst batch, the plain repeat, then MAX_SCALE_SEARCH_STEPS more; no error, the weights untouched.
+    assert scan.steps == 2 + MAX_SCALE_SEARCH_STEPS and not scan.optimizer_state_held and not any(state_held)
+    assert not setup.optimizer.state and torch.equal(setup.model.weight, before)
+    assert "GradScaler skipped all 22 steps" in caplog.text
+
+
+def test_an_optimizer_without_state_repeats_only_until_a_step_is_taken(monkeypatch):
+    setup = _setup(worst_samples=24)
+    setup.optimizer = torch.optim.SGD(setup.model.parameters(), lr=0.1)  # no momentum: never any state
+    scan, _ = _scan_with_skips(monkeypatch, setup, 3)
+    assert scan.steps == 3 + 2 and scan.optimizer_state_held and not setup.optimizer.state
+
+
+def test_an_optimizer_with_state_already_does_not_repeat(monkeypatch):
+    setup = _setup(worst_samples=24)
+    setup.model(torch.randn(2, 8)).sum().backward()
+    setup.optimizer.step()
+    scan, _ = _scan_with_skips(monkeypatch, setup, 3)
+    assert scan.steps == 1 and scan.optimizer_state_held
 
 
 def test_no_worst_case_is_a_no_op():
