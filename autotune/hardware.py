@@ -1,8 +1,8 @@
 """Probe the machine a study runs on, without initialising CUDA in this process.
 
-The parent process plans and records; only trial children touch CUDA. So GPUs are described through NVML (the
-`pynvml` module of nvidia-ml-py), which never creates a CUDA context, and the torch / CUDA / torchaudio versions
-are read from package metadata and `torch.version`.
+The parent process plans and records; only trial children touch CUDA. So GPUs are described through NVML, with
+CUDA_VISIBLE_DEVICES applied as CUDA applies it (gpus.py), and the torch / CUDA / torchaudio versions are read from
+package metadata and `torch.version`.
 """
 
 from __future__ import annotations
@@ -17,28 +17,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.errors import UserError
+from autotune.gpus import GpuInfo, check_arch, choose_gpus, nvml_gpus
 
 __all__ = ["GpuInfo", "Hardware", "probe", "available_cores"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GpuInfo:
-    """One visible NVIDIA GPU as NVML reports it."""
-
-    name: str
-    uuid: str
-    memory_bytes: int
-    compute_capability: tuple[int, int]
-
-    @property
-    def supports_tf32(self) -> bool:
-        return self.compute_capability >= (8, 0)
-
-    @property
-    def supports_bf16(self) -> bool:
-        return self.compute_capability >= (8, 0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,66 +136,13 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _visible(gpus: list[GpuInfo]) -> list[GpuInfo]:
-    """Apply CUDA_VISIBLE_DEVICES (indices or UUID prefixes) to NVML's list, which ignores that variable."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return gpus
-    chosen: list[GpuInfo] = []
-    for token in (part.strip() for part in visible.split(",") if part.strip()):
-        if token.isdigit():
-            if int(token) >= len(gpus):
-                break  # CUDA stops at the first invalid entry too
-            chosen.append(gpus[int(token)])
-        else:
-            match = [gpu for gpu in gpus if gpu.uuid.startswith(token) or gpu.uuid.startswith(f"GPU-{token}")]
-            if not match:
-                break
-            chosen.append(match[0])
-    return chosen
-
-
-def _nvml_gpus() -> tuple[list[GpuInfo], str | None]:
-    """GPUs and driver version through NVML; an absent or failing NVML means no GPUs, never a crash."""
-    try:
-        import pynvml
-    except ImportError:
-        return [], None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as error:  # no driver, no library: a CPU machine
-        logger.debug("NVML unavailable: %s", error)
-        return [], None
-    try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            gpus.append(
-                GpuInfo(
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                    compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
-                )
-            )
-        return gpus, _text(driver)
-    except pynvml.NVMLError as error:
-        logger.warning("NVML failed while listing GPUs (%s); tuning on the CPU", error)
-        return [], None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def probe(device: str = "auto") -> Hardware:
     """Describe this machine.
+
+    A visible GPU in MIG mode, or one named by CUDA_VISIBLE_DEVICES=MIG-<uuid>, is recorded as its MIG device: the
+    slice's name and memory and the parent's compute capability. CUDA_VISIBLE_DEVICES that CUDA would read as no
+    GPU, or as GPUs other than meant, a GPU this torch build has no kernels for, and MIG that does not come down
+    to one MIG device are UserErrors under "auto" too: tuning on the CPU instead would silently tune another machine.
 
     Args:
         device: "auto" (CUDA when NVML sees a GPU and torch is a CUDA build), "cuda" or "cpu".
@@ -222,19 +152,24 @@ def probe(device: str = "auto") -> Hardware:
     """
     import torch  # torch.version is static metadata: importing torch does not initialise CUDA
 
-    gpus, driver = _nvml_gpus()
-    gpus = _visible(gpus)
-    if device == "cuda" and not gpus:
-        raise UserError("--device cuda was asked for, but no usable NVIDIA GPU is visible; use --device cpu")
-    if device == "cuda" and not torch.version.cuda:
+    nvml, driver, nvml_problem = nvml_gpus()
+    if device == "auto" and nvml and not torch.version.cuda:
+        logger.warning(
+            "NVML sees %d GPU(s), but torch %s is a CPU-only build; tuning on the CPU", len(nvml), torch.__version__
+        )
+        gpus: list[GpuInfo] = []
+    else:
+        gpus = choose_gpus(device, nvml, nvml_problem)
+    if gpus and not torch.version.cuda:
         raise UserError(
             f"--device cuda was asked for, but torch {torch.__version__} is a CPU-only build; "
             "install a CUDA build of torch or use --device cpu"
         )
-    use_cuda = device == "cuda" or (device == "auto" and bool(gpus) and torch.version.cuda is not None)
+    if gpus:
+        check_arch(gpus, str(torch.__version__))
     return Hardware(
-        device_type="cuda" if use_cuda else "cpu",
-        gpus=tuple(gpus) if use_cuda else (),
+        device_type="cuda" if gpus else "cpu",
+        gpus=tuple(gpus),
         cpu_model=_cpu_model(),
         cpu_cores=available_cores(),
         memory_bytes=_memory_bytes(),
