@@ -206,7 +206,8 @@ def _largest_offered(space: SearchSpace, knob: str) -> int | None:
 
 
 def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConfig) -> LargerBatches:
-    """What the run measured above the winner's batch at the winner's precision (diagnosis.LargerBatches)."""
+    """What the run measured above the winner's batch at the winner's precision and intra-op threads
+    (diagnosis.LargerBatches): a larger batch measured on one thread says nothing about it on two."""
     knob = DYNAMIC_BATCH_KNOB if DYNAMIC_BATCH_KNOB in config.extra else "per_device_batch_size"
     winner_value = _batch_of(config, knob) or 0
     above = group_by_config(
@@ -215,6 +216,7 @@ def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConf
         if (value := _batch_of(record.config, knob)) is not None
         and value > winner_value
         and record.config.precision == config.precision
+        and record.config.intra_op_threads == config.intra_op_threads  # on a CPU, threads outweigh the batch
     )
     feasible = [candidate for candidate in above.values() if candidate.feasible]
     best = max(feasible, key=lambda candidate: candidate.median, default=None)

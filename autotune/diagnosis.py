@@ -51,7 +51,7 @@ class Diagnosis:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LargerBatches:
-    """What the run learned about batches larger than the winner's, at the winner's precision.
+    """What the run learned about batches larger than the winner's, at the winner's precision (and threads, on a CPU).
 
     A larger batch is worth suggesting only where the search could not have measured one: the space offers none above
     the winner's, or the budget ran out before one was tried. Where larger batches were measured and lost, or ran out
@@ -159,6 +159,11 @@ def _data_next(config: TrialConfig, hardware: Hardware, data: dict[str, Any], se
     return steps
 
 
+def _compute_knobs(config: TrialConfig) -> str:
+    threads = f" with {config.intra_op_threads} intra-op thread(s)" if config.intra_op_threads is not None else ""
+    return f"{config.precision}{threads}"
+
+
 def _compute_next(
     winner: dict[str, Any],
     config: TrialConfig,
@@ -186,8 +191,8 @@ def _compute_next(
             if larger.largest_offered > larger.winner_value:
                 steps.append(
                     f"a larger {larger.knob} ({memory}): the space offers up to {larger.largest_offered}, but this run "
-                    f"measured none above {larger.winner_value} at {config.precision} (a longer --budget or more "
-                    "--trials would)"
+                    f"measured none above {larger.winner_value} at {_compute_knobs(config)} (a longer --budget or "
+                    "more --trials would)"
                 )
             else:
                 steps.append(

@@ -67,12 +67,13 @@ def test_larger_batches_are_what_the_run_measured_above_the_winner_at_its_precis
         _measured(6, TrialConfig(per_device_batch_size=64, num_workers=2, precision="bf16"), "pruned", 3.0),
         _measured(7, TrialConfig(per_device_batch_size=128, precision="bf16"), "oom"),
         _measured(8, TrialConfig(per_device_batch_size=8, precision="bf16"), "ok", 40.0),  # smaller
+        _measured(9, TrialConfig(per_device_batch_size=64, precision="bf16", intra_op_threads=1), "ok", 50.0),
     ]
     outcome = TuningOutcome(records=records, baseline=None, winner=None, stopped_by="trials", elapsed_s=1.0)
     larger = assessment.larger_batches(outcome, cam, winner)
     assert larger.knob == "per_device_batch_size" and larger.winner_value == 16
     assert larger.largest_offered == max(cam.grid()["per_device_batch_size"])
-    assert larger.best_measured == (bs32.short(), 16.0, 3)
+    assert larger.best_measured == (bs32.short(), 16.0, 3)  # not #9: other threads say nothing of the batch
     assert larger.pruned == 1 and larger.out_of_memory == ("bs=128 w=0 bf16",)
     nothing = assessment.larger_batches(outcome, cam, TrialConfig(per_device_batch_size=128, precision="fp16"))
     assert nothing.best_measured is None and nothing.pruned == 0 and nothing.out_of_memory == ()

@@ -145,6 +145,14 @@ def test_a_larger_batch_is_suggested_where_the_search_could_not_measure_one():
         "a larger max_frames_in_batch than the space's largest (48000) where the recipe allows it (peak memory is 5% "
         "of the device): add larger choices to the search space"
     )
+    on_two_threads = diagnose(
+        ROOMY,
+        config=TrialConfig(per_device_batch_size=16, precision="bf16", intra_op_threads=2),
+        hardware=make_cpu(),
+        data=SMALL_CORPUS,
+        larger_batches=unmeasured,
+    )
+    assert "measured none above 16 at bf16 with 2 intra-op thread(s)" in on_two_threads.next[0]
     not_searched = LargerBatches(knob="per_device_batch_size", winner_value=16, largest_offered=None)
     assert _compute_bound(not_searched).next[0].startswith("a larger per-device batch where the recipe allows it")
     assert _compute_bound(None).next[0].startswith("a larger per-device batch where the recipe allows it")
