@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from autotune.hardware import GpuInfo, Hardware
+from tests.fixtures.fake_nvml import install_nvml  # noqa: F401 - a fixture for test_hardware and test_gpus
 
 
 def make_cpu(cores: int = 2) -> Hardware:
