@@ -58,3 +58,19 @@ def test_regret_interval_counts_a_better_grid_only_figure():
         pytest.approx(0.2),
     )
     assert efficiency._spread([9.0, 10.0, 11.0]) == pytest.approx(0.1)
+
+
+def test_search_efficiency_measures_the_shipped_cpu_seeds(tmp_path):
+    from autotune import space, yamlio
+    from tests.conftest import make_cpu
+
+    efficiency = _load("search_efficiency")
+    path = tmp_path / "space.yaml"
+    path.write_text(efficiency._space_text())
+    shipped = yamlio.read_mapping(efficiency.SHIPPED_SPACE, what="search space")["cpu"]["seeds"]
+    seeds = space.load(path, make_cpu(2)).seeds
+    assert len(seeds) == len(shipped) >= 2
+    for seed, original in zip(seeds, shipped, strict=True):
+        assert seed["per_device_batch_size"] == original["per_device_batch_size"]
+        assert seed["num_workers"] == original["num_workers"] and seed["precision"] == original["precision"]
+        assert seed["intra_op_threads"] == 2  # auto: this machine's cores, within the slice's 1-2
