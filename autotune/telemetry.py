@@ -19,9 +19,17 @@ logger = logging.getLogger(__name__)
 
 
 def nvml_uuid(torch_uuid: Any) -> str:
-    """NVML's spelling of a GPU UUID ("GPU-xxxxxxxx-..."), from torch's device properties uuid."""
+    """NVML's spelling of a GPU UUID ("GPU-xxxxxxxx-..."), from torch's device properties uuid.
+
+    torch prints CUDA's 16 bytes without a prefix, which cannot tell a whole GPU from a MIG slice: GpuTelemetry tries
+    the "MIG-" spelling when NVML knows no "GPU-" one.
+    """
     text = str(torch_uuid)
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _spellings(uuid: str) -> list[str]:
+    return [uuid, "MIG-" + uuid.removeprefix("GPU-")] if uuid.startswith("GPU-") else [uuid]
 
 
 def _import_nvml() -> ModuleType | None:
@@ -67,12 +75,25 @@ class GpuTelemetry:
         try:
             nvml.nvmlInit()
             self._initialised = True
-            self._handle = nvml.nvmlDeviceGetHandleByUUID(self.uuid.encode())
+            self._handle = self._find(nvml)
         except nvml.NVMLError as error:
             self.unavailable_reason = f"NVML unavailable: {error}"
             logger.info("GPU telemetry off: %s", self.unavailable_reason)
             self._handle = None
             self._shutdown()
+
+    def _find(self, nvml: ModuleType) -> Any:
+        """The device's handle by UUID, trying a MIG slice's spelling of a bare UUID second (the first error stands)."""
+        first_error: Exception | None = None
+        for uuid in _spellings(self.uuid):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+            except nvml.NVMLError as error:
+                first_error = first_error or error
+                continue
+            self.uuid = uuid
+            return handle
+        raise first_error
 
     def start(self) -> None:
         """Start sampling (opening NVML first if open() was not called)."""

@@ -116,3 +116,12 @@ def test_missing_pynvml_module(monkeypatch):
 )
 def test_nvml_uuid_spelling(given, expected):
     assert nvml_uuid(given) == expected
+
+
+def test_a_bare_uuid_of_a_mig_slice_is_found_by_its_mig_spelling():
+    nvml, calls = _fake_nvml(known_uuid=b"MIG-5678")
+    telemetry = GpuTelemetry(nvml_uuid("5678"), interval_s=0.01, nvml=nvml)  # torch prints no prefix
+    telemetry.start()
+    fields = telemetry.stop()
+    assert telemetry.uuid == "MIG-5678" and telemetry.unavailable_reason is None
+    assert fields["gpu_memory_used_bytes"] == 2**30 and calls["shutdown"] == 1

@@ -191,6 +191,8 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
         gpu_utilization_percent=mean("gpu_utilization_percent"),
         gpu_power_watts=mean("gpu_power_watts"),
     )
+    held = [item.get("worst_case_optimizer_state_held") for item in summaries]
+    combined["worst_case_optimizer_state_held"] = all(held) if None not in held else None  # every rank's, not any
     if device_type != "cuda":
         combined["peak_memory_bytes"] = sum(item["peak_memory_bytes"] or 0 for item in summaries)
     else:

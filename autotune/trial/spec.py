@@ -206,6 +206,8 @@ class TrialResult:
     worst_case_batches: int = 0  # most expensive batches trained before warm-up (0: the workload names none)
     worst_case_s: float | None = None
     worst_case_peak_memory_bytes: int | None = None  # counted in peak_memory_bytes too
+    # False: GradScaler skipped every scan step, so the scan's peak lacks the optimiser state (the window's has it)
+    worst_case_optimizer_state_held: bool | None = None
     flops_per_sample: float | None = None  # forward + backward, when the spec asked for it
     log_tail: str = ""
 

@@ -68,6 +68,7 @@ class WorstCaseScan:
             "worst_case_batches": self.batches,
             "worst_case_s": self.seconds if ran else None,
             "worst_case_peak_memory_bytes": self.peak_memory_bytes if ran else None,
+            "worst_case_optimizer_state_held": self.optimizer_state_held if ran else None,
         }
 
 

@@ -106,6 +106,9 @@ def test_combined_summary_sums_samples_over_the_longest_window_and_keeps_the_wor
     assert combined["peak_memory_bytes"] == 30  # ranks on one CPU share its memory
     on_gpus = combine_rank_summaries([rank(100, 2.0, 0.1, 10), rank(100, 2.5, 0.3, 20)], device_type="cuda")
     assert on_gpus["peak_memory_bytes"] == 20  # each GPU has its own: the fullest one counts
+    assert on_gpus["worst_case_optimizer_state_held"] is None  # no scan ran
+    held = [{**rank(100, 2.0, 0.1, 10), "worst_case_optimizer_state_held": flag} for flag in (True, False)]
+    assert combine_rank_summaries(held, device_type="cuda")["worst_case_optimizer_state_held"] is False  # every rank
 
 
 @pytest.mark.slow

@@ -110,6 +110,7 @@ def test_a_scaler_that_never_steps_in_the_scan_is_left_to_the_window_gate(monkey
     assert scan.steps == 2 + MAX_SCALE_SEARCH_STEPS and not scan.optimizer_state_held and not any(state_held)
     assert not setup.optimizer.state and torch.equal(setup.model.weight, before)
     assert "GradScaler skipped all 22 steps" in caplog.text
+    assert scan.summary()["worst_case_optimizer_state_held"] is False  # a result field, not only a log line
 
 
 def test_an_optimizer_without_state_repeats_only_until_a_step_is_taken(monkeypatch):
@@ -125,6 +126,7 @@ def test_an_optimizer_with_state_already_does_not_repeat(monkeypatch):
     setup.optimizer.step()
     scan, _ = _scan_with_skips(monkeypatch, setup, 3)
     assert scan.steps == 1 and scan.optimizer_state_held
+    assert scan.summary()["worst_case_optimizer_state_held"] is True
 
 
 def test_no_worst_case_is_a_no_op():
@@ -133,6 +135,7 @@ def test_no_worst_case_is_a_no_op():
         "worst_case_batches": 0,
         "worst_case_s": None,
         "worst_case_peak_memory_bytes": None,
+        "worst_case_optimizer_state_held": None,
     }
 
 
