@@ -108,6 +108,21 @@ class SearchSpace:
                 raise SpaceError(f"parameter {param.name!r} is not finite; a grid search needs choices or int steps")
         return grid
 
+    def points(self) -> list[dict[str, Any]]:
+        """Every distinct configuration of a finite space, as suggest() would return it: a knob whose `when` fails
+        is left out rather than multiplied in."""
+        grid = self.grid()
+        points: list[dict[str, Any]] = [{}]
+        for param in self.params:
+            expanded: list[dict[str, Any]] = []
+            for point in points:
+                if param.applies(point, self.device_type):
+                    expanded += [{**point, param.name: value} for value in grid[param.name]]
+                else:
+                    expanded.append(point)
+            points = expanded
+        return [{**self.fixed, **point} for point in points]
+
     def size(self) -> int | None:
         """Number of distinct configurations, ignoring conditions (None when continuous)."""
         try:

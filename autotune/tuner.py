@@ -346,12 +346,11 @@ class Tuner:
         return "trials"
 
     def _grid_points(self) -> list[dict[str, Any]]:
-        """Every point of a finite space, in a seeded random order (so a cut-short grid is still a fair sample)."""
-        import itertools
+        """Every configuration of a finite space, in a seeded random order (so a cut-short grid is still a fair
+        sample)."""
         import random
 
-        grid = self.space.grid()
-        points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+        points = self.space.points()
         random.Random(self.settings.seed).shuffle(points)
         return points
 

@@ -137,6 +137,19 @@ def test_grid_and_size():
     assert loaded.size() == 6
 
 
+def test_points_leave_out_knobs_whose_condition_fails():
+    """A grid over CAM++'s CPU space: prefetch and persistence exist only with workers, so a point without workers is
+    one configuration, not 16 copies of it with a prefetch depth it cannot use."""
+    loaded = space.load(CAM, make_cpu(cores=2))
+    points = loaded.points()
+    without_workers = [point for point in points if point["num_workers"] == 0]
+    assert len(without_workers) == 4 * 2 * 2  # batch sizes x precisions x threads
+    assert not any("prefetch_factor" in point or "persistent_workers" in point for point in without_workers)
+    assert len(points) == 4 * 2 * 2 * (1 + 2 * 8 * 2)  # ... x (no workers, or 1-2 workers x prefetch x persistence)
+    assert len({tuple(sorted(point.items())) for point in points}) == len(points)
+    assert all(point["cudnn_benchmark"] is True for point in points)  # the space's fixed values fill in the rest
+
+
 def test_seeds_become_points_of_this_machines_space():
     cpu = space.load(CAM, make_cpu(4))
     first = cpu.seeds[0]

@@ -246,6 +246,28 @@ def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_p
     assert first.state == optuna.trial.TrialState.COMPLETE and first.constraints == {"infeasible": 1.0}
 
 
+def test_a_grid_over_a_conditional_space_measures_each_configuration_once(tmp_path, monkeypatch, cpu_hardware):
+    """CAM++'s CPU space has prefetch and persistence only with workers. The grid once walked the plain product of
+    every knob, so each configuration without workers came up 16 times, carrying a prefetch depth it cannot use."""
+    from autotune.candidates import config_key
+    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+
+    launched: list[TrialConfig] = []
+
+    def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
+        launched.append(spec.config)
+        return TrialResult(status="ok", samples_per_second=10.0)
+
+    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    settings = TunerSettings(trials=1000, sampler="grid", confirm_top_k=0, prune=False)
+    outcome = _cam_tuner(tmp_path, cpu_hardware, settings).run()
+    assert outcome.stopped_by == "grid exhausted"
+    searched = [config for config, record in zip(launched, outcome.records, strict=True) if record.role == "search"]
+    assert len(searched) == 4 * 2 * 2 * (1 + 2 * 8 * 2)  # the whole space, see test_space
+    assert len({config_key(config) for config in searched}) == len(searched)
+    assert all(config.prefetch_factor is None for config in searched if config.num_workers == 0)
+
+
 def test_trials_with_a_rejected_precision_do_not_use_up_the_trial_count_and_seeds_avoid_it(
     tmp_path, monkeypatch, cpu_hardware
 ):
