@@ -149,6 +149,9 @@ class Tuner:
         preload_probe: says whether the best configuration so far is worth measuring with its decoded audio
             preloaded into RAM (it waits for data and the corpus fits the RAM budget); if so, the search's last trial
             (role "preload") measures it. None: never.
+        launcher: runs one trial; None: trial.launch (a real subprocess). The replay benchmark
+            (benchmarks/replay.py) passes recorded measurements instead, with a clock that their wall times advance.
+        clock: seconds, for the budget.
     """
 
     def __init__(
@@ -167,6 +170,8 @@ class Tuner:
         warm_start: tuple[tuple[str, dict[str, Any]], ...] = (),
         rejected_precisions: dict[str, str] | None = None,
         preload_probe: Callable[[TrialRecord], bool] | None = None,
+        launcher: Callable[..., TrialResult] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.preload_probe = preload_probe
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
@@ -181,10 +186,11 @@ class Tuner:
         seeds = [seed for seed in space.seeds if seed.get("precision") not in self.rejected_precisions]
         self.seeds = [("seed", dict(seed)) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
-        self._started = time.monotonic()
+        self.launcher, self.clock = launcher, clock
+        self._started = clock()
 
     def elapsed_s(self) -> float:
-        return time.monotonic() - self._started
+        return self.clock() - self._started
 
     def _config(self, params: dict[str, Any]) -> TrialConfig:
         config = TrialConfig.from_params(params, world_size=self.world_size, extra_knobs=self.extra_knobs)
@@ -223,12 +229,13 @@ class Tuner:
         """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
         condemns it (a passing load on a shared machine must not; a configuration that stalls does it again)."""
         timeout_s = self.settings.trial_timeout_s
-        result = launch(spec, workdir=folder, timeout_s=timeout_s, should_prune=pruner)
+        launch_trial = self.launcher or launch  # looked up per call: tests replace trial.launch in this module
+        result = launch_trial(spec, workdir=folder, timeout_s=timeout_s, should_prune=pruner)
         if result.status != "erratic":
             return result
         logger.warning("%s: %s; measuring it once more", spec.config.short(), result.reason)
         retry_spec = dataclasses.replace(spec, result_path=str(folder / "retry" / "result.json"))
-        retry = launch(retry_spec, workdir=folder / "retry", timeout_s=timeout_s, should_prune=pruner)
+        retry = launch_trial(retry_spec, workdir=folder / "retry", timeout_s=timeout_s, should_prune=pruner)
         retry.wall_s = (retry.wall_s or 0.0) + (result.wall_s or 0.0)
         if retry.status == "erratic":
             retry.reason = f"{retry.reason}, and CV {result.throughput_cv:.2f} in the first window"

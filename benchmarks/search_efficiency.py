@@ -56,7 +56,7 @@ BOOTSTRAP = 2000
 CROP_S = 1.0
 
 
-def _space_text() -> str:
+def slice_space_text() -> str:
     """SPACE with the shipped CPU seeds, each cut to the knobs this slice varies (the benchmark measures the seeds
     users get, not a copy that can drift)."""
     import yaml
@@ -91,7 +91,7 @@ def _run(
     prune: bool = True,
 ) -> MethodRun:
     space_file = workdir / "space.yaml"
-    space_file.write_text(_space_text())
+    space_file.write_text(slice_space_text())
     settings = TunerSettings(
         trials=trials,
         budget_s=budget_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def test_search_efficiency_measures_the_shipped_cpu_seeds(tmp_path):
 
     efficiency = _load("search_efficiency")
     path = tmp_path / "space.yaml"
-    path.write_text(efficiency._space_text())
+    path.write_text(efficiency.slice_space_text())
     shipped = yamlio.read_mapping(efficiency.SHIPPED_SPACE, what="search space")["cpu"]["seeds"]
     seeds = space.load(path, make_cpu(2)).seeds
     assert len(seeds) == len(shipped) >= 2
@@ -74,3 +75,61 @@ def test_search_efficiency_measures_the_shipped_cpu_seeds(tmp_path):
         assert seed["per_device_batch_size"] == original["per_device_batch_size"]
         assert seed["num_workers"] == original["num_workers"] and seed["precision"] == original["precision"]
         assert seed["intra_op_threads"] == 2  # auto: this machine's cores, within the slice's 1-2
+
+
+def _recorded_run(path: Path, figure) -> Path:
+    """A search_efficiency.py result file over its slice: one grid window per configuration (figure(config)), the
+    top five re-measured five times with +-2% noise, 17 s a trial."""
+    from autotune import space
+    from autotune.trial import TrialConfig
+    from tests.conftest import make_cpu
+
+    space_file = path.parent / "slice.yaml"
+    space_file.write_text(_load("search_efficiency").slice_space_text())
+    configs = [TrialConfig.from_params(point) for point in space.load(space_file, make_cpu(2)).points()]
+    grid = [
+        {"role": "search", "config": c.short(), "status": "ok", "samples_per_second": figure(c), "wall_s": 17.0}
+        for c in configs
+    ]
+    top = sorted(configs, key=lambda c: -figure(c))[:5]
+    reference = {
+        c.short(): {"grid": figure(c), "remeasured": [figure(c) * f for f in (0.98, 0.99, 1, 1.01, 1.02)]} for c in top
+    }
+    path.write_text(json.dumps({"exhaustive grid": grid, "reference samples/s": reference}))
+    return path
+
+
+def _throughput(config) -> float:
+    """bf16 on two threads without workers is far ahead: any reasonable search finds it."""
+    value = 10.0 * (2.0 if config.precision == "bf16" else 1.0) * config.intra_op_threads
+    return value * (1.5 if config.num_workers == 0 else 1.0) * (1.0 + config.per_device_batch_size / 100)
+
+
+def test_replay_runs_the_real_search_on_recorded_figures_and_its_budget(tmp_path):
+    replay = _load("replay")
+    recorded = replay.Recorded.load(_recorded_run(tmp_path / "run.json", _throughput))
+    assert recorded.grid_s == pytest.approx(36 * 17.0)
+    assert sorted(recorded.deviations)[0] == pytest.approx(0.98) and len(recorded.deviations) == 25
+    best = "bs=32 w=0 bf16 thr=2"
+    assert max(recorded.reference, key=recorded.reference.get) == best
+    cam = replay.slice_space()
+    # 15% of 612 s is 92 s. The search keeps a quarter of it for confirmation: baseline, both CPU seeds, two search
+    # trials; then one confirmation (the reserve covers one) before the budget ends it.
+    roles = ["baseline", "seed", "seed", "search", "search", "confirm"]
+    for outcome in (replay.replay(recorded, cam, 0.15, seed) for seed in range(3)):
+        assert [record.role for record in outcome.records] == roles
+        assert outcome.elapsed_s == pytest.approx(6 * 17.0) and outcome.stopped_by == "budget"
+        assert outcome.winner.config.short() == best  # the second CPU seed is this best
+    row = replay.summarise(recorded, cam, 0.15, reps=2)
+    assert row["within 2%"] == "100%" and row["mean regret"] == "0.0%" and row["noise (sd of windows)"] == "1.4%"
+
+
+def test_replay_judges_a_pick_on_its_reference_figure(tmp_path):
+    replay = _load("replay")
+
+    def one_thread_fp32_is_best(config) -> float:  # everything else, the baseline included, is 30% behind
+        return 30.0 if config.precision == "fp32" and config.intra_op_threads == 1 else 21.0
+
+    recorded = replay.Recorded.load(_recorded_run(tmp_path / "run.json", one_thread_fp32_is_best))
+    row = replay.summarise(recorded, replay.slice_space(), 0.01, reps=2)  # budget for the baseline alone
+    assert row["within 2%"] == "0%" and row["mean regret"] == "30.0%"
