@@ -86,10 +86,24 @@ def budget_left(settings: TunerSettings, amp: AmpCheckResult | None) -> TunerSet
     return dataclasses.replace(settings, budget_s=max(1.0, settings.budget_s - amp.wall_s))
 
 
-def measure_ceiling(outcome: TuningOutcome, make_spec: MakeSpec, workdir: Path, timeout_s: float) -> TrialResult | None:
-    """One compute-only trial of the winner (batches already on the device), with its FLOPs per sample counted."""
+def measure_ceiling(
+    outcome: TuningOutcome, make_spec: MakeSpec, workdir: Path, timeout_s: float, left_s: float | None = None
+) -> TrialResult | None:
+    """One compute-only trial of the winner (batches already on the device), with its FLOPs per sample counted.
+
+    left_s: what is left of the run's budget (None: no budget). The search keeps time for this trial, but trials
+    can run longer than the ones before them; a ceiling that would end past the budget is skipped, and says so.
+    """
     if outcome.winner is None or outcome.stopped_by == "interrupted":
         return None
+    walls = [record.result.wall_s for record in outcome.winner.records if record.result.wall_s]
+    expected_s = statistics.median(walls) if walls else 0.0
+    if left_s is not None and expected_s > left_s:
+        reason = (
+            f"no room left in --budget ({max(left_s, 0.0):.0f} s left; the winner's trials took {expected_s:.0f} s)"
+        )
+        logger.warning("the compute-only ceiling was not measured: %s", reason)
+        return TrialResult(status="skipped", reason=reason)
     folder = workdir / "ceiling"
     spec = make_spec(outcome.winner.config, str(folder / "result.json"))
     result = launch(dataclasses.replace(spec, compute_only=True, count_flops=True), workdir=folder, timeout_s=timeout_s)

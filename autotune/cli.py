@@ -94,7 +94,13 @@ def run(
         ),
     ] = None,
     trials: Annotated[int, typer.Option(help="Trials to run, the baseline included (confirmations come on top).")] = 24,
-    budget: Annotated[Optional[str], typer.Option(help="Wall-clock budget for the whole run, e.g. 15m or 1h.")] = "15m",
+    budget: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Wall-clock budget for the whole run, e.g. 15m or 1h: a ceiling (no trial starts that would end "
+            "past it)."
+        ),
+    ] = "15m",
     storage: Annotated[
         Optional[str],
         typer.Option(

@@ -203,6 +203,8 @@ def _print_assessment(console: Console, metrics: dict) -> None:
             f"compute-only ceiling {_rate(compute['ceiling_samples_per_second'])} samples/s: pipeline efficiency "
             f"{efficiency:.0%}{at_ceiling}"
         )
+    if compute.get("ceiling_failed"):
+        parts.append(f"compute-only ceiling not measured ({compute['ceiling_failed']})")
     if parts:
         console.print("compute: " + "; ".join(parts), highlight=False)
     noise = metrics.get("noise") or {}

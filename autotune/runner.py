@@ -232,11 +232,12 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
 
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     amp = assessment.check_precisions(plan, make_spec, request.amp_check)
+    search_settings = assessment.budget_left(settings, amp)
     tuner = Tuner(
         study=study,
         space=plan.space,
         make_spec=make_spec,
-        settings=assessment.budget_left(settings, amp),
+        settings=search_settings,
         workdir=plan.workdir,
         reporter=reporter,
         world_size=plan.world_size,
@@ -246,11 +247,13 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
         rejected_precisions=amp.rejected() if amp else None,
         preload_probe=preloading.preload_probe(plan),
+        closing_trials=1 if request.compute_ceiling else 0,
     )
     outcome = tuner.run()
     ceiling = None
     if request.compute_ceiling:
-        ceiling = assessment.measure_ceiling(outcome, make_spec, plan.workdir, settings.trial_timeout_s)
+        left_s = search_settings.budget_s - outcome.elapsed_s if search_settings.budget_s is not None else None
+        ceiling = assessment.measure_ceiling(outcome, make_spec, plan.workdir, settings.trial_timeout_s, left_s)
     (plan.workdir / "data.json").unlink(missing_ok=True)
     if outcome.winner is None and outcome.stopped_by == "interrupted":
         raise KeyboardInterrupt  # nothing stable measured yet: nothing to write

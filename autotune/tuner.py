@@ -152,6 +152,8 @@ class Tuner:
         launcher: runs one trial; None: trial.launch (a real subprocess). The replay benchmark
             (benchmarks/replay.py) passes recorded measurements instead, with a clock that their wall times advance.
         clock: seconds, for the budget.
+        closing_trials: trials the run measures after this search within the same budget (the runner's compute-only
+            ceiling of the winner): time for them is kept free, as for confirmation.
     """
 
     def __init__(
@@ -172,6 +174,7 @@ class Tuner:
         preload_probe: Callable[[TrialRecord], bool] | None = None,
         launcher: Callable[..., TrialResult] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        closing_trials: int = 0,
     ) -> None:
         self.preload_probe = preload_probe
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
@@ -186,7 +189,7 @@ class Tuner:
         seeds = [seed for seed in space.seeds if seed.get("precision") not in self.rejected_precisions]
         self.seeds = [("seed", dict(seed)) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
-        self.launcher, self.clock = launcher, clock
+        self.launcher, self.clock, self.closing_trials = launcher, clock, closing_trials
         self._started = clock()
 
     def elapsed_s(self) -> float:
@@ -272,22 +275,27 @@ class Tuner:
         feasible = [record for record in self.records if record.result.feasible]
         return max(feasible, key=lambda record: record.value, default=None)
 
+    def _trial_s(self, records: list[TrialRecord] | None = None) -> float:
+        """The median wall time of a trial so far (of these records, when given): what the next one will take."""
+        walls = [
+            record.result.wall_s for record in (self.records if records is None else records) if record.result.wall_s
+        ]
+        return statistics.median(walls) if walls else 0.0
+
     def _reserve_s(self) -> float:
         """Time to keep for confirmation: the median trial's wall time per re-measurement, at most a quarter of
         the budget (a tight budget is better spent finding candidates than re-measuring one)."""
-        walls = [record.result.wall_s for record in self.records if record.result.wall_s]
-        per_trial = statistics.median(walls) if walls else 0.0
-        wanted = per_trial * self.settings.confirm_top_k * self.settings.confirm_repeats
+        wanted = self._trial_s() * self.settings.confirm_top_k * self.settings.confirm_repeats
         return min(wanted, 0.25 * self.settings.budget_s) if self.settings.budget_s else wanted
 
     def _out_of_budget(self, spare_trials: int = 0) -> bool:
-        """No time left for another trial (beyond spare_trials more) before confirmation's reserve."""
+        """Another trial (and spare_trials more) would not end before confirmation's reserve and the closing
+        trials. The budget is a ceiling (a job's time limit on a cluster), not the last moment to start a trial."""
         budget = self.settings.budget_s
         if budget is None:
             return False
-        walls = [record.result.wall_s for record in self.records if record.result.wall_s]
-        spare_s = spare_trials * (statistics.median(walls) if walls else 0.0)
-        return self.elapsed_s() + self._reserve_s() + spare_s >= budget
+        trials_s = (1 + spare_trials + self.closing_trials) * self._trial_s()
+        return self.elapsed_s() + self._reserve_s() + trials_s > budget
 
     def _preload_point(self) -> dict[str, Any] | None:
         """The best configuration so far with its audio preloaded, where the probe says it is worth a trial."""
@@ -376,11 +384,12 @@ class Tuner:
         """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""
         leaders = self._leaders()
         budget = self.settings.budget_s
-        for _ in range(self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0):
-            for leader in leaders:
-                if budget is not None and self.elapsed_s() >= budget:
-                    logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
-                    break
-                self._run_one("confirm", config_params(leader.config, self.space))
+        rounds = self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0
+        for leader in [leader for _ in range(rounds) for leader in leaders]:
+            needed_s = self._trial_s(leader.records) + self.closing_trials * self._trial_s()
+            if budget is not None and self.elapsed_s() + needed_s > budget:
+                logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
+                break
+            self._run_one("confirm", config_params(leader.config, self.space))
         by_key = self._candidates()
         return [by_key[config_key(leader.config)] for leader in leaders]

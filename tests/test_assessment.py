@@ -222,3 +222,16 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
     print_summary(console, report)
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert "AMP check bf16: rejected" in shown and "bound by:" in shown and "pipeline efficiency" in shown
+
+
+def test_a_ceiling_that_would_end_past_the_budget_is_skipped_and_says_so(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("the ceiling must not be launched")
+
+    monkeypatch.setattr("autotune.assessment.launch", no_launch)
+    winner = Candidate(config=BF16, records=[_record(3, status="ok", samples_per_second=9.0, wall_s=40.0)])
+    outcome = TuningOutcome(records=winner.records, baseline=None, winner=winner, stopped_by="budget", elapsed_s=890.0)
+    skipped = assessment.measure_ceiling(outcome, lambda config, path: None, None, 60.0, left_s=10.0)
+    assert skipped.status == "skipped" and skipped.reason.startswith("no room left in --budget (10 s left")
+    metrics = assessment.compute_metrics({"samples_per_second": 9.0}, skipped, BF16, make_cpu())
+    assert metrics["pipeline_efficiency"] is None and metrics["ceiling_failed"].startswith("skipped: no room left")

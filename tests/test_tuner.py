@@ -372,3 +372,31 @@ def test_the_last_search_trial_measures_the_best_so_far_with_its_audio_preloaded
     )
     assert asked == [best_before.value]  # asked once, at the last slot
     assert outcome.winner.config.preload_audio and outcome.records[5].config.preload_audio  # confirmation keeps it
+
+
+@pytest.mark.parametrize("closing_trials", [0, 1])
+def test_the_budget_is_a_ceiling_for_the_search_its_confirmation_and_the_closing_trials(
+    tmp_path, cpu_hardware, closing_trials
+):
+    """Every trial takes 17 s of a 100-s budget. A trial starts only if it ends in time, with a quarter of the budget
+    (here one 17-s confirmation) kept, and time for the trials the run measures afterwards (the ceiling)."""
+    from autotune.trial import TrialResult
+
+    now = [0.0]
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        now[0] += 17.0
+        return TrialResult(status="ok", samples_per_second=10.0 + now[0], wall_s=17.0)
+
+    settings = TunerSettings(trials=100, budget_s=100.0, confirm_top_k=1, confirm_repeats=1, prune=False)
+    tuner = _cam_tuner(
+        tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0], closing_trials=closing_trials
+    )
+    outcome = tuner.run()
+    roles = [record.role for record in outcome.records]
+    assert outcome.stopped_by == "budget" and roles[-1] == "confirm"
+    assert outcome.elapsed_s + closing_trials * 17.0 <= 100.0
+    # Without a closing trial: baseline, both seeds, a search trial and a confirmation (85 s). With one, the search
+    # trial gives way (68 s, and 17 s for the ceiling).
+    assert roles == ["baseline", "seed", "seed"] + (["confirm"] if closing_trials else ["search", "confirm"])
+    assert outcome.elapsed_s + (1 + closing_trials) * 17.0 > 100.0  # it stopped because no further trial fits
