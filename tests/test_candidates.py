@@ -1,0 +1,58 @@
+"""The winner rule: the fastest by median, and among leaders within the measured noise of it, the safest."""
+
+from __future__ import annotations
+
+from autotune.candidates import Candidate, TrialRecord, pick_winner
+from autotune.trial import TrialConfig, TrialResult
+
+
+def _candidate(values, *, workers=2, precision="fp32", peak=2**30, capacity=None, batch=32):
+    config = TrialConfig(per_device_batch_size=batch, num_workers=workers, precision=precision)
+    records = [
+        TrialRecord(
+            number=i,
+            role="search",
+            config=config,
+            result=TrialResult(
+                status="ok", samples_per_second=v, peak_memory_bytes=peak, memory_capacity_bytes=capacity
+            ),
+        )
+        for i, v in enumerate(values)
+    ]
+    return Candidate(config=config, records=records)
+
+
+def test_winner_is_the_fastest_median_when_clearly_ahead():
+    fast, slow = _candidate([100, 101, 99], precision="bf16"), _candidate([80, 81, 79])
+    winner, reason = pick_winner([slow, fast])
+    assert winner is fast and reason == "fastest by median"
+
+
+def test_within_noise_the_safer_configuration_wins_and_says_so():
+    noisy_fast = _candidate([100, 94, 104], precision="fp16", workers=4)  # spread 10%
+    safe = _candidate([98, 97, 99], precision="fp32", workers=2)
+    winner, reason = pick_winner([noisy_fast, safe])
+    assert winner is safe
+    assert "within the measured noise" in reason and "safer" in reason
+
+
+def test_a_noisy_leader_does_not_tie_with_everything_above_its_worst_window():
+    # Measured in a default CAM++ run: 11% slower, and its windows only just reached the leader's lowest.
+    fastest = _candidate([14.1, 14.7, 13.3, 14.8], precision="bf16", workers=2, peak=3 * 2**30)
+    safer = _candidate([13.5, 12.8, 11.2], precision="bf16", workers=1, peak=2 * 2**30)
+    winner, reason = pick_winner([safer, fastest])
+    assert winner is fastest and reason == "fastest by median"
+
+
+def test_memory_counts_for_safety_in_quarters_of_the_devices_capacity():
+    gib = 2**30
+    # Session 6's default CAM++ run on 23.5 GiB of RAM: tied within the noise, 2.07 against 2.51 GiB is no risk, so
+    # the fewer workers of the faster one decide (the 256 MiB steps crowned the 6% slower bs=16 w=1).
+    fastest = _candidate([15.7, 14.8, 14.1, 13.6, 13.3], workers=0, peak=int(2.51 * gib), capacity=int(23.5 * gib))
+    smaller = _candidate([14.1, 13.5, 11.9, 13.1], workers=1, peak=int(2.07 * gib), capacity=int(23.5 * gib), batch=16)
+    assert pick_winner([smaller, fastest]) == (fastest, "fastest by median")
+    # On an 80 GiB card, 60 GiB against 35 GiB is: the tied smaller batch wins and the reason says why.
+    full = _candidate([100, 96, 104], peak=60 * gib, capacity=80 * gib, batch=512)
+    roomy = _candidate([98, 97, 99], peak=35 * gib, capacity=80 * gib, batch=256)
+    winner, reason = pick_winner([full, roomy])
+    assert winner is roomy and "safer (less of the device's memory)" in reason
