@@ -78,7 +78,7 @@ class MethodRun:
     name: str
     records: list[TrialRecord]
     winner: TrialConfig | None
-    run_s: float  # the whole run, as its user waits for it: data check, AMP check, trials, ceiling, writing
+    run_s: float  # the whole run, as its user waits for it: data check, AMP check, trials, writing
     before_trials_s: float  # of which before the first trial: the AMP check
 
 
