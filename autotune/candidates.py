@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.trial import TrialConfig, TrialResult
+from autotune.trial.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
@@ -30,7 +31,8 @@ MIN_NOISE_FRACTION = 0.01  # leaders closer than this are tied even when repeats
 MEMORY_SAFETY_STEP = 0.25
 _FALLBACK_MEMORY_STEP_BYTES = 2**28  # records without a capacity: 256 MiB steps (finer is noise)
 _SAFETY_WORDS = ("less of the device's memory", "fewer workers", "higher precision")
-_PRECISION_RISK = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3}  # fp16 can overflow; fp32 cannot
+# fp16 can overflow; fp32 cannot. Ordered as PRECISIONS: from the most to the least exact maths.
+_PRECISION_RISK = {name: risk for risk, name in enumerate(PRECISIONS)}
 
 
 @dataclass(kw_only=True, slots=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.pcm import pcm_bytes_of_seconds
+from autotune.trial.precision import TORCH_DEFAULT_FP32
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -174,7 +175,7 @@ def _compute_next(
     larger: LargerBatches | None,
 ) -> list[str]:
     steps = []
-    if config.precision in ("fp32", "tf32"):
+    if config.precision in ("fp32", TORCH_DEFAULT_FP32, "tf32"):
         untried = [
             p
             for p in ("bf16", "fp16", "tf32")

@@ -18,6 +18,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.gpus import GpuInfo, check_arch, choose_gpus, nvml_gpus
+from autotune.trial.precision import TORCH_DEFAULT_FP32
 
 __all__ = ["GpuInfo", "Hardware", "probe", "available_cores"]
 
@@ -50,12 +51,16 @@ class Hardware:
         return self.gpus[0].memory_bytes if self.gpus else self.memory_bytes
 
     def supported_precisions(self) -> tuple[str, ...]:
-        """Precisions this hardware can train in: tf32 needs compute capability 8.0, bf16 needs CUDA bf16 or a CPU."""
+        """Precisions this hardware can train in: tf32 needs compute capability 8.0, bf16 needs CUDA bf16 or a CPU.
+
+        fp32-default (TF32 flags as torch leaves them) is offered only where TF32 exists: elsewhere it is strict fp32
+        and measuring it again would spend a trial on the same maths (space_fit maps it to fp32 there).
+        """
         if self.device_type == "cpu":
             return ("fp32", "bf16")  # CPU autocast takes fp16 too, but it is slower and has no GradScaler
         precisions = ["fp32", "fp16"]
         if all(gpu.supports_tf32 for gpu in self.gpus):
-            precisions.insert(1, "tf32")
+            precisions[1:1] = [TORCH_DEFAULT_FP32, "tf32"]
         if all(gpu.supports_bf16 for gpu in self.gpus):
             precisions.append("bf16")
         return tuple(precisions)

@@ -27,7 +27,13 @@ KNOBS = (
     "precision",
     "intra_op_threads",
 )
-_PRECISION_COLOURS = {"fp32": "#1f77b4", "tf32": "#17becf", "bf16": "#ff7f0e", "fp16": "#9467bd"}
+_PRECISION_COLOURS = {
+    "fp32": "#1f77b4",
+    "fp32-default": "#aec7e8",
+    "tf32": "#17becf",
+    "bf16": "#ff7f0e",
+    "fp16": "#9467bd",
+}
 _WINNER_STYLE = {"marker": "*", "s": 360, "color": "#d62728", "edgecolors": "black", "zorder": 5}
 _BASELINE_STYLE = {"marker": "D", "s": 120, "color": "#7f7f7f", "edgecolors": "black", "zorder": 5}
 GIB = 2**30

@@ -66,6 +66,7 @@ def summarise_measurements(results: Sequence[TrialResult]) -> dict[str, Any]:
         "world_size": feasible[0].world_size,
         "per_rank_samples_per_second": feasible[0].per_rank_samples_per_second,
         "epoch_accounting": feasible[0].epoch_accounting,
+        "fp32_math": feasible[0].fp32_math,
     }
 
 

@@ -34,6 +34,7 @@ import optuna.distributions as od
 from autotune import yamlio
 from autotune.errors import SpaceError
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds, resolve_auto
+from autotune.trial.precision import PRECISIONS
 
 if TYPE_CHECKING:
     import optuna
@@ -53,7 +54,6 @@ CORE_PARAMS: dict[str, type] = {
     "intra_op_threads": int,
     "cudnn_benchmark": bool,
 }
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 _CONDITION_OPS = {"at_least", "at_most", "equals", "one_of"}
 _TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
 _DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}

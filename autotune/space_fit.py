@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import optuna.distributions as od
 
 from autotune.errors import SpaceError
+from autotune.trial.precision import TORCH_DEFAULT_FP32
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -132,11 +133,11 @@ def adapt_baseline(space: SearchSpace, recipe: dict[str, Any]) -> tuple[dict[str
         if not param.applies(baseline, space.device_type):
             continue
         wanted = recipe.get(param.name)
-        if wanted is None:
+        if wanted is None:  # a recipe that sets no precision runs torch's defaults
             default = _UNSET_DEFAULTS.get(param.name, getattr(param.distribution, "high", None))
-            wanted = default if param.name != "precision" else "fp32"
+            wanted = default if param.name != "precision" else TORCH_DEFAULT_FP32
         value = _nearest(param.distribution, wanted)
-        if param.name in recipe and value != wanted:
+        if param.name in recipe and value != wanted and not _same_maths(param.name, wanted, value):
             notes.append(f"{param.name}: recipe {wanted!r} -> {value!r} (outside this machine's space)")
         baseline[param.name] = value
     searched = {param.name for param in space.params}
@@ -144,6 +145,11 @@ def adapt_baseline(space: SearchSpace, recipe: dict[str, Any]) -> tuple[dict[str
         if name not in searched and name not in space.fixed:
             notes.append(f"{name}: recipe {recipe[name]!r} does not apply to this device")
     return {**space.fixed, **baseline}, tuple(notes)
+
+
+def _same_maths(name: str, wanted: Any, value: Any) -> bool:
+    """fp32-default is strict fp32 where the hardware has no TF32 (hardware.supported_precisions): no adaptation."""
+    return name == "precision" and {wanted, value} == {TORCH_DEFAULT_FP32, "fp32"}
 
 
 def _nearest(distribution: od.BaseDistribution, wanted: Any) -> Any:

@@ -110,7 +110,7 @@ def test_probe_auto_on_this_machine_is_cpu(monkeypatch) -> None:
     [
         (make_cpu(), ("fp32", "bf16")),
         (make_cuda(name="Tesla V100-SXM2-32GB", capability=(7, 0)), ("fp32", "fp16")),
-        (make_cuda(capability=(8, 0)), ("fp32", "tf32", "fp16", "bf16")),
+        (make_cuda(capability=(8, 0)), ("fp32", "fp32-default", "tf32", "fp16", "bf16")),
     ],
     ids=["cpu", "cc7.0-v100", "cc8.0-a100"],
 )

@@ -24,7 +24,7 @@ def _choices(loaded: space.SearchSpace, name: str) -> list:
     ("hardware", "precisions"),
     [
         (make_cpu(), ["fp32", "bf16"]),
-        (make_cuda(capability=(8, 0)), ["fp32", "tf32", "bf16", "fp16"]),
+        (make_cuda(capability=(8, 0)), ["fp32", "fp32-default", "tf32", "bf16", "fp16"]),
         (make_cuda(name="Tesla V100-SXM2-32GB", capability=(7, 0)), ["fp32", "fp16"]),
     ],
     ids=["cpu", "a100", "v100"],
@@ -48,11 +48,25 @@ def test_cuda_space_has_pinning_not_threads():
 
 def test_baseline_is_the_recipe_adapted_to_the_machine():
     gpu = space.load(CAM, make_cuda())
-    assert gpu.baseline["per_device_batch_size"] == 256 and gpu.baseline["precision"] == "fp32"
+    assert gpu.baseline["per_device_batch_size"] == 256 and gpu.baseline["precision"] == "fp32-default"
     assert gpu.baseline["num_workers"] == 16 and gpu.baseline["cudnn_benchmark"] is True
     cpu = space.load(CAM, make_cpu(cores=2))
     assert cpu.baseline["per_device_batch_size"] == 64 and cpu.baseline["num_workers"] == 2
     assert any("per_device_batch_size: recipe 256 -> 64" in note for note in cpu.baseline_notes)
+    # Without TF32 hardware torch's default fp32 is strict fp32: the same maths, not an adaptation worth a note.
+    assert cpu.baseline["precision"] == "fp32"
+    assert not any("precision" in note for note in cpu.baseline_notes)
+    v100 = space.load(CAM, make_cuda(name="Tesla V100-SXM2-32GB", capability=(7, 0)))
+    assert v100.baseline["precision"] == "fp32" and not any("precision" in note for note in v100.baseline_notes)
+
+
+def test_a_recipe_that_sets_no_precision_runs_torch_defaults(tmp_path):
+    text = CAM.read_text().replace("  precision: fp32-default\n  prefetch_factor: 2\n", "  prefetch_factor: 2\n")
+    assert text != CAM.read_text()
+    path = tmp_path / "cam++.yaml"
+    path.write_text(text)
+    assert space.load(path, make_cuda()).baseline["precision"] == "fp32-default"
+    assert space.load(path, make_cpu()).baseline["precision"] == "fp32"
 
 
 def test_suggest_respects_conditions():

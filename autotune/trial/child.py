@@ -57,7 +57,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     from autotune.trial.flops import count_flops_per_sample
     from autotune.trial.loop import build_loader, measure
     from autotune.trial.memory import PeakMemory
-    from autotune.trial.precision import PrecisionSettings
+    from autotune.trial.precision import PrecisionSettings, fp32_math
     from autotune.trial.worst_case import WorstCaseScan, scan_worst_case
     from autotune.workloads.base import WorkloadContext
 
@@ -73,6 +73,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         precision=config.precision, device_type=device.type, cudnn_benchmark=config.cudnn_benchmark
     )
     precision.apply_backend_flags()
+    # The float32 maths this trial ran (fp32-default: whatever this torch defaults to); TF32 exists only on CUDA.
+    math = fp32_math() if device.type == "cuda" else None
     workload = workloads.get(spec.workload)
     data = DataSource.from_dict(yamlio.read_json(spec.data_file))
     context = WorkloadContext(
@@ -130,7 +132,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     summaries = distributed.all_gather({**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s})
     distributed.stop()
     combined = combine_rank_summaries(summaries, device_type=device.type)
-    return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict()}
+    return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict(), "fp32_math": math}
 
 
 class EpochAccountingError(RuntimeError):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from autotune.trial.precision import TORCH_DEFAULT_FP32
+
 if TYPE_CHECKING:
     import torch
 
@@ -42,10 +44,18 @@ _PEAKS: tuple[tuple[str, dict[str, float] | None], ...] = (
 
 
 def peak_tflops(gpu_name: str, precision: str) -> float | None:
-    """Dense peak TFLOP/s of one GPU at a precision, or None when the GPU or the precision is not in the table."""
+    """Dense peak TFLOP/s of one GPU at a precision, or None when the GPU or the precision is not in the table.
+
+    fp32-default (torch's TF32 defaults: convolutions in TF32 where the GPU has it) counts against the TF32 peak, the
+    fastest maths it may use, so that a fraction of peak is never overstated.
+    """
     for pattern, peaks in _PEAKS:
         if re.search(pattern, gpu_name, flags=re.IGNORECASE):
-            return None if peaks is None else peaks.get(precision)
+            if peaks is None:
+                return None
+            if precision == TORCH_DEFAULT_FP32:
+                precision = "tf32" if "tf32" in peaks else "fp32"
+            return peaks.get(precision)
     return None
 
 

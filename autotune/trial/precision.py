@@ -1,12 +1,17 @@
 """Precision settings: autocast dtype, TF32 backend flags and fp16 loss scaling, shared by trials and users.
 
-"fp32" is strict IEEE float32 everywhere: it says so to cuDNN too, whose convolution default in current torch is
-TF32. "tf32" is float32 storage with TF32 matmuls and convolutions. "bf16" and "fp16" are autocast; fp16 on CUDA
-scales the loss with GradScaler. TF32 is set through both APIs where torch has the per-backend fp32_precision
-settings, the legacy allow_tf32 flags first: in torch 2.14 the new setters leave the legacy state behind, and any
-later legacy read (torch.backends.cudnn.flags(), which ESPnet's CTC enters every step; inductor's matmul precision
-query) then raises "a mix of the legacy and new APIs". The legacy setters keep both states in step, and the
-per-backend values set after them make conv and rnn explicit ("ieee" rather than "none").
+"fp32-default" is float32 with the TF32 flags left as this torch sets them, as a recipe that sets none of them runs
+(3D-Speaker, WeNet, ming024's FastSpeech2): in torch 2.x that is cuDNN convolutions in TF32 on Ampere and newer
+(`torch.backends.cudnn.allow_tf32` True; `cudnn.conv.fp32_precision` "tf32") and matmuls in IEEE. It is the honest
+baseline for those recipes: a strict-IEEE baseline runs slower maths than the recipe really does. "fp32" is strict
+IEEE float32 everywhere: it says so to cuDNN too. "tf32" is float32 storage with TF32 matmuls and convolutions.
+"bf16" and "fp16" are autocast; fp16 on CUDA scales the loss with GradScaler.
+
+TF32 is set through both APIs where torch has the per-backend fp32_precision settings, the legacy allow_tf32 flags
+first: in torch 2.14 the new setters leave the legacy state behind, and any later legacy read
+(torch.backends.cudnn.flags(), which ESPnet's CTC enters every step; inductor's matmul precision query) then raises
+"a mix of the legacy and new APIs". The legacy setters keep both states in step, and the per-backend values set
+after them make conv and rnn explicit ("ieee" rather than "none").
 """
 
 from __future__ import annotations
@@ -18,8 +23,19 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["PrecisionSettings", "apply_backend_flags", "uses_new_tf32_api", "NullScaler"]
+__all__ = [
+    "PRECISIONS",
+    "TORCH_DEFAULT_FP32",
+    "PrecisionSettings",
+    "apply_backend_flags",
+    "fp32_math",
+    "uses_new_tf32_api",
+    "NullScaler",
+]
 
+TORCH_DEFAULT_FP32 = "fp32-default"
+# Every precision a trial can run, from the most to the least exact maths.
+PRECISIONS = ("fp32", TORCH_DEFAULT_FP32, "tf32", "bf16", "fp16")
 _AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -27,7 +43,7 @@ _AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 class PrecisionSettings:
     """How to run the maths of one training step."""
 
-    precision: str  # fp32 | tf32 | bf16 | fp16
+    precision: str  # one of PRECISIONS
     device_type: str  # cuda | cpu
     cudnn_benchmark: bool = True
 
@@ -36,7 +52,10 @@ class PrecisionSettings:
         return _AMP_DTYPES.get(self.precision)
 
     @property
-    def tf32(self) -> bool:
+    def tf32(self) -> bool | None:
+        """TF32 on (tf32), off (strict fp32 and the autocast precisions), or None: left as torch sets it."""
+        if self.precision == TORCH_DEFAULT_FP32:
+            return None
         return self.precision == "tf32"
 
     @property
@@ -55,7 +74,8 @@ class PrecisionSettings:
             yield
 
     def apply_backend_flags(self, torch_module: ModuleType | None = None) -> str:
-        """Set TF32 and cudnn.benchmark for this process; returns the TF32 API used ("fp32_precision" or "legacy")."""
+        """Set TF32 and cudnn.benchmark for this process; returns the TF32 API used ("fp32_precision" or "legacy"),
+        or "default" where the TF32 flags are left as torch sets them (fp32-default)."""
         return apply_backend_flags(tf32=self.tf32, cudnn_benchmark=self.cudnn_benchmark, torch_module=torch_module)
 
     def grad_scaler(self) -> Any:
@@ -73,21 +93,27 @@ def uses_new_tf32_api(torch_module: ModuleType) -> bool:
     return hasattr(backends.cuda.matmul, "fp32_precision") and hasattr(backends.cudnn, "conv")
 
 
-def apply_backend_flags(*, tf32: bool, cudnn_benchmark: bool, torch_module: ModuleType | None = None) -> str:
-    """Set TF32 on or off explicitly (never left to torch's default, which has changed between releases).
+def apply_backend_flags(*, tf32: bool | None, cudnn_benchmark: bool, torch_module: ModuleType | None = None) -> str:
+    """Set TF32 on or off explicitly, or leave it as torch sets it (a recipe that sets nothing).
+
+    A tuned precision sets TF32 explicitly rather than trusting torch's default, which has changed between releases;
+    fp32-default leaves it alone on purpose, to measure a recipe as it really runs on this torch.
 
     Args:
-        tf32: allow TF32 in float32 matmuls and cuDNN convolutions/RNNs.
+        tf32: allow TF32 in float32 matmuls and cuDNN convolutions/RNNs; None: leave every TF32 flag untouched.
         cudnn_benchmark: let cuDNN time its algorithms for each new input shape.
         torch_module: torch, or a stand-in for tests.
 
     Returns:
-        "fp32_precision" when the per-backend settings were set too, "legacy" when only the allow_tf32 flags were.
+        "fp32_precision" when the per-backend settings were set too, "legacy" when only the allow_tf32 flags were,
+        "default" when no TF32 flag was touched.
     """
     if torch_module is None:
         import torch as torch_module
     backends = torch_module.backends
     backends.cudnn.benchmark = cudnn_benchmark
+    if tf32 is None:
+        return "default"
     new_api = uses_new_tf32_api(torch_module)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # their deprecation notice: deliberate, see the module docstring
@@ -101,6 +127,36 @@ def apply_backend_flags(*, tf32: bool, cudnn_benchmark: bool, torch_module: Modu
     backends.cudnn.conv.fp32_precision = value
     backends.cudnn.rnn.fp32_precision = value
     return "fp32_precision"
+
+
+def fp32_math(torch_module: ModuleType | None = None) -> dict[str, str]:
+    """How float32 matmuls and cuDNN convolutions run in this process now: "ieee" or "tf32" for each.
+
+    Read after the precision's flags are set, so that a result says which maths was measured: fp32-default's state
+    is whatever this torch release defaults to. Reads the API the flags were set through (new where torch has it):
+    a legacy read after a new-API write raises in torch 2.9+. A "none" per-backend value inherits the generic
+    setting, and "none" there means IEEE.
+    """
+    if torch_module is None:
+        import torch as torch_module
+    backends = torch_module.backends
+    if not uses_new_tf32_api(torch_module):
+        return {
+            "matmul": "tf32" if backends.cuda.matmul.allow_tf32 else "ieee",
+            "cudnn_conv": "tf32" if backends.cudnn.allow_tf32 else "ieee",
+        }
+
+    def resolved(*values: str) -> str:
+        chosen = next((value for value in values if value != "none"), "ieee")
+        return "tf32" if chosen == "tf32" else "ieee"
+
+    generic = getattr(backends, "fp32_precision", "none")
+    return {
+        "matmul": resolved(backends.cuda.matmul.fp32_precision, generic),
+        "cudnn_conv": resolved(
+            backends.cudnn.conv.fp32_precision, getattr(backends.cudnn, "fp32_precision", "none"), generic
+        ),
+    }
 
 
 class NullScaler:

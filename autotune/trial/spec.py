@@ -60,7 +60,7 @@ class TrialConfig:
     prefetch_factor: int | None = None
     pin_memory: bool = False
     persistent_workers: bool = False
-    precision: str = "fp32"  # fp32 | tf32 | bf16 | fp16
+    precision: str = "fp32"  # one of autotune.trial.precision.PRECISIONS
     cudnn_benchmark: bool = True
     intra_op_threads: int | None = None
     world_size: int = 1
@@ -209,6 +209,9 @@ class TrialResult:
     # False: GradScaler skipped every scan step, so the scan's peak lacks the optimiser state (the window's has it)
     worst_case_optimizer_state_held: bool | None = None
     flops_per_sample: float | None = None  # forward + backward, when the spec asked for it
+    # On CUDA, how float32 matmuls and cuDNN convolutions ran ({"matmul": "ieee"|"tf32", "cudnn_conv": ...}), read
+    # after the precision's flags were set: fp32-default's maths depends on this torch's defaults. None on a CPU.
+    fp32_math: dict[str, str] | None = None
     log_tail: str = ""
 
     @property

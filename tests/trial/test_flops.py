@@ -42,6 +42,10 @@ def test_flops_of_forward_and_backward_per_sample():
         ("NVIDIA GeForce RTX 3090 Ti", "bf16", None),
         ("NVIDIA GeForce RTX 3090", "fp32", 35.6),
         ("NVIDIA T4", "fp16", None),
+        # torch's default fp32 may run convolutions in TF32: counted against the TF32 peak where the GPU has one
+        ("NVIDIA A100-SXM4-80GB", "fp32-default", 156.0),
+        ("Tesla V100-SXM2-32GB", "fp32-default", 15.7),
+        ("NVIDIA H100 NVL", "fp32-default", None),
     ],
 )
 def test_known_peaks(name, precision, peak):

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 import torch
 
-from autotune.trial.precision import NullScaler, PrecisionSettings, apply_backend_flags, uses_new_tf32_api
+from autotune.trial.precision import (
+    NullScaler,
+    PrecisionSettings,
+    apply_backend_flags,
+    fp32_math,
+    uses_new_tf32_api,
+)
 
 
 def new_api_torch() -> SimpleNamespace:
@@ -95,6 +101,52 @@ def test_real_torch_takes_the_new_api(restore_torch_flags: None, precision: str,
     assert torch.backends.cudnn.benchmark is True
 
 
+@pytest.mark.parametrize("fake", [new_api_torch, legacy_torch], ids=["new-api", "legacy"])
+def test_torch_default_fp32_leaves_every_tf32_flag_alone(fake: Any) -> None:
+    """fp32-default measures a recipe that sets no TF32 flag: nothing is touched but cudnn.benchmark."""
+    module = fake()
+    before = repr(module)
+    settings = PrecisionSettings(precision="fp32-default", device_type="cuda", cudnn_benchmark=True)
+    assert settings.apply_backend_flags(torch_module=module) == "default"
+    assert module.backends.cudnn.benchmark is True
+    module.backends.cudnn.benchmark = False if "new" in fake.__name__ else None
+    assert repr(module) == before
+
+
+def test_fp32_math_resolves_inherited_values_and_the_legacy_flags() -> None:
+    fake = new_api_torch()  # "none" everywhere: every backend inherits the generic setting, which is IEEE
+    assert fp32_math(fake) == {"matmul": "ieee", "cudnn_conv": "ieee"}  # type: ignore[arg-type]
+    fake.backends.cudnn.conv.fp32_precision = "tf32"  # torch 2.9+'s own default for convolutions
+    assert fp32_math(fake) == {"matmul": "ieee", "cudnn_conv": "tf32"}  # type: ignore[arg-type]
+    fake.backends.fp32_precision = "tf32"
+    assert fp32_math(fake) == {"matmul": "tf32", "cudnn_conv": "tf32"}  # type: ignore[arg-type]
+    legacy = legacy_torch()
+    legacy.backends.cuda.matmul.allow_tf32, legacy.backends.cudnn.allow_tf32 = False, True
+    assert fp32_math(legacy) == {"matmul": "ieee", "cudnn_conv": "tf32"}  # type: ignore[arg-type]
+
+
+_FP32_MATH_OF_EACH_PRECISION = """
+from autotune.trial.precision import PrecisionSettings, fp32_math
+for precision in ("fp32-default", "fp32", "tf32"):
+    PrecisionSettings(precision=precision, device_type="cuda").apply_backend_flags()
+    math = fp32_math()
+    print(precision, math["matmul"], math["cudnn_conv"])
+"""
+
+
+def test_real_torch_defaults_run_convolutions_in_tf32_and_matmuls_in_ieee() -> None:
+    """The premise of fp32-default, on the torch installed here (2.x): a recipe that sets no flag gets TF32 cuDNN
+    convolutions and IEEE matmuls, so a strict-IEEE baseline would be slower than the recipe really is."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FP32_MATH_OF_EACH_PRECISION], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == ["fp32-default ieee tf32", "fp32 ieee ieee", "tf32 tf32 tf32"]
+
+
 _READ_EVERY_TF32_GETTER = """
 import warnings
 import torch
@@ -133,10 +185,16 @@ def test_after_the_flags_every_tf32_getter_of_real_torch_reads_without_error() -
 
 @pytest.mark.parametrize(
     ("precision", "dtype_name", "tf32"),
-    [("fp32", None, False), ("tf32", None, True), ("bf16", "bfloat16", False), ("fp16", "float16", False)],
-    ids=["fp32", "tf32", "bf16", "fp16"],
+    [
+        ("fp32", None, False),
+        ("fp32-default", None, None),
+        ("tf32", None, True),
+        ("bf16", "bfloat16", False),
+        ("fp16", "float16", False),
+    ],
+    ids=["fp32", "fp32-default", "tf32", "bf16", "fp16"],
 )
-def test_amp_dtype_names(precision: str, dtype_name: str | None, tf32: bool) -> None:
+def test_amp_dtype_names(precision: str, dtype_name: str | None, tf32: bool | None) -> None:
     settings = PrecisionSettings(precision=precision, device_type="cuda")
     assert settings.amp_dtype_name == dtype_name
     assert settings.tf32 is tf32
