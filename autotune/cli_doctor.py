@@ -52,7 +52,10 @@ def doctor(
     gpu_proof: Annotated[
         bool, typer.Option("--gpu-proof", help="Exercise every GPU-only path for real and write a report.")
     ] = False,
-    out: Annotated[Path, typer.Option(help="Markdown report of --gpu-proof.")] = Path("gpu_proof.md"),
+    out: Annotated[Path, typer.Option(help="Markdown report of --gpu-proof (a JSON twin beside it).")] = Path(
+        "gpu_proof.md"
+    ),
+    time_limit: Annotated[float, typer.Option(help="Seconds --gpu-proof may take in all.")] = 600.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
     logging.basicConfig(
@@ -61,7 +64,7 @@ def doctor(
         stream=sys.stderr,
     )
     if gpu_proof:
-        _prove(out)
+        _prove(out, time_limit)
         return
     from autotune.doctor import DoctorRequest, diagnose
     from autotune.doctor.render import render_json, render_table, summary_line
@@ -86,11 +89,11 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
-def _prove(out: Path) -> None:
+def _prove(out: Path, time_limit_s: float) -> None:
     from autotune.gpu_proof import ProofSettings, run_proof
 
     try:
-        report = run_proof(ProofSettings(out=out))
+        report = run_proof(ProofSettings(out=out, time_limit_s=time_limit_s))
     except UserError as error:
         raise fail(str(error)) from None
     if report.nothing_proven:

@@ -68,3 +68,19 @@ def test_doctor_runs_as_a_real_process_on_this_machine() -> None:
     done = _autotune("doctor", "--model", "cam++")
     assert done.returncode == 0, done.stderr
     assert "loader.shm" in done.stdout and "nothing fails (exit 0)" in done.stdout
+
+
+def test_gpu_proof_on_a_cpu_machine_proves_nothing_and_exits_one(tmp_path) -> None:
+    out = tmp_path / "gpu_proof.md"
+    result = CliRunner().invoke(app, ["doctor", "--gpu-proof", "--out", str(out)])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no CUDA device: nothing proven (")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_gpu_proof_as_a_real_process_on_this_cpu_machine(tmp_path) -> None:
+    done = _autotune("doctor", "--gpu-proof", "--out", str(tmp_path / "gpu_proof.md"))
+    assert done.returncode == 1
+    assert "no CUDA device: nothing proven" in done.stderr
