@@ -152,9 +152,10 @@ def run_proof(settings: ProofSettings) -> ProofReport:
         nothing_proven=not present,
     )
     if not present:
-        logger.info("%s: %s", NOTHING_PROVEN, device)
+        logger.debug("%s: %s", NOTHING_PROVEN, device)
         return report
     kit_dir = settings.workdir or Path(tempfile.mkdtemp(prefix="autotune-gpu-proof-"))
+    logger.info("GPU proof on %s; steps' files and logs under %s", device, kit_dir)
     steps = [STEPS[name] for name in names]
     for position, step in enumerate(steps):
         budget = _budget(step, settings.time_limit_s - (time.monotonic() - started), steps[position + 1 :])

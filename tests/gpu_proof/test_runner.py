@@ -85,3 +85,25 @@ def test_a_rehearsal_runs_each_step_in_its_own_process_and_a_failure_does_not_st
     assert nccl.passed is True and nccl.numbers["backend"] == "gloo" and nccl.numbers["all_reduce_correct"]
     assert (tmp_path / "kit" / "nccl" / "step.log").exists()
     assert "CPU rehearsal" in out.read_text()
+
+
+def _benchmark_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_proof.py"
+    spec = importlib.util.spec_from_file_location("benchmark_gpu_proof", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_files_its_report_under_the_gpus_name() -> None:
+    script = _benchmark_script()
+    assert script.report_path("NVIDIA H100 80GB HBM3").name == "gpu_proof-h100-80gb-hbm3.md"
+    assert script.report_path("NVIDIA H200").parent.name == "results"
+
+
+def test_the_benchmark_on_this_cpu_machine_proves_nothing(capsys) -> None:
+    assert _benchmark_script().main([]) == 1
+    assert capsys.readouterr().out.startswith("no CUDA device: nothing proven")
