@@ -22,7 +22,7 @@ THROTTLE_REASONS: dict[int, tuple[str, str | None]] = {
     0x10: ("sync boost", None),
     0x20: ("software thermal slowdown", "sw"),
     0x40: ("hardware thermal slowdown", "hw"),
-    0x80: ("hardware power brake", "hw"),
+    0x80: ("hardware power brake slowdown", "hw"),
     0x100: ("display clock setting", None),
 }
 BUSY_UTILIZATION_PERCENT = 10  # an idle GPU reads 0-2 %

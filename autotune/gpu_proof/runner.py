@@ -122,6 +122,16 @@ def _run_step(step: Step, context: StepContext) -> StepResult:
     return result
 
 
+def _check_writable(out: Path) -> None:
+    """Fail before any step runs, with one line, where the report could not be written after it."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".autotune-check-"):
+            pass
+    except OSError as error:
+        raise UserError(f"cannot write the report {out} ({error.strerror or error}); choose a writable --out") from None
+
+
 def run_proof(settings: ProofSettings) -> ProofReport:
     """Run the proof's steps and write the report after each; on a machine without CUDA, prove nothing and say so.
 
@@ -129,7 +139,7 @@ def run_proof(settings: ProofSettings) -> ProofReport:
         The report; `nothing_proven` when there was no CUDA device (then nothing is written).
 
     Raises:
-        UserError: an unknown step name, or a time limit that is not positive.
+        UserError: an unknown step name, a time limit that is not positive, a report that cannot be written.
     """
     names = list(settings.steps or STEPS)
     unknown = [name for name in names if name not in STEPS]
@@ -154,6 +164,7 @@ def run_proof(settings: ProofSettings) -> ProofReport:
     if not present:
         logger.debug("%s: %s", NOTHING_PROVEN, device)
         return report
+    _check_writable(settings.out)
     kit_dir = settings.workdir or Path(tempfile.mkdtemp(prefix="autotune-gpu-proof-"))
     logger.info("GPU proof on %s; steps' files and logs under %s", device, kit_dir)
     steps = [STEPS[name] for name in names]

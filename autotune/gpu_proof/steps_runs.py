@@ -114,7 +114,8 @@ def full_run(context: StepContext) -> Proven:
     if done.returncode != 0 or not result.exists():
         numbers["output"] = _tail(done.stderr or done.stdout)
         return Proven(passed=False, numbers=numbers, notes=["the run wrote no result"])
-    metrics = yaml.safe_load(result.read_text())["metrics"]
+    written = yaml.safe_load(result.read_text())
+    metrics = written["metrics"]
     winner, baseline, compute = metrics["winner"], metrics.get("baseline") or {}, metrics.get("compute") or {}
     numbers.update(
         winner_samples_per_second=winner.get("samples_per_second"),
@@ -125,7 +126,8 @@ def full_run(context: StepContext) -> Proven:
         achieved_tflops=compute.get("achieved_tflops"),
         pipeline_efficiency=compute.get("pipeline_efficiency"),
         gpu_utilization_percent=winner.get("gpu_utilization_percent"),
-        winner_config=yaml.safe_load(result.read_text())["dataloader"],
+        winner_dataloader=written["dataloader"],
+        winner_precision=written["precision"]["name"],
     )
     exports = {}
     for target in EXPORT_TARGETS:

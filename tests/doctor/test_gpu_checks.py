@@ -145,3 +145,36 @@ def test_the_report_closes_the_nvml_session_it_opened(install_nvml) -> None:
     nvml = install_nvml([H100])
     run_checks(DoctorRequest(), ["load"])
     assert nvml.calls.count("init") == nvml.calls.count("shutdown") > 0
+
+
+def test_throttle_reason_bits_are_nvidia_ml_pys() -> None:
+    """The bits named in THROTTLE_REASONS are nvidia-ml-py's nvmlClocksEventReason* constants (nvml.h)."""
+    import re
+
+    real = pytest.importorskip("pynvml")
+    from autotune.doctor.gpu_checks import THROTTLE_REASONS
+
+    by_value = {
+        getattr(real, name): name
+        for name in dir(real)
+        if name.startswith("nvmlClocksEventReason") and not name.endswith(("All", "None", "UserDefinedClocks"))
+    }
+    for bit, (words, _) in THROTTLE_REASONS.items():
+        spelled = re.sub(r"(?<!^)(?=[A-Z])", " ", by_value[bit].removeprefix("nvmlClocksEventReason")).lower()
+        assert spelled.replace("hw", "hardware").replace("sw", "software").replace("gpu ", "") == words, bit
+
+
+def test_every_nvml_function_the_doctor_and_the_fake_use_is_nvidia_ml_pys() -> None:
+    """A misspelt NVML call would read as 'not supported' forever: the names must be the real library's."""
+    import inspect
+    import re
+
+    real = pytest.importorskip("pynvml")
+    from autotune.doctor import context, gpu_checks, host_checks, torch_checks
+    from tests.fixtures import fake_nvml
+
+    used = set()
+    for module in (context, gpu_checks, host_checks, torch_checks, fake_nvml):
+        used |= set(re.findall(r"\bnvml[A-Z]\w+", inspect.getsource(module)))
+    used = {name for name in used if not name.startswith("nvmlClocksEventReason")}
+    assert used and not {name for name in used if not hasattr(real, name)}

@@ -101,3 +101,48 @@ def test_open_file_limit_against_the_descriptors_in_flight(no_nvml, monkeypatch,
     assert found.data["need"] == 256 + (4 * 2 + 1) * 2
     if verdict is not Verdict.OK:
         assert "ulimit -n" in found.fix
+
+
+class _CountingDataset:
+    """Counts items fetched by the DataLoader's workers, across processes."""
+
+    def __init__(self, counter) -> None:
+        self.counter = counter
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> int:
+        with self.counter.get_lock():
+            self.counter.value += 1
+        return index
+
+
+def test_workers_keep_prefetch_factor_batches_each_in_flight_as_the_estimate_assumes() -> None:
+    """torch's DataLoader, not a belief about it: untouched, 2 workers with prefetch_factor 3 produce 6 batches."""
+    import multiprocessing
+    import time
+
+    import torch
+
+    from autotune.doctor.loader import LoaderEstimate
+
+    counter = multiprocessing.get_context("fork").Value("i", 0)
+    loader = torch.utils.data.DataLoader(
+        _CountingDataset(counter), batch_size=1, num_workers=2, prefetch_factor=3, multiprocessing_context="fork"
+    )
+    iterator = iter(loader)
+    deadline = time.monotonic() + 20
+    while counter.value < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # nothing more comes while nothing is consumed
+    assert counter.value == 6
+    next(iterator)  # the batch being trained on frees a slot: one more is fetched
+    time.sleep(0.5)
+    assert counter.value == 7
+    del iterator
+    config = TrialConfig(per_device_batch_size=1, num_workers=2, prefetch_factor=3)
+    estimate = LoaderEstimate(
+        config=config, config_from="", ranks=1, batch_bytes=1, tensors_per_batch=1, measured_on=""
+    )
+    assert estimate.batches_in_flight == 6 + 1

@@ -146,3 +146,23 @@ def test_several_gpus_without_nccl_fail(install_nvml, monkeypatch) -> None:
     found = one("distributed")
     assert found.verdict is Verdict.FAIL
     assert "--devices 1" in found.fix
+
+
+def test_cudnn_version_text_matches_the_installed_cudnn_wheel() -> None:
+    import importlib.metadata
+
+    wheels = [name for name in ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12") if _installed(name)]
+    if not wheels or not torch.backends.cudnn.version():
+        pytest.skip("no cuDNN wheel beside this torch")
+    wheel_version = importlib.metadata.version(wheels[0])
+    assert wheel_version.startswith(cudnn_version_text(torch.backends.cudnn.version()) + ".")
+
+
+def _installed(name: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True

@@ -107,3 +107,10 @@ def test_the_benchmark_files_its_report_under_the_gpus_name() -> None:
 def test_the_benchmark_on_this_cpu_machine_proves_nothing(capsys) -> None:
     assert _benchmark_script().main([]) == 1
     assert capsys.readouterr().out.startswith("no CUDA device: nothing proven")
+
+
+def test_a_report_that_cannot_be_written_fails_before_any_step(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="cannot write the report"):
+        run_proof(ProofSettings(out=blocker / "sub" / "r.md", steps=("tf32",), rehearse_on_cpu=True))
