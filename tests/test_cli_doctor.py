@@ -26,6 +26,9 @@ def test_json_findings_and_exit_zero_on_this_machine() -> None:
     assert names[:3] == ["torch.build", "driver", "cuda.visible_devices"]
     assert {"loader.shm", "data.read", "audio.decoders"} <= set(names)
     assert report["exit_code"] == 0 and report["counts"]["fail"] == 0
+    import torch
+
+    assert not torch.cuda.is_initialized()  # the doctor can run beside a training job
 
 
 def test_a_failing_check_exits_one(install_nvml) -> None:

@@ -181,7 +181,12 @@ def _preload_bytes(context: DoctorContext, source: DataSource) -> int:
 def estimate_loader(context: DoctorContext) -> LoaderEstimate | str:
     """The loader's needs, measured once and shared by the checks; a string says why they cannot be measured."""
     if "loader" not in context.cache:
-        context.cache["loader"] = _estimate(context)
+        from autotune.errors import UserError
+
+        try:
+            context.cache["loader"] = _estimate(context)
+        except (UserError, ValueError) as error:  # e.g. --data without the transcripts an ASR workload needs
+            context.cache["loader"] = f"its batches cannot be built: {error}"
     return context.cache["loader"]
 
 

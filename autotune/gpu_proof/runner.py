@@ -108,6 +108,9 @@ def _run_step(step: Step, context: StepContext) -> StepResult:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        except BaseException:  # Ctrl-C or SIGTERM on the proof: its step goes with it, not on alone
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
     result = StepResult(name=step.name, title=step.title, seconds=time.perf_counter() - started)
     if result_file.exists():
         answer = json.loads(result_file.read_text())

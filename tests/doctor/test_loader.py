@@ -146,3 +146,14 @@ def test_workers_keep_prefetch_factor_batches_each_in_flight_as_the_estimate_ass
         config=config, config_from="", ranks=1, batch_bytes=1, tensors_per_batch=1, measured_on=""
     )
     assert estimate.batches_in_flight == 6 + 1
+
+
+def test_data_the_workload_cannot_use_is_said_not_raised(no_nvml, tmp_path) -> None:
+    from autotune.data.synth import generate_corpus
+
+    corpus = generate_corpus(tmp_path / "c", n_speakers=1, files_per_speaker=1, min_duration_s=1.0, max_duration_s=1.0)
+    for name in ("text", "data.list"):  # a folder of audio alone: no transcripts for ASR
+        (corpus / name).unlink()
+    found = one("loader.shm", DoctorRequest(model="conformer", data=str(corpus)))
+    assert found.verdict is Verdict.INFO
+    assert "its batches cannot be built" in found.value and "transcript" in found.value

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from autotune import space
-from autotune.gpu_proof.steps_runs import OOM_BATCH, _oom_space, _plain_training, study_verdict
+from autotune.gpu_proof.steps_runs import (
+    EXPORT_TARGETS,
+    OOM_BATCH,
+    _oom_space,
+    _plain_training,
+    autotune_command,
+    result_figures,
+    study_verdict,
+)
 from autotune.results import TunedConfig, write_config
 from autotune.trial.spec import TrialConfig
 from tests.conftest import make_cpu, make_cuda
@@ -17,24 +25,44 @@ def test_the_oom_space_measures_the_huge_batch_right_after_the_baseline(tmp_path
     assert [seed["per_device_batch_size"] for seed in loaded.seeds] == [OOM_BATCH]
 
 
-@pytest.mark.slow
-def test_the_plain_loop_trains_with_what_load_config_gives(tmp_path, tiny_corpus) -> None:
+@pytest.fixture
+def cpu_result(tmp_path, tiny_corpus):
+    """A cam++ result YAML over the tiny corpus, as `autotune run` writes one."""
     from autotune import data, workloads
 
-    source = data.load_source(tiny_corpus)
     tuned = TunedConfig(
         workload={"name": "cam++", "model": "cam++", "options": {**workloads.get("cam++").options, "crop_s": 1.0}},
         config=TrialConfig(per_device_batch_size=2, num_workers=1, prefetch_factor=2, precision="fp32"),
         device_type="cpu",
-        metrics={"winner": {"status": "ok", "samples_per_second": 10.0}},
+        metrics={
+            "winner": {"status": "ok", "samples_per_second": 10.0, "spread_fraction": 0.04},
+            "baseline": {"status": "ok", "samples_per_second": 5.0},
+            "speedup": 2.0,
+            "compute": {"fraction_of_peak": None},
+        },
         hardware=make_cpu().to_dict(),
-        data=source.describe(),
+        data=data.load_source(tiny_corpus).describe(),
         search={},
         created="2026-01-01T00:00:00+00:00",
         autotune_version="0.1.0",
     )
-    measured = _plain_training(write_config(tuned, tmp_path / "cam++.yaml"), "cpu", window_s=1.0)
+    return write_config(tuned, tmp_path / "cam++.yaml")
+
+
+@pytest.mark.slow
+def test_the_plain_loop_trains_with_what_load_config_gives(cpu_result) -> None:
+    measured = _plain_training(cpu_result, "cpu", window_s=1.0)
     assert measured["samples_per_second"] > 0 and measured["steps"] >= 4
+
+
+def test_the_full_runs_figures_and_exports_come_from_its_yaml(cpu_result, tmp_path) -> None:
+    figures = result_figures(cpu_result)
+    assert (figures["winner_samples_per_second"], figures["baseline_samples_per_second"]) == (10.0, 5.0)
+    assert (figures["speedup"], figures["winner_precision"]) == (2.0, "fp32")
+    assert figures["winner_dataloader"]["batch_size"] == 2
+    for target in EXPORT_TARGETS:
+        snippet = autotune_command("export", str(cpu_result), "--to", target, cwd=tmp_path, timeout_s=60)
+        assert snippet.returncode == 0 and snippet.stdout.strip(), snippet.stdout
 
 
 @pytest.mark.slow
