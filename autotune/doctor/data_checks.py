@@ -181,7 +181,7 @@ def data_read(context: DoctorContext) -> Finding:
     what = f"{crop_s:g} s crops" if crop_s else "whole utterances"
     value = (
         f"{sample.files_per_second:.0f} files/s, {sample.audio_seconds_per_second:.0f} audio-s/s on one thread "
-        f"({sample.files} files of {what} in {sample.seconds:.1f} s"
+        f"({sample.files} files of {what} in {sample.seconds:.2f} s"
         + (", page cache dropped first)" if sample.cache_dropped else ", possibly from the page cache)")
     )
     needed = _needed(context)
