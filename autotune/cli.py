@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from autotune import cli_commands
+from autotune import cli_commands, cli_doctor
 from autotune.cli_output import fail, stderr_console, stdout_console
 from autotune.cli_parsing import parse_duration, parse_workload_options
 from autotune.errors import USER_ERROR_EXIT_CODE, UserError
@@ -311,6 +311,7 @@ app.command(context_settings=cli_commands.SCHEDULE_CONTEXT)(cli_commands.schedul
 app.command()(cli_commands.history)
 app.command()(cli_commands.report)
 app.command()(cli_commands.models)
+app.command(help=cli_doctor.DOCTOR_HELP)(cli_doctor.doctor)
 
 
 def main() -> None:

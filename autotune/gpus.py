@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.errors import UserError
 
-__all__ = ["GpuInfo", "nvml_gpus", "choose_gpus", "check_arch"]
+__all__ = ["GpuInfo", "arch_flags", "check_arch", "choose_gpus", "device_order_problem", "nvml_gpus", "visible_gpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -253,19 +253,35 @@ def _without_mig(selected: list[_NvmlGpu]) -> list[GpuInfo]:
     )
 
 
-def _warn_device_order(nvml: list[_NvmlGpu]) -> None:
-    """GPU indices mean NVML's (PCI bus) order only under CUDA_DEVICE_ORDER=PCI_BUS_ID; CUDA's default differs."""
+def device_order_problem(nvml: list[_NvmlGpu]) -> str | None:
+    """Why GPU indices may not mean NVML's (PCI bus) order, or None: CUDA numbers GPUs fastest first unless
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, which matters only where the GPUs differ."""
     models = sorted({entry.gpu.name for entry in nvml})
     if len(models) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-        logger.warning(
-            "GPUs of different models (%s) and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers GPUs fastest first, "
-            "NVML and this record by PCI bus, so the trials' GPU N may not be the GPU N recorded; set "
-            "CUDA_DEVICE_ORDER=PCI_BUS_ID or select GPUs by UUID",
-            ", ".join(models),
+        return (
+            f"GPUs of different models ({', '.join(models)}) and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers "
+            "GPUs fastest first, NVML and this record by PCI bus, so the trials' GPU N may not be the GPU N recorded"
         )
+    return None
 
 
-def _arch_flags() -> list[str]:
+def _warn_device_order(nvml: list[_NvmlGpu]) -> None:
+    problem = device_order_problem(nvml)
+    if problem:
+        logger.warning("%s; set CUDA_DEVICE_ORDER=PCI_BUS_ID or select GPUs by UUID", problem)
+
+
+def visible_gpus(nvml: list[_NvmlGpu], value: str | None) -> tuple[list[GpuInfo], str | None]:
+    """The GPUs CUDA will see under CUDA_VISIBLE_DEVICES=`value` (None: unset), and why CUDA stops short of the whole
+    variable (or None); the same reading as choose_gpus, for callers that report rather than refuse.
+
+    Raises:
+        UserError: an entry CUDA would misread, or MIG that does not come down to one MIG device (see _visible).
+    """
+    return _visible(nvml, value)
+
+
+def arch_flags() -> list[str]:
     """The CUDA architectures torch was compiled for, e.g. ['sm_80', 'sm_90', 'compute_90']; [] when unknown.
 
     Read from torch._C._cuda_getArchFlags(), a compile-time string: torch.cuda.get_arch_list() wraps it, but older
@@ -307,7 +323,7 @@ def _runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
 
 
 def check_arch(gpus: list[GpuInfo], torch_version: str) -> None:
-    arch_list = _arch_flags()
+    arch_list = arch_flags()
     for gpu in gpus:
         if arch_list and not _runs_on(gpu.compute_capability, arch_list):
             major, minor = gpu.compute_capability

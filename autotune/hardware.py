@@ -20,7 +20,7 @@ from autotune.errors import UserError
 from autotune.gpus import GpuInfo, check_arch, choose_gpus, nvml_gpus
 from autotune.trial.precision import TORCH_DEFAULT_FP32
 
-__all__ = ["GpuInfo", "Hardware", "probe", "available_cores"]
+__all__ = ["GpuInfo", "Hardware", "available_cores", "cpu_model", "probe"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             for line in cpuinfo:
@@ -175,7 +175,7 @@ def probe(device: str = "auto") -> Hardware:
     return Hardware(
         device_type="cuda" if gpus else "cpu",
         gpus=tuple(gpus),
-        cpu_model=_cpu_model(),
+        cpu_model=cpu_model(),
         cpu_cores=available_cores(),
         memory_bytes=_memory_bytes(),
         shm_bytes=_shm_bytes(),

@@ -63,8 +63,18 @@ def test_missing_nvml_module_means_cpu(monkeypatch) -> None:
     ("gpus", "torch_cuda", "kwargs", "words"),
     [
         ([], "12.4", {}, "no usable NVIDIA GPU is visible (NVML lists none)"),
-        ([A100], "12.4", {"fail_init": True}, "no usable NVIDIA GPU is visible (NVML could not start: 9)"),
-        ([A100], "12.4", {"lost_index": 0}, "no usable NVIDIA GPU is visible (NVML failed while listing GPUs: 15)"),
+        (
+            [A100],
+            "12.4",
+            {"fail_init": True},
+            "no usable NVIDIA GPU is visible (NVML could not start: Driver Not Loaded",
+        ),
+        (
+            [A100],
+            "12.4",
+            {"lost_index": 0},
+            "no usable NVIDIA GPU is visible (NVML failed while listing GPUs: GPU is lost",
+        ),
         ([A100], None, {}, "CPU-only build"),
     ],
     ids=["no-gpu", "no-driver", "gpu-lost", "cpu-torch"],
