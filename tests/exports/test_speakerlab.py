@@ -155,18 +155,18 @@ def _on_the_cpu(monkeypatch) -> None:
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
-@pytest.mark.slow
-def test_train_py_runs_an_epoch_with_the_tuned_loader(tmp_path: Path, monkeypatch) -> None:
+def run_train_py(root: Path, monkeypatch, command: str | None) -> tuple[Any, str]:
+    """Run a printed 3D-Speaker command's train.py main() for one epoch in `root` (run.sh's folder: conf/, data/,
+    exp/); returns the DataLoader train.py built and its train.log."""
     import torch.distributed as dist
     from speakerlab.bin import train
 
-    monkeypatch.chdir(tmp_path)  # run.sh's folder: conf/, data/, exp/
-    (tmp_path / "conf").mkdir()
-    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", tmp_path / "conf" / "cam++.yaml")
-    _write_corpus(tmp_path)
+    monkeypatch.chdir(root)
+    (root / "conf").mkdir()
+    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", root / "conf" / "cam++.yaml")
+    _write_corpus(root)
     _on_the_cpu(monkeypatch)
-    tuned = make_tuned(model="cam++", precision="fp32-default", workers=2, prefetch_factor=3, per_device_batch_size=4)
-    _, argv = bash_words(export(tuned, "3d-speaker").command, cwd=tmp_path)
+    _, argv = bash_words(command, cwd=root)
     built: dict[str, Any] = {}
     original_build = train.build
 
@@ -183,10 +183,15 @@ def test_train_py_runs_an_epoch_with_the_tuned_loader(tmp_path: Path, monkeypatc
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    loader = built["dataloader"]
+    return built["dataloader"], (root / "exp/cam++/train.log").read_text()
+
+
+@pytest.mark.slow
+def test_train_py_runs_an_epoch_with_the_tuned_loader(tmp_path: Path, monkeypatch) -> None:
+    tuned = make_tuned(model="cam++", precision="fp32-default", workers=2, prefetch_factor=3, per_device_batch_size=4)
+    loader, log = run_train_py(tmp_path, monkeypatch, export(tuned, "3d-speaker").command)
     assert loader_settings(loader) == dict(TUNED, batch_size=4, pin_memory=True)  # a CUDA result: pinned
     assert len(loader) == 2  # 10 chunks, batches of 4, the short one dropped
-    log = (tmp_path / "exp/cam++/train.log").read_text()
     assert "Epoch: [1][0/2]" in log and "Epoch: [1][1/2]" in log  # both steps trained
     assert (tmp_path / "exp/cam++/models").is_dir()
 
