@@ -19,6 +19,8 @@ pytest.importorskip("espnet2", reason="the frameworks extra installs espnet")
 
 SPK_ARGS = json.loads((RECIPES / "espnet_spk_train_args.json").read_text())
 SPK_RECIPE = RECIPES / "espnet_train_ecapa_mel.yaml"
+ASR_ARGS = json.loads((RECIPES / "espnet_asr_train_args.json").read_text())
+ASR_RECIPE = RECIPES / "espnet_train_asr_conformer.yaml"
 
 
 def _export(**kwargs: Any):
@@ -169,3 +171,98 @@ def test_iterator_factory_builds_the_tuned_loader(tmp_path: Path, monkeypatch) -
     assert batches and all(len(batch) == 4 for batch in batches)  # batch_size 4 (the short last batch dropped)
     assert loader.num_workers == 2 and loader.pin_memory is False  # ESPnet pins only with GPUs
     assert args.use_amp is False  # bf16 on a CPU: ESPnet's torch.cuda.amp would do nothing, so it is not asked for
+
+
+# --- ESPnet's own trainer: the aishell conformer recipe trains an epoch with the exported arguments ----------------
+# (The speaker recipe cannot train on numpy 2.4 in ESPnet 202511: SpkPreprocessor calls int() on a one-element
+# array, which numpy 2.4 rejects. The ASR recipe takes the same trainer arguments and runs.)
+
+
+def asr_train_argv(options: dict[str, str], root: Path) -> list[str]:
+    """The asr_train arguments asr.sh's stage 11 builds (recorded), with the recipe's folders under `root`."""
+    values = {
+        "${bpemodel}": "none",
+        "${token_type}": "char",
+        "${token_list}": str(root / "data/tokens.txt"),
+        "${nlsyms_txt}": "none",
+        "${cleaner}": "none",
+        "${g2p}": "none",
+        "${_asr_valid_dir}": str(root / "dump/raw/dev"),
+        "${_asr_train_dir}": str(root / "dump/raw/train"),
+        "${asr_stats_dir}": str(root / "exp/asr_stats"),
+        "${ignore_init_mismatch}": "false",
+        "${_fold_length}": "80000",
+        "${asr_text_fold_length}": "150",
+        "${asr_exp}": str(root / "exp/asr_train"),
+        "${asr_config}": str(ASR_RECIPE),
+        "${fs}": "16k",
+    }
+    argv: list[str] = []
+    for word in ASR_ARGS["arguments"]:
+        if word == "${asr_args}":
+            argv += shlex.split(options["--asr_args"])
+            continue
+        for name, value in values.items():
+            word = word.replace(name, value)
+        argv.append(word)
+    return [*argv, "--ngpu", options["--ngpu"], "--multiprocessing_distributed", "false"]
+
+
+def _write_asr_data(root: Path, count: int) -> None:
+    import soundfile
+
+    rng = np.random.default_rng(0)
+    chars = list("abcdefgh")
+    for folder in ("dump/raw/train", "dump/raw/dev", "exp/asr_stats/train", "exp/asr_stats/valid", "wav", "data"):
+        (root / folder).mkdir(parents=True)
+    utterances = []
+    for index in range(count):
+        path = root / "wav" / f"u{index}.wav"
+        soundfile.write(path, (rng.standard_normal(16000) * 0.1).astype("float32"), 16000)
+        utterances.append((f"u{index}", path, "".join(rng.choice(chars, 5))))
+    for split, stats in (("train", "train"), ("dev", "valid")):
+        (root / f"dump/raw/{split}/wav.scp").write_text("".join(f"{u} {p}\n" for u, p, _ in utterances))
+        (root / f"dump/raw/{split}/text").write_text("".join(f"{u} {t}\n" for u, _, t in utterances))
+        (root / f"exp/asr_stats/{stats}/speech_shape").write_text("".join(f"{u} 16000\n" for u, _, _ in utterances))
+        shapes = "".join(f"{u} 5,{len(chars) + 3}\n" for u, _, _ in utterances)
+        (root / f"exp/asr_stats/{stats}/text_shape.char").write_text(shapes)
+    (root / "data/tokens.txt").write_text("\n".join(["<blank>", "<unk>", *chars, "<sos/eos>"]) + "\n")
+
+
+@pytest.mark.slow
+def test_asr_recipe_trains_an_epoch_with_the_exported_arguments(tmp_path: Path, monkeypatch) -> None:
+    import yaml
+    from espnet2.tasks.asr import ASRTask
+
+    monkeypatch.chdir(tmp_path)
+    _write_asr_data(tmp_path, count=7)
+    tuned = make_tuned(
+        model="conformer", precision="fp32-default", device_type="cpu", workers=1, per_device_batch_size=2, accum=2
+    )
+    _, options = run_sh(export(tuned, "espnet").command)
+    assert options["--ngpu"] == "0"
+    # Test only: a 2+1-block model, one epoch, no attention plots or tensorboard (the tuned values are what is tested).
+    small = ["--encoder_conf", "num_blocks=2", "--decoder_conf", "num_blocks=1", "--max_epoch", "1"]
+    small += ["--num_att_plot", "0", "--use_tensorboard", "false"]
+    args = ASRTask.get_parser().parse_args([*asr_train_argv(options, tmp_path), *small])
+    factories: list[Any] = []
+    original = ASRTask.build_iter_factory.__func__
+
+    def recording(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        factories.append(original(cls, *args, **kwargs))
+        return factories[-1]
+
+    monkeypatch.setattr(ASRTask, "build_iter_factory", classmethod(recording))
+    ASRTask.main(args=args)
+    saved = yaml.safe_load((tmp_path / "exp/asr_train/config.yaml").read_text())  # what ESPnet trained with
+    assert (saved["batch_type"], saved["batch_size"], saved["accum_grad"]) == ("sorted", 2, 2)
+    assert (saved["num_workers"], saved["drop_last_iter"], saved["use_amp"], saved["use_tf32"]) == (
+        1,
+        True,
+        False,
+        False,
+    )
+    loader = factories[0].build_iter(1)
+    assert loader.num_workers == 1 and loader.pin_memory is False
+    assert [len(batch) for batch in loader.batch_sampler] == [2, 2, 2]  # 7 utterances: the short batch dropped
+    assert (tmp_path / "exp/asr_train/1epoch.pth").exists()
