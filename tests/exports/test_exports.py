@@ -131,7 +131,8 @@ def test_frameworks_without_a_tf32_switch_get_it_from_the_environment(
     assert set_here == ({expected} if expected else set())
 
 
-def test_tf32_environment_is_what_torch_reads(tmp_path) -> None:
+@pytest.mark.slow  # two fresh interpreters importing torch
+def test_tf32_environment_is_what_torch_reads() -> None:
     """TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, as the tf32 commands set it, makes torch report TF32 matmuls; the cuDNN
     convolution default is TF32 already (autotune.trial.precision.fp32_math reads both)."""
     import subprocess
