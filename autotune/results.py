@@ -23,10 +23,12 @@ _HEADER = """\
 #   cfg = autotune.load_config("{path}")
 #   loader = torch.utils.data.DataLoader(dataset, **cfg.dataloader_kwargs())
 #   cfg.apply_backend_flags()          # TF32 and cudnn.benchmark, set explicitly
-#   with cfg.autocast(): loss = ...    # bf16/fp16 autocast; a no-op for fp32/tf32
+#   with cfg.autocast(): loss = ...    # bf16/fp16 autocast; a no-op for fp32/fp32-default/tf32
 #   scaler = cfg.grad_scaler()         # GradScaler for fp16 on CUDA, a no-op otherwise
-# or copy the values into your recipe: batch.per_device_batch_size is per process (WeNet, SpeechBrain);
-# batch.global_batch_size is what 3D-Speaker's and ESPnet's batch_size mean.
+# or copy the values into your recipe: batch.per_device_batch_size is per process (WeNet, SpeechBrain,
+# Lightning); 3D-Speaker's and ESPnet's batch_size is per_device_batch_size x world_size (one step on all
+# devices). batch.global_batch_size also counts grad_accum_steps: it is the batch per optimizer step, not a recipe's
+# batch_size. `autotune export RESULT --to TARGET` prints each framework's own command.
 # metrics: samples_per_second is end-to-end training throughput (data loading included), the median of
 # `measurements` timed windows; speedup compares the winner with the recipe baseline measured in the same run.
 """

@@ -277,7 +277,7 @@ def test_export_command_prints_the_framework_override_and_rejects_unknown_target
     )
     path = write_config(tuned, tmp_path / "r.yaml")
     result = _invoke(["export", str(path), "--to", "3d-speaker", "--world-size", "4"])
-    assert result.exit_code == 0 and "batch_size: 256" in result.output and "--nproc_per_node=4" in result.output
+    assert result.exit_code == 0 and "--batch_size 256" in result.output and "--nproc_per_node=4" in result.output
     bad = _invoke(["export", str(path), "--to", "nemo"])
     assert bad.exit_code == 2 and "unknown export target 'nemo'" in _error_line(bad)
     missing = _invoke(["export", str(tmp_path / "nope.yaml"), "--to", "wenet"])

@@ -9,26 +9,45 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.results import TunedConfig
+from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 from autotune.trial.spec import TrialConfig
 
-__all__ = ["Export", "ExportContext", "Exporter", "TARGETS", "register", "export"]
+__all__ = ["Export", "ExportContext", "Exporter", "TARGETS", "register", "export", "unsupported"]
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# Environment variables that set TF32 for a whole process, for frameworks with no switch of their own.
+# TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1: torch reads it at start-up and allows TF32 in float32 matmuls (PyTorch docs,
+# "CUDA Environment Variables"; torch 2.14 then reports cuda.matmul.fp32_precision "tf32"). cuDNN convolutions are
+# TF32 already by torch's default, so with it a process runs "tf32" as autotune measures it.
+# NVIDIA_TF32_OVERRIDE=0: NVIDIA's libraries (cuBLAS, cuDNN) never use TF32 whatever the framework asks: strict fp32.
+TF32_ON_ENV = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1"
+TF32_OFF_ENV = "NVIDIA_TF32_OVERRIDE=0"
+
+_FP32_MATH_WORDS = {"ieee": "IEEE", "tf32": "TF32"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Export:
-    """A paste-ready snippet for one training framework, with plain notes on what it cannot express."""
+    """A paste-ready snippet for one training framework, with plain notes on what it cannot express.
+
+    A target that cannot take the workload (no recipe for that model in the framework) has neither a config nor a
+    command: only notes that say why.
+    """
 
     target: str
     yaml_text: str | None = None  # config override, valid YAML
     python_text: str | None = None  # Python to paste (Lightning)
-    command: str | None = None  # launch command line
+    command: str | None = None  # launch command line (bash)
     notes: tuple[str, ...] = ()
+
+    @property
+    def supported(self) -> bool:
+        return any(part is not None for part in (self.yaml_text, self.python_text, self.command))
 
     def render(self) -> str:
         """What `autotune export` prints: each part under a '# ...' header, notes as comment lines."""
         sections = [f"# autotune export for {self.target}"]
+        if not self.supported:
+            sections.append(f"# {self.target} cannot take this workload: nothing to paste (see the notes)")
         if self.yaml_text is not None:
             sections.append("# config override (YAML): merge into your training config\n" + self.yaml_text.rstrip())
         if self.python_text is not None:
@@ -76,6 +95,8 @@ class ExportContext:
     @property
     def max_frames_in_batch(self) -> int | None:
         """The dynamic-batching budget (frames per device batch) when the result was tuned with one."""
+        if self.config.extra.get("batch_type", "dynamic") != "dynamic":  # a static winner of a space with both
+            return None
         frames = self.config.extra.get("max_frames_in_batch")
         return int(frames) if frames else None
 
@@ -93,21 +114,56 @@ class ExportContext:
         threads = self.config.intra_op_threads
         return f"OMP_NUM_THREADS={threads} " if threads is not None else ""
 
-    def fp32_defaults_note(self, framework: str) -> str:
-        return (
-            f"autotune measured fp32 as strict IEEE float32 (TF32 off in matmuls and cuDNN); {framework} leaves "
-            "torch's defaults, under which cuDNN convolutions may still use TF32 on Ampere and newer GPUs "
-            "(torch.backends.cudnn.allow_tf32 defaults to True): at least as fast, very slightly less exact"
-        )
+    def tf32_env(self) -> str:
+        """The environment that gives a framework with no TF32 switch the measured float32 maths ("" when none is
+        needed: fp32-default is what such a framework runs anyway, and TF32 means nothing on a CPU)."""
+        if not self.on_cuda:
+            return ""
+        return {"fp32": TF32_OFF_ENV + " ", "tf32": TF32_ON_ENV + " "}.get(self.precision, "")
+
+    def tf32_env_note(self, framework: str) -> str | None:
+        """Why the command carries a TF32 environment variable, for frameworks with no switch of their own."""
+        if not self.on_cuda:
+            return None
+        if self.precision == "fp32":
+            return (
+                f"fp32 was measured as strict IEEE float32 (TF32 off in matmuls and cuDNN convolutions); {framework} "
+                f"has no switch for it, so the command sets {TF32_OFF_ENV} (NVIDIA's cuBLAS and cuDNN then never use "
+                "TF32). Drop it to train as the recipe does (fp32-default: cuDNN convolutions in TF32 on Ampere and "
+                "newer), which is at least as fast"
+            )
+        if self.precision == "tf32":
+            return (
+                f"tf32 was measured with TF32 in matmuls and cuDNN convolutions; {framework} has no switch for it, so "
+                f"the command sets {TF32_ON_ENV} (torch then allows TF32 matmuls; its convolutions use TF32 by "
+                "default)"
+            )
+        return None
+
+    def measured_precision_note(self) -> str:
+        """Which precision, and which float32 maths, the winner and the baseline were measured with (issue 1.1)."""
+        winner = _describe_precision(self.precision, self.tuned.metrics.get("winner"), self.on_cuda)
+        note = f"Measured: {winner}"
+        baseline_config = (self.tuned.search or {}).get("baseline_config") or {}
+        if baseline_config.get("precision"):
+            measured = self.tuned.metrics.get("baseline")
+            baseline = _describe_precision(baseline_config["precision"], measured, self.on_cuda)
+            note += f"; the recipe baseline it is compared with ran {baseline}"
+        return note
 
     def common_notes(self) -> tuple[str, ...]:
-        notes = []
+        notes = [self.measured_precision_note()]
         measured = self.config.world_size
         if self.world_size != measured:
+            frames = self.max_frames_in_batch
+            kept = (
+                f"max_frames_in_batch={frames} per device"
+                if frames is not None
+                else f"per_device_batch_size={self.config.per_device_batch_size}, global batch {self.global_batch_size}"
+            )
             notes.append(
                 f"Measured with world_size={measured}; exported for {self.world_size} device(s) with the per-device "
-                f"settings kept (per_device_batch_size={self.config.per_device_batch_size}, global batch "
-                f"{self.global_batch_size}): throughput on {self.world_size} device(s) was not measured"
+                f"settings kept ({kept}): throughput on {self.world_size} device(s) was not measured"
             )
         if self.config.intra_op_threads is not None:
             notes.append(
@@ -121,6 +177,24 @@ class ExportContext:
                 "batch size, workers and precision trade off differently"
             )
         return tuple(notes)
+
+
+def _describe_precision(precision: str, metrics: Any, on_cuda: bool) -> str:
+    """ "fp32-default (float32 matmuls IEEE, cuDNN convolutions TF32)" from what the trial recorded, else the flags."""
+    if not on_cuda:
+        return f"{precision} on the CPU (TF32 does not apply there)"
+    math = metrics.get("fp32_math") if isinstance(metrics, dict) else None
+    if isinstance(math, dict) and {"matmul", "cudnn_conv"} <= math.keys():
+        matmul, conv = (_FP32_MATH_WORDS.get(math[key], math[key]) for key in ("matmul", "cudnn_conv"))
+        return f"{precision} (float32 matmuls {matmul}, cuDNN convolutions {conv}, as recorded by the trial)"
+    described = {
+        "fp32": "strict IEEE float32 in matmuls and cuDNN convolutions",
+        TORCH_DEFAULT_FP32: "the TF32 flags as torch leaves them: matmuls IEEE, cuDNN convolutions TF32 on Ampere+",
+        "tf32": "TF32 in matmuls and cuDNN convolutions",
+        "bf16": "bfloat16 autocast",
+        "fp16": "float16 autocast with a GradScaler",
+    }
+    return f"{precision} ({described.get(precision, precision)})"
 
 
 Exporter = Callable[[ExportContext], Export]
@@ -138,6 +212,18 @@ def register(name: str) -> Callable[[Exporter], Exporter]:
         return exporter
 
     return decorate
+
+
+def unsupported(target: str, context: ExportContext, reason: str) -> Export:
+    """An export that says why the target cannot take this workload, and what to use instead."""
+    return Export(
+        target=target,
+        notes=(
+            f"{target} cannot take {context.model_name}: {reason}",
+            "Use the values from Python instead (autotune.load_config(RESULT): dataloader_kwargs(), "
+            "apply_backend_flags(), autocast(), grad_scaler()) or export to a target that has this model",
+        ),
+    )
 
 
 def export(tuned: TunedConfig, target: str, *, world_size: int | None = None) -> Export:
@@ -167,4 +253,6 @@ def export(tuned: TunedConfig, target: str, *, world_size: int | None = None) ->
         )
     context = ExportContext(tuned=tuned, world_size=world_size or tuned.config.world_size)
     result = TARGETS[target](context)
+    if not result.supported:
+        return result
     return dataclasses.replace(result, notes=result.notes + context.common_notes())

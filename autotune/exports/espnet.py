@@ -1,64 +1,140 @@
-"""ESPnet2: top-level batch_size is the TOTAL across GPUs (each mini-batch is split rank::world_size).
+"""ESPnet2: the recipe's run.sh training stage, with the tuned values passed through to the trainer.
 
-Keys follow espnet2/tasks/abs_task.py (batch_size, num_workers, accum_grad, use_amp, use_tf32, cudnn_benchmark,
-cudnn_deterministic) and espnet2/train/trainer.py, whose use_amp autocasts to bfloat16 where the GPU supports it
-(recent releases) and to float16 otherwise, always with a GradScaler.
+spk.sh and asr.sh (egs2/TEMPLATE) build the full `python -m espnet2.bin.{spk,asr}_train` call (--output_dir, the
+data and shape files from the earlier stages) and append `--spk_args` / `--asr_args` after `--config`, so those
+override the recipe's YAML. Keys follow espnet2/tasks/abs_task.py (batch_size, num_workers, accum_grad, use_amp,
+use_tf32, cudnn_benchmark, drop_last_iter). batch_size is the TOTAL across GPUs (each mini-batch is split
+rank::world_size). The speaker recipe uses iterator_type category, whose batches are category-balanced (batch_type
+folded maps to the catbel sampler there): its batch_type is left alone. espnet2/train/trainer.py autocasts with
+torch.cuda.amp (bfloat16 where the GPU supports it in recent releases): use_amp does nothing on a CPU.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import shlex
+from dataclasses import dataclass
 
-from autotune import yamlio
-from autotune.exports.base import Export, ExportContext, register
+from autotune.exports.base import TF32_OFF_ENV, Export, ExportContext, register, unsupported
 
-_TASKS = {"speaker-verification": "spk", "asr": "asr", "tts": "tts"}
 _HOP_SAMPLES = 160  # 10 ms frame shift at 16 kHz
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recipe:
+    folder: str  # under egs2
+    stage: int  # run.sh's training stage
+    config_option: str  # run.sh option naming the training config
+    config: str
+    args_option: str  # run.sh option appended to the trainer's arguments
+    sequence_batches: bool  # iterator_type sequence (batch_type applies) rather than category
+
+
+_SPEAKER = Recipe(
+    folder="voxceleb/spk1",
+    stage=5,
+    config_option="--spk_config",
+    config="conf/train_ECAPA_mel.yaml",
+    args_option="--spk_args",
+    sequence_batches=False,
+)
+RECIPES = {
+    "ecapa-tdnn": _SPEAKER,
+    "ecapa-tdnn-512": _SPEAKER,
+    "conformer": Recipe(
+        folder="aishell/asr1",
+        stage=11,
+        config_option="--asr_config",
+        config="conf/train_asr_conformer.yaml",
+        args_option="--asr_args",
+        sequence_batches=True,
+    ),
+}
 
 
 @register("espnet")
 def export_espnet(context: ExportContext) -> Export:
-    config = context.config
-    data: dict[str, Any] = {}
-    if context.max_frames_in_batch is None:
-        data["batch_size"] = context.step_batch_size
-    data |= {
-        "accum_grad": config.grad_accum_steps,
-        "num_workers": config.num_workers,
-        "use_amp": context.precision in ("bf16", "fp16"),
-    }
-    if context.precision == "tf32":
-        data["use_tf32"] = True
-    data |= {"cudnn_benchmark": config.cudnn_benchmark, "cudnn_deterministic": False}
-    task = _TASKS.get(str(context.tuned.workload.get("task")), "asr")
+    recipe = RECIPES.get(context.model_name)
+    if recipe is None:
+        return unsupported("espnet", context, _unsupported_reason(context))
+    ngpu = context.world_size if context.on_cuda else 0
+    trainer_args = " ".join(f"--{key} {value}" for key, value in trainer_overrides(context, recipe).items())
+    env = context.env_prefix() + (TF32_OFF_ENV + " " if context.on_cuda and context.precision == "fp32" else "")
     command = (
-        f"{context.env_prefix()}python -m espnet2.bin.{task}_train --config conf/train_{task}.yaml "
-        f"--ngpu {context.world_size if context.on_cuda else 0}"
+        f"{env}./run.sh --stage {recipe.stage} --stop_stage {recipe.stage} --ngpu {ngpu} "
+        f"{recipe.config_option} {recipe.config} \\\n    {recipe.args_option} {shlex.quote(trainer_args)}"
     )
-    if context.world_size > 1:
-        command += " --multiprocessing_distributed true"
-    return Export(target="espnet", yaml_text=yamlio.dump_yaml(data), command=command, notes=_notes(context))
+    return Export(target="espnet", command=command, notes=_notes(context, recipe))
 
 
-def _notes(context: ExportContext) -> tuple[str, ...]:
+def trainer_overrides(context: ExportContext, recipe: Recipe) -> dict[str, str]:
+    """The trainer's own arguments (ESPnet spells booleans true/false), in the order they are printed."""
     config = context.config
-    notes = []
+    values: dict[str, str] = {}
+    if context.max_frames_in_batch is None:
+        if recipe.sequence_batches:
+            values["batch_type"] = "sorted"  # a fixed batch_size of length-sorted utterances, as WeNet's static
+        values["batch_size"] = str(context.step_batch_size)
+    amp = context.on_cuda and context.precision in ("bf16", "fp16")
+    values |= {
+        "accum_grad": str(config.grad_accum_steps),
+        "num_workers": str(config.num_workers),
+        "drop_last_iter": "true",
+        "use_amp": _bool(amp),
+        "use_tf32": _bool(context.on_cuda and context.precision == "tf32"),
+        "cudnn_benchmark": _bool(config.cudnn_benchmark),
+        "cudnn_deterministic": "false",
+    }
+    return values
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _unsupported_reason(context: ExportContext) -> str:
+    if context.tuned.workload.get("task") == "tts":
+        return (
+            "ESPnet's FastSpeech2 (egs2/ljspeech/tts1) trains on durations from a teacher model (tts.sh's "
+            "--teacher_dumpdir), not on the recipe autotune measured (ming024's); no command is given"
+        )
+    return (
+        "ESPnet's speaker recipes (egs2/voxceleb/spk1) train ECAPA-TDNN, RawNet3, SKA-TDNN, MFA-Conformer and "
+        "x-vectors, not this model"
+    )
+
+
+def _notes(context: ExportContext, recipe: Recipe) -> tuple[str, ...]:
+    config = context.config
+    notes = [
+        f"Run from ESPnet's egs2/{recipe.folder} after run.sh's data and statistics stages: run.sh's stage "
+        f"{recipe.stage} builds the trainer's --output_dir, data and shape arguments and appends {recipe.args_option} "
+        "after --config, so these values override the recipe's YAML"
+    ]
     frames = context.max_frames_in_batch
     if frames is None:
-        notes.append(
-            f"batch_size {context.step_batch_size} is the total across {context.world_size} GPU(s) (ESPnet splits "
-            f"each mini-batch rank::world_size, {config.per_device_batch_size} per GPU). With ESPnet's default "
-            "batch_type folded it shrinks for long utterances; batch_type unsorted or sorted keeps it fixed as measured"
+        batch = (
+            f"batch_size {context.step_batch_size} is the total across {context.world_size} GPU(s) (ESPnet splits each "
+            f"mini-batch rank::world_size, {config.per_device_batch_size} per GPU)"
         )
+        if recipe.sequence_batches:
+            batch += "; batch_type sorted keeps it fixed, as measured (the recipe's numel packs by size)"
+        else:
+            batch += (
+                "; the recipe's iterator_type category keeps its category-balanced batches (batch_type is left as "
+                "the recipe has it)"
+            )
+        notes.append(batch)
     else:
         notes.append(
-            f"max_frames_in_batch {frames} (fbank frames per GPU) has no ESPnet key: batch_type numel or length counts "
+            f"max_frames_in_batch {frames} (fbank frames per GPU) has no ESPnet key: batch_type numel counts "
             "batch_bins over all GPUs in the units of your shape files, about "
             f"{frames * context.world_size * _HOP_SAMPLES} for 16 kHz raw-audio shapes; not exported, measure it"
         )
+    if context.model_name == "ecapa-tdnn-512":
+        notes.append("ECAPA-TDNN with C=512: also pass --encoder_conf ndim=512 (the recipe trains ndim 1024)")
     notes.append(
-        "cudnn_deterministic false matches the measurement (ESPnet defaults to true for reproducibility, at some speed "
-        "cost); drop the line to keep ESPnet's default"
+        "drop_last_iter true drops each epoch's short last batch, as the tuned loader did; cudnn_deterministic false "
+        "matches the measurement (ESPnet defaults to true)"
     )
     notes += _precision_notes(context)
     if context.on_cuda and not config.pin_memory:
@@ -72,6 +148,13 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
 
 def _precision_notes(context: ExportContext) -> list[str]:
     precision = context.precision
+    if not context.on_cuda:
+        if precision in ("bf16", "fp16"):
+            return [
+                f"{precision} was measured on the CPU, but ESPnet's autocast is torch.cuda.amp, which does nothing "
+                "with --ngpu 0: use_amp false, the command trains fp32"
+            ]
+        return []
     if precision == "bf16":
         return [
             "use_amp true gives bf16 in recent ESPnet2 releases on GPUs that support it (espnet2/train/trainer.py "
@@ -89,4 +172,9 @@ def _precision_notes(context: ExportContext) -> list[str]:
             "use_tf32 true sets torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32 (ESPnet asserts it is "
             "not combined with use_amp)"
         ]
-    return [context.fp32_defaults_note("ESPnet with use_tf32 false")] if context.on_cuda else []
+    if precision == "fp32":
+        return [
+            f"Strict fp32: use_tf32 false leaves torch's defaults (cuDNN convolutions in TF32 on Ampere and newer), "
+            f"so the command sets {TF32_OFF_ENV} (NVIDIA's cuBLAS and cuDNN then never use TF32)"
+        ]
+    return ["fp32-default is ESPnet's use_tf32 false: it leaves torch's TF32 defaults as they are"]

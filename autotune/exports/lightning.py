@@ -1,7 +1,10 @@
-"""PyTorch Lightning: Trainer(...) and DataLoader(...) keyword arguments as Python (no YAML).
+"""PyTorch Lightning: Trainer(...) and DataLoader(...) as Python to paste (no YAML).
 
 Precision strings are Lightning 2.x's ("32-true", "16-mixed", "bf16-mixed"); the DataLoader batch is per process
-under DDP; Trainer(benchmark=...) sets cudnn.benchmark.
+under DDP; Trainer(benchmark=...) sets cudnn.benchmark. Lightning sets no TF32 flag of its own, so float32 runs
+torch's defaults (fp32-default) unless the snippet sets them. Under dynamic batching the snippet builds autotune's
+LengthSortedBatchSampler (WeNet's batching) as the loader's batch_sampler; Lightning's distributed sampler is turned
+off then, and each rank batches its own stride of the dataset.
 """
 
 from __future__ import annotations
@@ -9,13 +12,31 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.exports.base import Export, ExportContext, register
+from autotune.trial.precision import TORCH_DEFAULT_FP32
 
-_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+_PRECISION = {
+    "fp32": "32-true",
+    TORCH_DEFAULT_FP32: "32-true",
+    "tf32": "32-true",
+    "bf16": "bf16-mixed",
+    "fp16": "16-mixed",
+}
+_TF32_LINES = {
+    "fp32": [
+        "torch.backends.cuda.matmul.allow_tf32 = False  # strict IEEE float32, as measured",
+        "torch.backends.cudnn.allow_tf32 = False",
+    ],
+    "tf32": [
+        "torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls and convolutions, as measured",
+        "torch.backends.cudnn.allow_tf32 = True",
+    ],
+}
 
 
 @register("lightning")
 def export_lightning(context: ExportContext) -> Export:
     config = context.config
+    dynamic = context.max_frames_in_batch is not None
     trainer: dict[str, Any] = {"accelerator": "gpu" if context.on_cuda else "cpu", "devices": context.world_size}
     if context.world_size > 1:
         trainer["strategy"] = "ddp"
@@ -24,23 +45,43 @@ def export_lightning(context: ExportContext) -> Export:
         "accumulate_grad_batches": config.grad_accum_steps,
         "benchmark": config.cudnn_benchmark,
     }
-    loader: dict[str, Any] = {}
-    if context.max_frames_in_batch is None:
-        loader["batch_size"] = config.per_device_batch_size
-    loader |= {"shuffle": True, "num_workers": config.num_workers, "pin_memory": config.pin_memory}
+    if dynamic:
+        trainer["use_distributed_sampler"] = False  # the batch sampler below takes this rank's share itself
+    loader: dict[str, Any] = {"num_workers": config.num_workers, "pin_memory": config.pin_memory}
     loader |= context.loader_extras()
-    loader["drop_last"] = True
-    lines = ["import torch", "from lightning.pytorch import Trainer", "from torch.utils.data import DataLoader", ""]
+    lines = ["import torch", "from lightning.pytorch import Trainer", "from torch.utils.data import DataLoader"]
+    if dynamic:
+        lines.append("from autotune.data.batching import LengthSortedBatchSampler")
+    lines.append("")
     if config.intra_op_threads is not None:
         lines.append(f"torch.set_num_threads({config.intra_op_threads})")
-    if context.precision == "tf32":
-        lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, as measured')
-    lines += [_call("trainer = Trainer", trainer), _call("train_loader = DataLoader", loader, first="train_dataset")]
+    if context.on_cuda:
+        lines += _TF32_LINES.get(context.precision, [])
+    lines.append(_call("trainer = Trainer", trainer))
+    if dynamic:
+        lines += _batch_sampler_lines(context)
+        lines.append(_call("train_loader = DataLoader", loader, first=["train_dataset", "batch_sampler=batch_sampler"]))
+    else:
+        loader = {"batch_size": config.per_device_batch_size, "shuffle": True, **loader, "drop_last": True}
+        lines.append(_call("train_loader = DataLoader", loader, first=["train_dataset"]))
     return Export(target="lightning", python_text="\n".join(lines) + "\n", notes=_notes(context))
 
 
-def _call(head: str, kwargs: dict[str, Any], *, first: str | None = None) -> str:
-    arguments = ([first] if first else []) + [f"{key}={value!r}" for key, value in kwargs.items()]
+def _batch_sampler_lines(context: ExportContext) -> list[str]:
+    return [
+        "# train_frames: each item's frame count, indexed like train_dataset",
+        "batch_sampler = LengthSortedBatchSampler(",
+        "    train_frames,",
+        "    num_batches=None,  # one epoch per pass, reshuffled each time",
+        "    generator=torch.Generator().manual_seed(trainer.global_rank),",
+        f"    max_frames_in_batch={context.max_frames_in_batch},",
+        "    indices=range(trainer.global_rank, len(train_dataset), trainer.world_size),",
+        ")",
+    ]
+
+
+def _call(head: str, kwargs: dict[str, Any], *, first: list[str] | None = None) -> str:
+    arguments = (first or []) + [f"{key}={value!r}" for key, value in kwargs.items()]
     return f"{head}(\n" + "".join(f"    {argument},\n" for argument in arguments) + ")"
 
 
@@ -54,19 +95,25 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
         )
     else:
         batch = (
-            f"Dynamic batching (max_frames_in_batch {context.max_frames_in_batch} per device) needs your own "
-            "batch_sampler; it is not exported"
+            f"Dynamic batching: each batch packs length-sorted items while the padded batch stays within "
+            f"max_frames_in_batch={context.max_frames_in_batch} frames per device (needs autotune installed; define "
+            "train_frames). Each rank batches its own stride of the dataset, so use_distributed_sampler is off"
         )
     notes = [batch]
-    if context.precision == "tf32":
+    precision = context.precision
+    if precision in ("fp32", "tf32") and context.on_cuda:
         notes.append(
-            'TF32 is not a Lightning precision: precision="32-true" plus torch.set_float32_matmul_precision("high") '
-            "covers matmuls; cuDNN convolutions follow torch.backends.cudnn.allow_tf32 (True by default)"
+            f'{precision} is precision="32-true" plus the TF32 flags set above (Lightning sets none itself); '
+            "without them Lightning trains fp32-default"
         )
-    elif context.precision == "fp16":
-        notes.append('precision="16-mixed" autocasts float16 and scales the loss with a GradScaler')
-        if not context.on_cuda:
-            notes.append('Lightning rejects precision="16-mixed" on CPU: use "bf16-mixed" there')
-    elif context.precision == "fp32" and context.on_cuda:
-        notes.append(context.fp32_defaults_note("Lightning"))
+    elif precision == TORCH_DEFAULT_FP32:
+        notes.append('fp32-default is precision="32-true" with no TF32 flag set, as Lightning leaves them')
+    elif precision == "fp16":
+        if context.on_cuda:
+            notes.append('precision="16-mixed" autocasts float16 and scales the loss with a GradScaler')
+        else:
+            notes.append(
+                'fp16 was measured on the CPU, but Lightning (since 2.0, #16783) warns and trains precision="16-mixed" '
+                "as bf16-mixed on a CPU: what runs is bfloat16 autocast, not what was measured"
+            )
     return tuple(notes)

@@ -1,50 +1,115 @@
-"""3D-Speaker (speakerlab): the recipe YAML's batch_size is GLOBAL; train.py gives each process batch_size / world_size.
+"""3D-Speaker (speakerlab): one self-contained torchrun command, with the tuned values as top-level overrides.
 
-Keys follow egs/voxceleb/sv-cam++/conf/cam++.yaml (top-level batch_size, num_workers; a dataloader block whose args
-reference them) and speakerlab/bin/train.py (torchrun, --gpu ids, no AMP, cudnn.benchmark = True hard-coded).
+speakerlab/bin/train.py (modelscope/3D-Speaker 09e7806, the same file as PyPI speakerlab 0.0.6) passes every
+unknown `--key value` to speakerlab/utils/config.py, which turns them into YAML and replaces the recipe's top-level
+keys with them. The recipe YAML's `data`, `noise`, `reverb` and `exp_dir` are empty (run.sh passes them), so the
+command carries them too: without exp_dir, build_config calls os.makedirs(None), and with no override at all it loads
+an empty string. The YAML's batch_size is GLOBAL: train.py gives each process batch_size / world_size. A whole
+`dataloader` block can be passed the same way (a YAML flow mapping), which is how prefetch_factor and
+persistent_workers reach the recipe's DataLoader without editing its config.
 """
 
 from __future__ import annotations
 
-from autotune import yamlio
-from autotune.exports.base import Export, ExportContext, register
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.exports.base import Export, ExportContext, register, unsupported
 
 _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+# run.sh's own paths (egs/voxceleb/sv-*/run.sh: data=data, exp=exp): the command runs from the recipe's folder.
+_DATA_ARGS = ("--data", "data/vox2_dev/train.csv", "--noise", "data/musan/wav.scp", "--reverb", "data/rirs/wav.scp")
+# The recipe's dataloader block (conf/*.yaml): what the tuned loader must keep.
+_RECIPE_LOADER = {"pin_memory": True, "drop_last": True}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recipe:
+    """Where a workload's 3D-Speaker recipe lives, and the top-level overrides that select its variant."""
+
+    folder: str  # under egs/voxceleb
+    config: str
+    exp_dir: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+
+
+RECIPES = {
+    "cam++": Recipe(folder="sv-cam++", config="conf/cam++.yaml", exp_dir="exp/cam++"),
+    "eres2net": Recipe(folder="sv-eres2net", config="conf/eres2net.yaml", exp_dir="exp/eres2net"),
+    # The recipe's own comment: "if you use eres2net-large, you can change m_channels from 32 to 64".
+    "eres2net-large": Recipe(
+        folder="sv-eres2net", config="conf/eres2net.yaml", exp_dir="exp/eres2net_large", overrides={"m_channels": 64}
+    ),
+    "ecapa-tdnn": Recipe(folder="sv-ecapa", config="conf/ecapa_tdnn.yaml", exp_dir="exp/ecapa_tdnn"),
+    "ecapa-tdnn-512": Recipe(
+        folder="sv-ecapa",
+        config="conf/ecapa_tdnn.yaml",
+        exp_dir="exp/ecapa_tdnn_512",
+        note="ECAPA-TDNN with C=512 has no recipe of its own: its channels are not a top-level key (they sit in "
+        "embedding_model.args.channels), so set them to [512, 512, 512, 512, 1536] in conf/ecapa_tdnn.yaml",
+    ),
+}
 
 
 @register("3d-speaker")
 def export_3d_speaker(context: ExportContext) -> Export:
+    recipe = RECIPES.get(context.model_name)
+    if recipe is None:
+        return unsupported(
+            "3d-speaker",
+            context,
+            "3D-Speaker's training recipes are speaker-embedding models (CAM++, ERes2Net, "
+            "ECAPA-TDNN); it has no recipe for this model's task",
+        )
     config = context.config
-    loader_args = {
-        "dataset": "<dataset>",
-        "batch_size": "<batch_size>",  # train.py overwrites it with batch_size / world_size
-        "num_workers": "<num_workers>",
-        "pin_memory": config.pin_memory,
-        "drop_last": True,
-        **context.loader_extras(),
-    }
-    data = {
-        "batch_size": context.step_batch_size,
-        "num_workers": config.num_workers,
-        "dataloader": {"obj": "torch.utils.data.DataLoader", "args": loader_args},
-    }
-    conf = context.model_name.replace("-", "_")
     gpus = " ".join(str(index) for index in range(context.world_size))
-    command = (
-        f"{context.env_prefix()}torchrun --nproc_per_node={context.world_size} speakerlab/bin/train.py "
-        f"--config conf/{conf}.yaml --gpu {gpus}"
-    )
-    return Export(target="3d-speaker", yaml_text=yamlio.dump_yaml(data), command=command, notes=_notes(context))
+    words = [
+        f"torchrun --nproc_per_node={context.world_size} speakerlab/bin/train.py --config {recipe.config} --gpu {gpus}",
+        " ".join(_DATA_ARGS) + f" --exp_dir {recipe.exp_dir}",
+        f"--batch_size {context.step_batch_size} --num_workers {config.num_workers}",
+    ]
+    words += [f"--{key} {value}" for key, value in recipe.overrides.items()]
+    loader = _dataloader_override(context)
+    if loader is not None:
+        words.append(f"--dataloader {shlex.quote(loader)}")
+    command = context.env_prefix() + context.tf32_env() + " \\\n    ".join(words)
+    return Export(target="3d-speaker", command=command, notes=_notes(context, recipe, loader is not None))
 
 
-def _notes(context: ExportContext) -> tuple[str, ...]:
+def _dataloader_override(context: ExportContext) -> str | None:
+    """The recipe's dataloader block with the tuned extras, as the YAML flow mapping one override carries; None when
+    the recipe's own block already says what was measured."""
+    config = context.config
+    tuned = {"pin_memory": config.pin_memory, "drop_last": True, **context.loader_extras()}
+    if tuned == _RECIPE_LOADER:
+        return None
+    args = {"dataset": "<dataset>", "batch_size": "<batch_size>", "num_workers": "<num_workers>", **tuned}
+    body = ", ".join(f"{key}: {_yaml_scalar(value)}" for key, value in args.items())
+    return "{obj: torch.utils.data.DataLoader, args: {" + body + "}}"
+
+
+def _yaml_scalar(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _notes(context: ExportContext, recipe: Recipe, loader_override: bool) -> tuple[str, ...]:
     config = context.config
     notes = [
+        f"Run from 3D-Speaker's egs/voxceleb/{recipe.folder} (after run.sh's stages 1-2): the data, noise, reverb and "
+        "exp_dir paths are run.sh's defaults, replace them with yours",
         f"batch_size {context.step_batch_size} is the global batch: train.py gives each of the {context.world_size} "
         f"processes batch_size / {context.world_size} = {config.per_device_batch_size} (the tuned per-device batch)",
-        "Replace the recipe's dataloader block with this one (obj, dataset and the <batch_size>/<num_workers> "
-        "references are the recipe's own)",
     ]
+    if loader_override:
+        notes.append(
+            "--dataloader replaces the recipe's dataloader block with the same one plus the tuned "
+            "pin_memory/prefetch_factor/persistent_workers (its <dataset>, <batch_size> and <num_workers> references "
+            "are the recipe's own)"
+        )
+    if recipe.note:
+        notes.append(recipe.note)
     if config.grad_accum_steps > 1:
         notes.append(
             f"3D-Speaker has no gradient accumulation: the tuned effective batch {context.global_batch_size} "
@@ -59,23 +124,15 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
             "that line to match"
         )
     if not context.on_cuda:
-        notes.append("speakerlab/bin/train.py needs CUDA (nccl, torch.cuda.set_device); it cannot train on CPU")
-    if context.max_frames_in_batch is not None:
-        notes.append("3D-Speaker has no dynamic batching: max_frames_in_batch is not exported")
+        notes.append("speakerlab/bin/train.py needs CUDA (nccl, torch.cuda.set_device); it cannot train on a CPU")
     return tuple(notes)
 
 
 def _precision_notes(context: ExportContext) -> list[str]:
     precision = context.precision
-    if precision == "fp32":
-        return [context.fp32_defaults_note("3D-Speaker")] if context.on_cuda else []
-    if precision == "tf32":
-        return [
-            "3D-Speaker has no TF32 switch: the recipe trains fp32 with torch's defaults (TF32 off for matmuls). To "
-            "train as measured (tf32) call autotune.load_config(RESULT).apply_backend_flags() in "
-            "speakerlab/bin/train.py before the training loop (or set torch.backends.cuda.matmul.allow_tf32 = True "
-            "and torch.backends.cudnn.allow_tf32 = True)"
-        ]
+    if precision not in _AUTOCAST:
+        env_note = context.tf32_env_note("3D-Speaker")
+        return [env_note] if env_note else []
     change = f'wrap the forward and loss in train() in `with torch.autocast("cuda", dtype={_AUTOCAST[precision]}):`'
     if precision == "fp16":
         change += (

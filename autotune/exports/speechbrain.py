@@ -1,88 +1,145 @@
-"""SpeechBrain: top-level `precision` and `dataloader_options` (PER PROCESS under DDP) in the hparams YAML.
+"""SpeechBrain: the VoxCeleb ECAPA-TDNN recipe's command with the tuned values as command-line overrides.
 
-dataloader_options reaches torch unchanged: Brain.make_dataloader -> speechbrain.dataio.dataloader.make_dataloader
-(dataset, **loader_kwargs) -> SaveableDataLoader (a torch DataLoader subclass) or DataLoader, so any DataLoader
-keyword (prefetch_factor, persistent_workers) is accepted. TF32 comes from the allow_tf32 quirk in
-speechbrain/utils/quirks.py, applied at import unless SB_DISABLE_QUIRKS lists it.
+SpeechBrain (speechbrain/speechbrain 9c826ef; PyPI 1.1.2) parses run options (--precision,
+--grad_accumulation_factor, --device) with its own parser (speechbrain/utils/run_opts.py) and turns every other
+`--key value` into a YAML override that hyperpyyaml merges into the hparams file with recursive_update: a mapping
+given for `dataloader_options` is merged key by key into the recipe's, so its shuffle and its batch_size/num_workers
+references stay unless the override names them. dataloader_options is per process under DDP and reaches torch's
+DataLoader unchanged (Brain.make_dataloader), so prefetch_factor and persistent_workers are accepted. TF32 comes from
+the allow_tf32 quirk in speechbrain/utils/quirks.py, applied at import unless SB_DISABLE_QUIRKS lists it; with it
+disabled, torch's own defaults apply (matmuls IEEE, cuDNN convolutions TF32): exactly fp32-default.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
-from autotune import yamlio
-from autotune.exports.base import Export, ExportContext, register
+from autotune.exports.base import TF32_OFF_ENV, Export, ExportContext, register, unsupported
+from autotune.trial.precision import TORCH_DEFAULT_FP32
 
-_PRECISION = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+# recipes/VoxCeleb/SpeakerRec: the script and hparams file, run from that folder.
+RECIPE_SCRIPT = "train_speaker_embeddings.py"
+RECIPE_HPARAMS = "hparams/train_ecapa_tdnn.yaml"
+_ECAPA = {"ecapa-tdnn": None, "ecapa-tdnn-512": 512}
+_QUIRK_OFF = "SB_DISABLE_QUIRKS=allow_tf32"
 
 
 @register("speechbrain")
 def export_speechbrain(context: ExportContext) -> Export:
+    if context.model_name not in _ECAPA:
+        return unsupported("speechbrain", context, _unsupported_reason(context))
     config = context.config
-    loader: dict[str, Any] = {}
-    if context.max_frames_in_batch is None:  # a dynamic batch_sampler excludes batch_size
-        loader["batch_size"] = config.per_device_batch_size
-    loader |= {"num_workers": config.num_workers, "pin_memory": config.pin_memory, **context.loader_extras()}
-    data = {
-        "precision": _PRECISION[context.precision],
-        "grad_accumulation_factor": config.grad_accum_steps,
-        "dataloader_options": loader,
+    options: dict[str, Any] = {
+        "batch_size": config.per_device_batch_size,
+        "num_workers": config.num_workers,
+        "pin_memory": config.pin_memory,
+        **context.loader_extras(),
+        "drop_last": True,
     }
-    env = context.env_prefix() + ("SB_DISABLE_QUIRKS=allow_tf32 " if _strict_fp32(context) else "")
-    script = f"train.py hparams/{context.model_name.replace('-', '_')}.yaml"
+    words = [
+        f"{RECIPE_SCRIPT} {RECIPE_HPARAMS} --data_folder /path/to/VoxCeleb",
+        f"--dataloader_options {shlex.quote(_flow_mapping(options))}",
+    ]
+    precision = _precision_flag(context)
+    if precision is not None:
+        words.append(f"--precision {precision}")
+    if config.grad_accum_steps > 1:
+        words.append(f"--grad_accumulation_factor {config.grad_accum_steps}")
+    if not context.on_cuda:
+        words.append("--device cpu" + (" --distributed_backend gloo" if context.world_size > 1 else ""))
     launcher = f"torchrun --nproc_per_node={context.world_size}" if context.world_size > 1 else "python"
-    command = f"{env}{launcher} {script}"
-    return Export(target="speechbrain", yaml_text=yamlio.dump_yaml(data), command=command, notes=_notes(context))
+    command = context.env_prefix() + _tf32_env(context) + f"{launcher} " + " \\\n    ".join(words)
+    return Export(target="speechbrain", command=command, notes=_notes(context))
 
 
-def _strict_fp32(context: ExportContext) -> bool:
-    return context.precision == "fp32" and context.on_cuda
+def _unsupported_reason(context: ExportContext) -> str:
+    task = context.tuned.workload.get("task")
+    if task == "asr":
+        return (
+            "SpeechBrain has no recipe for this WeNet conformer (train.py hparams/conformer.yaml exists only in its "
+            "speech-translation recipes), and its ASR recipes (e.g. LibriSpeech conformer_small.yaml) read "
+            "train_dataloader_opts, and under dynamic batching rebuild the loader options as {batch_sampler, "
+            "num_workers}, so a tuned pin_memory, prefetch_factor or persistent_workers would never arrive"
+        )
+    return (
+        "its speaker-recognition recipe (recipes/VoxCeleb/SpeakerRec) trains ECAPA-TDNN, x-vectors and ResNet, not "
+        "this model, and no other SpeechBrain recipe matches what was measured"
+    )
+
+
+def _flow_mapping(values: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{key}: {_scalar(value)}" for key, value in values.items()) + "}"
+
+
+def _scalar(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _precision_flag(context: ExportContext) -> str | None:
+    """SpeechBrain's --precision for the measured one; None keeps the recipe's fp32."""
+    precision = context.precision
+    if precision in ("bf16", "fp16") and not (precision == "fp16" and not context.on_cuda):
+        return precision
+    return None
+
+
+def _tf32_env(context: ExportContext) -> str:
+    if not context.on_cuda or context.precision not in ("fp32", TORCH_DEFAULT_FP32):
+        return ""
+    return _QUIRK_OFF + " " + (TF32_OFF_ENV + " " if context.precision == "fp32" else "")
 
 
 def _notes(context: ExportContext) -> tuple[str, ...]:
     config = context.config
-    notes = []
-    if context.max_frames_in_batch is None:
+    notes = [
+        "Run from SpeechBrain's recipes/VoxCeleb/SpeakerRec with --data_folder set to your VoxCeleb folder (the "
+        "recipe's !PLACEHOLDER)",
+        f"--dataloader_options is merged into the recipe's dataloader_options (its shuffle stays); batch_size "
+        f"{config.per_device_batch_size} is per process (each DDP process loads its own batches): global batch "
+        f"{context.global_batch_size} with {context.world_size} process(es) and grad_accumulation_factor "
+        f"{config.grad_accum_steps}. The recipe passes the same options to its validation loader",
+    ]
+    if _ECAPA[context.model_name]:
         notes.append(
-            f"dataloader_options.batch_size {config.per_device_batch_size} is per process (each DDP process loads its "
-            f"own batches): global batch {context.global_batch_size} with {context.world_size} process(es) and "
-            f"grad_accumulation_factor {config.grad_accum_steps}"
+            f"ECAPA-TDNN with C={_ECAPA[context.model_name]}: set embedding_model's channels to [512, 512, 512, 512, "
+            "1536] in hparams/train_ecapa_tdnn.yaml (the recipe trains C=1024)"
         )
-    else:
-        notes.append(
-            f"Dynamic batching (max_frames_in_batch {context.max_frames_in_batch} per device) maps to SpeechBrain's "
-            "DynamicBatchSampler passed as batch_sampler in dataloader_options; its max_batch_length is in the units "
-            "of your length key, so it is not exported: set it yourself"
-        )
-    notes.append("Merge dataloader_options into your train loader's options (keep shuffle and any sampler)")
-    if context.loader_extras():
-        notes.append(
-            "SpeechBrain passes dataloader_options unchanged to torch's DataLoader (make_dataloader -> "
-            "SaveableDataLoader, a DataLoader subclass), so prefetch_factor and persistent_workers are accepted"
-        )
+    if context.max_frames_in_batch is not None:
+        notes.append("max_frames_in_batch does not apply to this recipe's fixed-length crops: not exported")
     notes += _precision_notes(context)
     if config.cudnn_benchmark and context.on_cuda:
         notes.append(
             "The tuned run used cudnn.benchmark=True; SpeechBrain has no option for it and leaves torch's default "
-            "(off on CUDA): set torch.backends.cudnn.benchmark = True in train.py to match"
+            "(off on CUDA): set torch.backends.cudnn.benchmark = True in the training script to match"
         )
     return tuple(notes)
 
 
 def _precision_notes(context: ExportContext) -> list[str]:
     precision = context.precision
+    if not context.on_cuda:
+        if precision == "fp16":
+            return [
+                "fp16 was measured on the CPU, but SpeechBrain rejects --precision fp16 there: the command trains the "
+                "recipe's fp32 (bf16 is the CPU's autocast precision in SpeechBrain, not measured here)"
+            ]
+        return []
     if precision == "tf32":
         return [
-            "tf32 is precision fp32 in SpeechBrain: its allow_tf32 quirk turns TF32 on for matmuls and cuDNN at "
-            "import, so nothing else is needed (do not set SB_DISABLE_QUIRKS=allow_tf32)"
+            "tf32 is SpeechBrain's default: its allow_tf32 quirk turns TF32 on for matmuls and cuDNN at import, so "
+            "nothing else is needed (do not set SB_DISABLE_QUIRKS=allow_tf32)"
         ]
-    if _strict_fp32(context):
+    if precision == TORCH_DEFAULT_FP32:
         return [
-            "Strict fp32 (as measured) needs SB_DISABLE_QUIRKS=allow_tf32 in the environment, as in the command "
-            "above: SpeechBrain otherwise turns TF32 on at import through its allow_tf32 quirk. With the quirk off, "
-            "torch's defaults apply, under which cuDNN convolutions may still use TF32 "
-            "(torch.backends.cudnn.allow_tf32 defaults to True)"
+            f"fp32-default (torch's TF32 defaults) needs {_QUIRK_OFF}, as in the command: SpeechBrain otherwise turns "
+            "TF32 on for matmuls too at import; with the quirk off nothing touches torch's flags"
         ]
-    if precision == "fp16" and not context.on_cuda:
-        return ["SpeechBrain rejects precision fp16 on CPU: use bf16 or fp32 there"]
+    if precision == "fp32":
+        return [
+            f"Strict fp32 needs {_QUIRK_OFF} (SpeechBrain otherwise turns TF32 on at import) and {TF32_OFF_ENV} "
+            "(torch's own default runs cuDNN convolutions in TF32; NVIDIA's libraries then never use TF32)"
+        ]
+    if precision == "fp16":
+        return ["--precision fp16 autocasts float16 and scales the loss with a GradScaler on CUDA"]
     return []

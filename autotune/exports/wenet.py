@@ -1,7 +1,11 @@
-"""WeNet: dataset_conf.batch_conf is PER GPU (data is sharded by rank); loader settings are train.py flags.
+"""WeNet: the aishell conformer recipe's torchrun command, with the tuned values as its flags and config overrides.
 
-Keys follow examples/aishell/s0/conf/train_conformer.yaml (dataset_conf.batch_conf, accum_grad) and
-wenet/utils/train_utils.py (--num_workers, --pin_memory, --prefetch, --use_amp, --dtype under FSDP).
+Argument names, defaults and the DataLoader construction follow wenet/bin/train.py and wenet/utils/train_utils.py
+(wenet-e2e/wenet 0154699; recorded in tests/data/wenet_train_args.json): --num_workers, --pin_memory, --prefetch,
+--use_amp, --device, --ddp.dist_backend, --override_config "key.path value" (the key must exist in the config; the
+value is converted to its type). The DataLoader is DataLoader(batch_size=None, persistent_workers=True,
+prefetch_factor=--prefetch): torch rejects that with 0 workers. dataset_conf.batch_conf is PER GPU (data is sharded
+by rank); examples/aishell/s0/conf/train_conformer.yaml has a static batch_size 16 and accum_grad 4.
 """
 
 from __future__ import annotations
@@ -9,66 +13,98 @@ from __future__ import annotations
 from typing import Any
 
 from autotune import yamlio
-from autotune.exports.base import Export, ExportContext, register
+from autotune.exports.base import Export, ExportContext, register, unsupported
 
 _TORCH_DEFAULT_PREFETCH = 2  # what an unset prefetch_factor measured; WeNet's own --prefetch default is 100
+RECIPE_CONFIG = "conf/train_conformer.yaml"
+MODEL_DIR = "exp/conformer"  # run.sh: dir=exp/conformer
 
 
 @register("wenet")
 def export_wenet(context: ExportContext) -> Export:
-    config = context.config
+    if context.model_name != "conformer":
+        return unsupported(
+            "wenet",
+            context,
+            "WeNet trains ASR models; its recipe for what autotune measures is the aishell "
+            "conformer (autotune's `conformer` workload)",
+        )
     frames = context.max_frames_in_batch
-    batch_conf: dict[str, Any] = (
-        {"batch_type": "dynamic", "max_frames_in_batch": frames}
-        if frames is not None
-        else {"batch_type": "static", "batch_size": config.per_device_batch_size}
-    )
-    data = {"dataset_conf": {"batch_conf": batch_conf}, "accum_grad": config.grad_accum_steps}
+    yaml_text = None
+    if frames is not None:  # batch_conf has no max_frames_in_batch key to override: the config needs editing
+        batch_conf: dict[str, Any] = {"batch_type": "dynamic", "max_frames_in_batch": frames}
+        yaml_text = yamlio.dump_yaml({"dataset_conf": {"batch_conf": batch_conf}})
+    return Export(target="wenet", yaml_text=yaml_text, command=_command(context), notes=_notes(context))
+
+
+def runnable_workers(context: ExportContext) -> int:
+    """WeNet's loader cannot run without workers: 1 is the nearest that runs."""
+    return max(1, context.config.num_workers)
+
+
+def _command(context: ExportContext) -> str:
+    config = context.config
+    backend = "nccl" if context.on_cuda else "gloo"
     flags = [
         "--train_engine torch_ddp",
-        "--config conf/train_conformer.yaml",
+        f"--config {RECIPE_CONFIG}",
         "--data_type raw",
         "--train_data data/train/data.list",
         "--cv_data data/dev/data.list",
-        f"--model_dir exp/{context.model_name}",
-        f"--num_workers {config.num_workers}",
+        f"--model_dir {MODEL_DIR}",
+        "--tensorboard_dir tensorboard",
+        f"--ddp.dist_backend {backend}",
     ]
-    if config.num_workers > 0:
-        flags.append(f"--prefetch {config.prefetch_factor or _TORCH_DEFAULT_PREFETCH}")
+    if not context.on_cuda:
+        flags.append("--device cpu")
+    workers = runnable_workers(context)
+    prefetch = config.prefetch_factor if config.num_workers > 0 and config.prefetch_factor else _TORCH_DEFAULT_PREFETCH
+    flags += [f"--num_workers {workers}", f"--prefetch {prefetch}"]
     if config.pin_memory:
         flags.append("--pin_memory")
-    if context.precision == "fp16":
+    if context.precision == "fp16" and context.on_cuda:
         flags.append("--use_amp")
-    command = (
-        f"{context.env_prefix()}torchrun --standalone --nnodes=1 --nproc_per_node={context.world_size} "
-        "wenet/bin/train.py \\\n    " + " \\\n    ".join(flags)
+    if context.max_frames_in_batch is None:
+        flags.append(f'--override_config "dataset_conf.batch_conf.batch_size {config.per_device_batch_size}"')
+    flags.append(f'--override_config "accum_grad {config.grad_accum_steps}"')
+    return (
+        f"{context.env_prefix()}{context.tf32_env()}torchrun --standalone --nnodes=1 "
+        f"--nproc_per_node={context.world_size} wenet/bin/train.py \\\n    " + " \\\n    ".join(flags)
     )
-    return Export(target="wenet", yaml_text=yamlio.dump_yaml(data), command=command, notes=_notes(context))
 
 
 def _notes(context: ExportContext) -> tuple[str, ...]:
     config = context.config
+    notes = [
+        "Run from WeNet's examples/aishell/s0 after run.sh's data stages (data.list, dict, global_cmvn); the paths "
+        "are run.sh's"
+    ]
     if context.max_frames_in_batch is not None:
-        batch = (
-            f"max_frames_in_batch {context.max_frames_in_batch} is the fbank-frame budget of each GPU's batch "
-            "(WeNet shards data by rank)"
+        notes.append(
+            f"max_frames_in_batch {context.max_frames_in_batch} is the fbank-frame budget of each GPU's batch (WeNet "
+            "shards data by rank): merge the YAML into conf/train_conformer.yaml (its batch_conf has no "
+            "max_frames_in_batch key, which --override_config cannot add)"
         )
     else:
-        batch = (
+        notes.append(
             f"batch_conf.batch_size {config.per_device_batch_size} is per GPU (WeNet shards data by rank): global "
             f"batch {context.global_batch_size} with {context.world_size} GPU(s) and accum_grad "
             f"{config.grad_accum_steps}"
         )
-    notes = [batch, *_precision_notes(context)]
+    notes += _precision_notes(context)
     if config.num_workers == 0:
         notes.append(
-            "WeNet's train.py always builds its DataLoader with persistent_workers=True and prefetch_factor=--prefetch"
-            ", which torch rejects when num_workers is 0: the tuned winner used 0 workers, so pass --num_workers 1 or"
-            " more"
+            "The tuned winner loaded data in the training process (0 workers), which WeNet cannot do: train.py builds "
+            "its DataLoader with persistent_workers=True and prefetch_factor=--prefetch, which torch rejects at 0 "
+            "workers. The command uses 1 worker with prefetch 2 (torch's default), the nearest that runs: not measured"
         )
     elif not config.persistent_workers:
         notes.append("WeNet always uses persistent workers; the tuned run used non-persistent ones")
-    if config.cudnn_benchmark:
+    notes.append(
+        "WeNet keeps each epoch's last, short batch (no drop_last); the tuned loader dropped it: no measurable effect "
+        "on throughput"
+    )
+    if config.cudnn_benchmark and context.on_cuda:
         notes.append(
             "The tuned run used cudnn.benchmark=True; wenet/bin/train.py has no flag for it: add "
             "torch.backends.cudnn.benchmark = True to match"
@@ -78,19 +114,24 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
 
 def _precision_notes(context: ExportContext) -> list[str]:
     precision = context.precision
+    if not context.on_cuda:
+        if precision in ("bf16", "fp16"):
+            return [
+                f"{precision} was measured on the CPU, but WeNet's autocast is torch.cuda.amp (and its bf16 needs "
+                "FSDP on a GPU): on a CPU the command trains fp32"
+            ]
+        return []
     if precision == "fp16":
-        return ["--use_amp is WeNet's fp16 mixed precision (autocast float16 with a GradScaler)"]
+        return ["--use_amp is WeNet's fp16 mixed precision (torch.cuda.amp autocast float16 with a GradScaler)"]
     if precision == "bf16":
         return [
-            "bf16 cannot be expressed with WeNet's DDP engine: --use_amp is fp16 only and the torch_ddp autocast "
-            "ignores --dtype, so the command above trains fp32. bf16 needs FSDP: replace --train_engine torch_ddp "
-            "with --train_engine torch_fsdp --fsdp_sharding_strategy no_shard --dtype bf16 (no_shard is DDP-like; "
-            "WeNet versions with FSDP support only), or DeepSpeed with bf16 enabled in ds_config"
+            "bf16 cannot be expressed with WeNet's DDP engine (torch_ddp): --use_amp is float16 only and its autocast "
+            "ignores --dtype, so the command trains fp32. WeNet's bf16 is FSDP: --train_engine torch_fsdp --dtype bf16 "
+            "(--fsdp_sharding_strategy no_shard keeps every parameter on every GPU) wraps the model in FSDP with "
+            "MixedPrecision(param_dtype, reduce_dtype, buffer_dtype all bfloat16): bf16 parameters in forward and "
+            "backward, gradients all-reduced in bf16, plus bf16 autocast. That is not what was measured (bf16 autocast "
+            "over fp32 parameters and fp32 gradient all-reduce under DDP); DeepSpeed with bf16 in ds_config is the "
+            "other route"
         ]
-    if precision == "tf32":
-        return [
-            "WeNet has no TF32 setting: it trains with torch's defaults (TF32 off for matmuls). To train as measured "
-            "(tf32) set torch.backends.cuda.matmul.allow_tf32 = True and torch.backends.cudnn.allow_tf32 = True (or "
-            "call autotune.load_config(RESULT).apply_backend_flags()) in wenet/bin/train.py"
-        ]
-    return [context.fp32_defaults_note("WeNet")] if context.on_cuda else []
+    env_note = context.tf32_env_note("WeNet")
+    return [env_note] if env_note else []

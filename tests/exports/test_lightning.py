@@ -1,0 +1,161 @@
+"""Lightning: the Trainer and DataLoader snippet, and the snippet exec'd as printed and trained by Trainer.fit."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from autotune.exports import export
+from tests.exports.common import TUNED, call_kwargs, cpu_result, loader_settings, make_tuned, notes_text
+
+
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [
+        ("fp32", "32-true"),
+        ("fp32-default", "32-true"),
+        ("tf32", "32-true"),
+        ("bf16", "bf16-mixed"),
+        ("fp16", "16-mixed"),
+    ],
+)
+@pytest.mark.parametrize("world_size", (1, 4), ids=("ws1", "ws4"))
+def test_trainer(precision: str, expected: str, world_size: int) -> None:
+    result = export(make_tuned(precision=precision, world_size=world_size, accum=2), "lightning")
+    assert result.yaml_text is None and result.python_text is not None
+    trainer = call_kwargs(result.python_text, "Trainer")
+    assert trainer["precision"] == expected
+    assert trainer["devices"] == world_size and trainer["accumulate_grad_batches"] == 2
+    assert trainer["accelerator"] == "gpu" and trainer["benchmark"] is True
+    assert trainer.get("strategy") == ("ddp" if world_size > 1 else None)
+    text = result.python_text
+    assert ("torch.backends.cuda.matmul.allow_tf32 = False" in text) == (precision == "fp32")
+    assert ("torch.backends.cuda.matmul.allow_tf32 = True" in text) == (precision == "tf32")
+    if precision == "fp32-default":
+        assert "allow_tf32" not in text and "with no TF32 flag set" in notes_text(result)
+
+
+@pytest.mark.parametrize("workers", (0, 4), ids=("w0", "w4"))
+def test_dataloader(workers: int) -> None:
+    python_text = export(make_tuned(workers=workers, world_size=4), "lightning").python_text
+    assert python_text is not None
+    loader = call_kwargs(python_text, "DataLoader")
+    assert loader["batch_size"] == 32 and loader["num_workers"] == workers and loader["pin_memory"] is True
+    assert loader["drop_last"] is True and loader["shuffle"] is True
+    assert ("prefetch_factor" in loader) == ("persistent_workers" in loader) == (workers > 0)
+
+
+def test_dynamic_batching_emits_the_batch_sampler() -> None:
+    """The loader under dynamic batching has its batch_sampler (before: no batch_size, so batches of 1)."""
+    result = export(make_tuned(model="conformer", dynamic=True, world_size=2), "lightning")
+    text = result.python_text or ""
+    loader = call_kwargs(text, "DataLoader")
+    assert loader == {
+        "batch_sampler": "batch_sampler",
+        "num_workers": 4,
+        "pin_memory": True,
+        "prefetch_factor": 4,
+        "persistent_workers": True,
+    }
+    sampler = call_kwargs(text, "LengthSortedBatchSampler")
+    assert sampler["max_frames_in_batch"] == 12000 and sampler["num_batches"] is None
+    assert call_kwargs(text, "Trainer")["use_distributed_sampler"] is False
+    assert "batch_size" not in loader and "shuffle" not in loader and "drop_last" not in loader
+
+
+def test_fp16_on_a_cpu_says_lightning_switches_to_bf16() -> None:
+    """Lightning warns and trains bf16-mixed (Lightning #16783); the old note said it rejects fp16 (wrong)."""
+    notes = notes_text(export(make_tuned(precision="fp16", device_type="cpu"), "lightning"))
+    assert "warns and trains" in notes and "bf16-mixed" in notes and "rejects" not in notes
+
+
+# --- the snippet, exec'd as printed, trained by Lightning's own Trainer ----------------------------------------------
+
+
+class _Probe:
+    """What the LightningModule saw inside training_step."""
+
+    def __init__(self) -> None:
+        self.batch_sizes: list[int] = []
+        self.autocast: list[tuple[bool, torch.dtype]] = []
+
+
+def _module(probe: _Probe) -> Any:
+    import lightning.pytorch as pl
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 4)
+
+        def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+            features, labels = batch
+            probe.batch_sizes.append(int(labels.shape[0]))
+            probe.autocast.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            return torch.nn.functional.cross_entropy(self.layer(features), labels)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Tiny()
+
+
+def _fit(python_text: str, namespace: dict[str, Any], probe: _Probe) -> Any:
+    exec(compile(ast.parse(python_text), "<autotune export>", "exec"), namespace)  # exactly as printed
+    trainer = namespace["trainer"]
+    trainer.fit_loop.max_epochs = 1
+    trainer.fit(_module(probe), namespace["train_loader"])
+    return trainer
+
+
+def _dataset(count: int) -> torch.utils.data.Dataset:
+    generator = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(count, 8, generator=generator), torch.arange(count) % 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ("bf16", "fp16", "fp32-default"))
+def test_snippet_trains_with_the_tuned_values(precision: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # Lightning writes its logs and checkpoints into the working folder
+    tuned = cpu_result("cam++", precision, 6, intra_op_threads=1)
+    probe = _Probe()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _fit(export(tuned, "lightning").python_text or "", {"train_dataset": _dataset(20)}, probe)
+    loader = trainer.train_dataloader
+    assert loader_settings(loader) == dict(TUNED, batch_size=6)
+    assert probe.batch_sizes == [6, 6, 6]  # 20 items, the short last batch dropped
+    amp = {"bf16": torch.bfloat16, "fp16": torch.bfloat16}.get(precision)
+    assert set(probe.autocast) == ({(True, amp)} if amp else {(False, torch.bfloat16)})
+    if precision == "fp16":  # what the note says: a warning, then bf16-mixed on the CPU
+        assert trainer.precision == "bf16-mixed"
+        assert any("bf16-mixed" in str(warning.message) for warning in caught)
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.slow
+def test_dynamic_snippet_trains_with_its_batch_sampler(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    tuned = make_tuned(
+        model="conformer",
+        dynamic=True,
+        precision="fp32-default",
+        device_type="cpu",
+        workers=1,
+        pin_memory=False,
+        extra={"batch_type": "dynamic", "max_frames_in_batch": 400},
+    )
+    frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400]
+    probe = _Probe()
+    namespace = {"train_dataset": _dataset(len(frames)), "train_frames": frames}
+    trainer = _fit(export(tuned, "lightning").python_text or "", namespace, probe)
+    loader = trainer.train_dataloader
+    assert loader.batch_size is None and loader.num_workers == 1
+    assert sum(probe.batch_sizes) == len(frames) and max(probe.batch_sizes) > 1  # every item once, real batches
+    batches = list(namespace["batch_sampler"])
+    assert all(max(frames[i] for i in batch) * len(batch) <= 400 or len(batch) == 1 for batch in batches)

@@ -1,0 +1,179 @@
+"""SpeechBrain: the ECAPA-TDNN recipe's command, read by SpeechBrain's own parser, merged into the recorded recipe by
+hyperpyyaml, and trained a few steps by a Brain on generated audio."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from autotune.exports import export
+from tests.exports.common import RECIPES, TUNED, bash_words, cpu_result, loader_settings, make_tuned, notes_text
+
+RECIPE = RECIPES / "speechbrain_train_ecapa_tdnn.yaml"  # speechbrain/speechbrain 9c826ef, recorded
+
+
+def _export(**kwargs: Any):
+    return export(make_tuned(model=kwargs.pop("model", "ecapa-tdnn"), **kwargs), "speechbrain")
+
+
+@pytest.mark.parametrize(
+    ("precision", "flag", "environment"),
+    [
+        ("fp32", None, {"SB_DISABLE_QUIRKS": "allow_tf32", "NVIDIA_TF32_OVERRIDE": "0"}),
+        ("fp32-default", None, {"SB_DISABLE_QUIRKS": "allow_tf32"}),
+        ("tf32", None, {}),  # SpeechBrain's allow_tf32 quirk: TF32 on at import
+        ("bf16", "bf16", {}),
+        ("fp16", "fp16", {}),
+    ],
+)
+def test_precision_and_tf32_quirk(precision: str, flag: str | None, environment: dict[str, str]) -> None:
+    result = _export(precision=precision)
+    assigned, argv = bash_words(result.command)
+    assert assigned == environment
+    assert ("--precision" in argv) == (flag is not None)
+    if flag:
+        assert argv[argv.index("--precision") + 1] == flag
+    if precision == "tf32":
+        assert "allow_tf32 quirk" in notes_text(result) and "nothing else is needed" in notes_text(result)
+
+
+@pytest.mark.parametrize("world_size", (1, 4), ids=("ws1", "ws4"))
+@pytest.mark.parametrize("workers", (0, 4), ids=("w0", "w4"))
+def test_command_names_the_recipe_and_merges_dataloader_options(world_size: int, workers: int) -> None:
+    result = _export(precision="bf16", workers=workers, world_size=world_size, accum=3)
+    _, argv = bash_words(result.command)
+    launcher = ["torchrun", "--nproc_per_node=4"] if world_size > 1 else ["python"]
+    assert argv[: len(launcher) + 2] == [*launcher, "train_speaker_embeddings.py", "hparams/train_ecapa_tdnn.yaml"]
+    assert argv[argv.index("--grad_accumulation_factor") + 1] == "3"
+    options = argv[argv.index("--dataloader_options") + 1]
+    assert "batch_size: 32" in options and f"num_workers: {workers}" in options and "drop_last: true" in options
+    assert ("prefetch_factor" in options) == ("persistent_workers" in options) == (workers > 0)
+    assert "shuffle" not in options  # merged: the recipe's own shuffle stays
+
+
+def test_cpu_result_names_the_device_and_never_asks_for_fp16() -> None:
+    result = _export(precision="fp16", device_type="cpu")
+    assigned, argv = bash_words(result.command)
+    assert "--precision" not in argv and argv[argv.index("--device") + 1] == "cpu" and not assigned
+    assert "rejects --precision fp16 there" in notes_text(result)
+
+
+@pytest.mark.parametrize("model", ("cam++", "eres2net", "conformer", "fastspeech2"))
+def test_models_without_a_speechbrain_recipe_say_so(model: str) -> None:
+    result = _export(model=model)
+    assert not result.supported
+    if model == "conformer":
+        assert "train_dataloader_opts" in result.notes[0] and "speech-translation" in result.notes[0]
+
+
+# --- SpeechBrain's own machinery ---------------------------------------------------------------------------------
+
+
+def _quirk_state(environment: dict[str, str]) -> str:
+    code = "import speechbrain; from autotune.trial.precision import fp32_math; print(fp32_math())"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path.cwd()), **environment}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.slow
+def test_fp32_default_environment_leaves_torch_defaults_after_speechbrain_import() -> None:
+    """Importing speechbrain turns TF32 matmuls on (its quirk); the fp32-default command's environment keeps torch's
+    own defaults (matmuls IEEE, cuDNN convolutions TF32), as fp32-default was measured."""
+    assigned, _ = bash_words(_export(precision="fp32-default").command)
+    assert "'matmul': 'tf32'" in _quirk_state({})
+    assert "'matmul': 'ieee', 'cudnn_conv': 'tf32'" in _quirk_state(assigned)
+
+
+class _Dataset(torch.utils.data.Dataset):
+    """1 s of generated audio per item, four speakers."""
+
+    def __init__(self, count: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.waves = torch.randn(count, 16000, generator=generator) * 0.1
+        self.labels = torch.arange(count) % 4
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.waves[index], self.labels[index]
+
+
+def _brain_class() -> Any:
+    import speechbrain as sb
+
+    class SpeakerBrain(sb.Brain):
+        """The recipe's forward pass (fbank -> mean norm -> ECAPA -> classifier -> AAM loss), without augmentation."""
+
+        loaders: list[Any]
+        seen: list[tuple[int, bool, torch.dtype]]
+
+        def make_dataloader(self, dataset, stage, ckpt_prefix="dataloader-", **loader_kwargs):  # noqa: ANN001
+            loader = super().make_dataloader(dataset, stage, ckpt_prefix, **loader_kwargs)
+            self.loaders.append(loader)
+            return loader
+
+        def compute_forward(self, batch, stage):  # noqa: ANN001
+            waves, _ = batch
+            self.seen.append((int(waves.shape[0]), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            lengths = torch.ones(waves.shape[0])
+            features = self.modules.mean_var_norm(self.modules.compute_features(waves), lengths)
+            return self.modules.classifier(self.modules.embedding_model(features, lengths))
+
+        def compute_objectives(self, predictions, batch, stage):  # noqa: ANN001
+            _, labels = batch
+            return self.hparams.compute_cost(predictions, labels.unsqueeze(1))
+
+    return SpeakerBrain
+
+
+@pytest.mark.slow
+def test_recipe_trains_with_the_tuned_values(tmp_path: Path, monkeypatch) -> None:
+    import speechbrain as sb
+    from hyperpyyaml import load_hyperpyyaml
+
+    monkeypatch.chdir(tmp_path)  # the recipe writes results/ under the working folder
+    (tmp_path / "hparams").mkdir()
+    shutil.copy(RECIPE, tmp_path / "hparams" / "train_ecapa_tdnn.yaml")
+    tuned = cpu_result("ecapa-tdnn", "bf16", 4, accum=2)
+    _, argv = bash_words(export(tuned, "speechbrain").command, cwd=tmp_path)
+    assert argv[:2] == ["python", "train_speaker_embeddings.py"]
+    # SpeechBrain's own parser, as the recipe script calls it; one epoch instead of the recipe's ten (test only).
+    hparams_file, run_opts, overrides = sb.parse_arguments([*argv[2:], "--number_of_epochs", "1"])
+    with open(hparams_file) as stream:
+        hparams = load_hyperpyyaml(stream, overrides)
+    assert hparams["dataloader_options"] == {
+        "batch_size": 4,
+        "shuffle": True,
+        "num_workers": 2,
+        "pin_memory": False,
+        "prefetch_factor": 3,
+        "persistent_workers": True,
+        "drop_last": True,
+    }  # merged: the recipe's shuffle kept
+    assert hparams["num_workers"] == 4  # the recipe's own key, still feeding its noise loaders
+    brain = _brain_class()(
+        modules=hparams["modules"], opt_class=hparams["opt_class"], hparams=hparams, run_opts=run_opts
+    )
+    brain.loaders, brain.seen = [], []
+    brain.fit(hparams["epoch_counter"], _Dataset(10), train_loader_kwargs=hparams["dataloader_options"])
+    loader = brain.loaders[0]
+    assert loader_settings(loader) == dict(TUNED, batch_size=4)
+    assert brain.precision == "bf16" and brain.grad_accumulation_factor == 2
+    assert brain.seen == [(4, True, torch.bfloat16)] * 2  # 10 items: 2 full batches, bf16 autocast
+    assert brain.optimizer_step == 1  # two batches accumulated into one step
+
+
+def test_speechbrain_rejects_fp16_on_a_cpu_as_the_note_says() -> None:
+    import speechbrain as sb
+
+    _, run_opts, _ = sb.parse_arguments(["hparams.yaml", "--precision", "fp16", "--device", "cpu"])
+    with pytest.raises(ValueError, match="not yet supported on CPU"):
+        sb.Brain(modules={"layer": torch.nn.Linear(2, 2)}, run_opts=run_opts)

@@ -1,0 +1,165 @@
+"""WeNet: the printed command against wenet/bin/train.py's argument list, its --override_config rule and its
+DataLoader construction, all recorded from wenet-e2e/wenet 0154699 (WeNet is not on PyPI)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from autotune.exports import export
+from tests.exports.common import PRECISIONS, RECIPES, bash_words, make_tuned, notes_text, parsed
+
+RECORDED = json.loads((RECIPES / "wenet_train_args.json").read_text())
+RECIPE = yaml.safe_load((RECIPES / "wenet_train_conformer.yaml").read_text())
+_TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list_of_str": lambda text: [part for part in text.split(",") if part],
+}
+
+
+def wenet_parser() -> argparse.ArgumentParser:
+    """wenet/bin/train.py's parser rebuilt from the recorded add_argument calls."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    for entry in RECORDED["arguments"]:
+        kwargs = {key: value for key, value in entry.items() if key not in ("flags", "defined_in", "type")}
+        if "type" in entry:
+            kwargs["type"] = _TYPES[entry["type"]]
+        parser.add_argument(*entry["flags"], **kwargs)
+    return parser
+
+
+def parse(command: str | None) -> tuple[dict[str, str], argparse.Namespace]:
+    environment, argv = bash_words(command)
+    assert argv[0] == "torchrun" and "wenet/bin/train.py" in argv
+    script = argv.index("wenet/bin/train.py")
+    return environment, wenet_parser().parse_args(argv[script + 1 :])
+
+
+def override(configs: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """WeNet's override_config rule (recorded): 'dotted.key value', the key must exist, the value takes its type."""
+    result = json.loads(json.dumps(configs))
+    for item in items:
+        key, value = item.split()
+        *path, last = key.split(".")
+        node = result
+        for part in path:
+            node = node[part]
+        assert last in node, f"{key} is not in the recipe: WeNet's override_config would fail"
+        node[last] = type(node[last])(value) if not isinstance(node[last], bool) else value in ("true", "True")
+    return result
+
+
+def wenet_loader(args: argparse.Namespace) -> torch.utils.data.DataLoader:
+    """The train DataLoader as init_dataset_and_dataloader builds it from the arguments (recorded)."""
+    assert RECORDED["dataloader"]["kwargs"]["persistent_workers"] is True
+    dataset = torch.utils.data.TensorDataset(torch.zeros(4, 2))
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        pin_memory=args.pin_memory,
+        num_workers=args.num_workers,
+        persistent_workers=True,
+        prefetch_factor=args.prefetch,
+    )
+
+
+def _export(**kwargs: Any):
+    return export(make_tuned(model="conformer", **kwargs), "wenet")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("pin", (True, False), ids=("pin", "nopin"))
+@pytest.mark.parametrize("workers", (0, 4), ids=("w0", "w4"))
+@pytest.mark.parametrize("device", ("cuda", "cpu"))
+def test_command_parses_and_its_loader_runs(precision: str, pin: bool, workers: int, device: str) -> None:
+    result = _export(precision=precision, workers=workers, pin_memory=pin, device_type=device, accum=2)
+    _, args = parse(result.command)
+    assert args.num_workers == max(workers, 1) and args.pin_memory == pin
+    assert args.prefetch == (4 if workers else 2)  # not WeNet's own default of 100
+    assert args.use_amp == (precision == "fp16" and device == "cuda") and args.dtype == "fp32"
+    assert args.train_engine == "torch_ddp" and args.model_dir == "exp/conformer"
+    assert (args.device, args.dist_backend) == (("cuda", "nccl") if device == "cuda" else ("cpu", "gloo"))
+    configs = override(RECIPE, args.override_config)
+    assert configs["dataset_conf"]["batch_conf"] == {"batch_type": "static", "batch_size": 32}
+    assert configs["accum_grad"] == 2
+    loader = wenet_loader(args)  # torch's DataLoader validates these when built: at 0 workers it raises
+    assert (loader.num_workers, loader.prefetch_factor) == (args.num_workers, args.prefetch)
+    if workers == 0:
+        assert "--num_workers 1" not in notes_text(result) and "1 worker with prefetch 2" in notes_text(result)
+
+
+def test_zero_workers_as_printed_before_fails_in_wenets_loader() -> None:
+    args = wenet_parser().parse_args(
+        ["--config", "c", "--model_dir", "m", "--train_data", "t", "--cv_data", "v", "--num_workers", "0"]
+    )
+    with pytest.raises(ValueError):
+        wenet_loader(args)
+
+
+def test_dynamic_batching_is_yaml_because_override_config_cannot_add_a_key() -> None:
+    result = _export(dynamic=True, world_size=2)
+    _, args = parse(result.command)
+    assert parsed(result) == {"dataset_conf": {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 12000}}}
+    with pytest.raises(AssertionError, match="not in the recipe"):
+        override(RECIPE, ["dataset_conf.batch_conf.max_frames_in_batch 12000"])
+    assert not any("batch_size" in item for item in args.override_config)
+
+
+@pytest.mark.parametrize("world_size", (1, 4), ids=("ws1", "ws4"))
+def test_batch_is_per_gpu(world_size: int) -> None:
+    result = _export(world_size=world_size, accum=2)
+    _, argv = bash_words(result.command)
+    assert f"--nproc_per_node={world_size}" in argv
+    assert "global batch 256" in notes_text(result) if world_size == 4 else "global batch 64" in notes_text(result)
+
+
+def test_bf16_says_what_wenet_bf16_is() -> None:
+    notes = notes_text(_export(precision="bf16"))
+    assert "cannot be expressed with WeNet's DDP engine" in notes and "--train_engine torch_fsdp --dtype bf16" in notes
+    assert "MixedPrecision(param_dtype, reduce_dtype, buffer_dtype all bfloat16)" in notes
+    assert "gradients all-reduced in bf16" in notes and "DDP-like" not in notes
+    fsdp = wenet_parser().parse_args(
+        [
+            "--config",
+            "c",
+            "--model_dir",
+            "m",
+            "--train_data",
+            "t",
+            "--cv_data",
+            "v",
+            "--train_engine",
+            "torch_fsdp",
+            "--dtype",
+            "bf16",
+            "--fsdp_sharding_strategy",
+            "no_shard",
+        ]
+    )
+    assert fsdp.dtype == "bf16"  # the advice parses
+
+
+def test_tf32_and_drop_last_notes() -> None:
+    environment, _ = parse(_export(precision="tf32").command)
+    assert environment == {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
+    assert "no drop_last" in notes_text(_export())
+
+
+@pytest.mark.parametrize("model", ("cam++", "ecapa-tdnn", "fastspeech2"))
+def test_non_asr_models_are_refused(model: str) -> None:
+    assert not export(make_tuned(model=model), "wenet").supported
+
+
+def test_recorded_argument_list_names_its_source() -> None:
+    source = RECORDED["source"]
+    assert source["repository"] == "wenet-e2e/wenet" and source["commit"].startswith("0154699")
+    flags = {entry["flags"][0] for entry in RECORDED["arguments"]}
+    assert {"--num_workers", "--prefetch", "--pin_memory", "--use_amp", "--device", "--override_config"} <= flags
