@@ -226,11 +226,13 @@ class Tuner:
                 logger.warning("trial #%d could not be marked failed (%s)", trial.number, type(error).__name__)
             raise
         record = TrialRecord(number=trial.number, role=role, config=config, result=result)
-        self._tell(trial, record, pruner)
+        self.records.append(record)  # measured: it counts in this run even if the storage fails to record it
+        try:
+            self._tell(trial, record, pruner)
+        finally:
+            self.reporter.trial_finished(record, self.best())
         if result.feasible:
             shutil.rmtree(folder, ignore_errors=True)
-        self.records.append(record)
-        self.reporter.trial_finished(record, self.best())
         return record
 
     def _launch(self, spec: TrialSpec, folder: Path, pruner: _Pruner | None) -> TrialResult:

@@ -9,6 +9,7 @@ as the user typed it and says what would be accepted: a NaN or an infinity is re
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +120,7 @@ def check_path_text(path: str, option: str) -> None:
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
-        shown = str(path).encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bytes as `ls -b` shows them
         raise UserError(f"{option} {shown} is not a valid UTF-8 name; rename it or choose another path") from None
 
 

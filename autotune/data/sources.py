@@ -128,7 +128,7 @@ def _probe(path: str, where: str) -> tuple[int, int]:
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:  # a file name in another encoding: no decoder's fault, and no format to convert
-        shown = path.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bytes as `ls -b` shows them
         raise _error(f"{where}: audio file name {shown} is not valid UTF-8; rename the file") from None
     try:
         info = sf.info(path)
