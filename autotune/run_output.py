@@ -5,7 +5,6 @@ that says what survives when the disk is full."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import tempfile
 from pathlib import Path
 
@@ -19,15 +18,17 @@ def check_writable(path: Path) -> None:
     """Fail now, with one line, if a file could not be created where it must be written later. Creates nothing: a
     refused run must leave no empty folders behind (folders are made by `make_folders` once every input passed)."""
     existing = next(folder for folder in (path.parent.absolute(), *path.parent.absolute().parents) if folder.exists())
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "a file is in the way", str(existing))
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".autotune-check-"):
-            pass
-    except OSError as error:
-        raise OutputError(
-            f"cannot write {path} ({describe_os_error(error)}: {existing}); choose a writable --out or --results-dir"
-        ) from None
+    if path.is_dir():
+        problem = "a folder of that name is in the way"
+    elif not existing.is_dir():
+        problem = f"{existing} is a file, not a folder"
+    else:
+        try:
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".autotune-check-"):
+                return
+        except OSError as error:
+            problem = f"{describe_os_error(error)}: {existing}"
+    raise OutputError(f"cannot write {path} ({problem}); choose a writable --out or --results-dir")
 
 
 def make_folders(paths: list[Path]) -> list[Path]:

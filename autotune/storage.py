@@ -150,9 +150,11 @@ def describe_failure(error: BaseException) -> str:
         seen.append(cause)
         cause = getattr(cause, "orig", None) or cause.__cause__ or cause.__context__
     root = seen[-1]
-    text = root.strerror if isinstance(root, OSError) and root.strerror else str(root)
-    text = " ".join(text.split())[:200] or type(root).__name__
-    return f"{type(root).__name__}: {text}" if not isinstance(root, OSError) else text
+    if isinstance(root, OSError):
+        where = f": {root.filename}" if root.filename else ""
+        return f"{root.strerror or root}{where}"
+    text = " ".join(str(root).split())[:200]
+    return f"{type(root).__name__}: {text}" if text else type(root).__name__
 
 
 def _rdb(url: str, **kwargs: Any) -> BaseStorage:
@@ -204,11 +206,16 @@ def ask_trial(study: optuna.Study, params: dict[str, Any] | None = None) -> optu
             trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
             study._thread_local.cached_all_trials = None  # as ask() does: the sampler must see the new trial
             trial = optuna.Trial(study, trial_id)
-    trial.set_user_attr("owner", _owner())
-    if _heartbeat_interval(study):
-        study._storage.record_heartbeat(trial._trial_id)  # a trial with no beat at all is never judged stale
-    else:
-        trial.set_user_attr(LEASE_ATTR, time.time())
+    try:
+        trial.set_user_attr("owner", _owner())
+        if _heartbeat_interval(study):
+            study._storage.record_heartbeat(trial._trial_id)  # a trial with no beat at all is never judged stale
+        else:
+            trial.set_user_attr(LEASE_ATTR, time.time())
+    except BaseException:  # Ctrl-C (or a storage error) before the caller holds the trial: leave nothing RUNNING
+        with contextlib.suppress(Exception):
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        raise
     return trial
 
 

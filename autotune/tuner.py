@@ -207,12 +207,12 @@ class Tuner:
 
     def _run_one(self, role: str, params: dict[str, Any] | None = None) -> TrialRecord:
         trial = storage.ask_trial(self.study, params)  # race-free on a study shared with other runs
-        values = self.space.suggest(trial)
-        config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
-        self.reporter.trial_started(trial.number, role, config)
-        folder = self.workdir / f"trial-{trial.number:04d}"
-        pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
-        try:
+        try:  # from here on the trial is RUNNING in the study: whatever stops this run tells it FAIL
+            values = self.space.suggest(trial)
+            config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
+            self.reporter.trial_started(trial.number, role, config)
+            folder = self.workdir / f"trial-{trial.number:04d}"
+            pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
             if config.precision in self.rejected_precisions:  # infeasible without launching: the AMP check said so
                 result = TrialResult(status="precision", reason=self.rejected_precisions[config.precision])

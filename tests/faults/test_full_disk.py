@@ -18,13 +18,14 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import load_config, run_output, storage, yamlio
-from autotune.errors import MachineFailure
+from autotune.errors import MachineFailure, OutputError
 from autotune.trial import TrialResult
 from tests.faults.conftest import error_line, fill, invoke, processes_with
 from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, wait_for
 from tests.test_results import WITH_WORKERS, make_tuned
 
-ONE_TRIAL = ["--trials", "1", "--no-amp-check", "--no-ceiling"]
+STEADY = ["--no-amp-check", "--no-ceiling", "--max-throughput-cv", "0"]  # a busy machine must not fail these runs
+ONE_TRIAL = ["--trials", "1", *STEADY]
 
 
 def test_an_out_that_is_a_folder_is_refused_before_anything_is_made(tiny_corpus, tmp_path):
@@ -89,7 +90,7 @@ def test_a_full_disk_at_the_result_write_injected(tmp_path, monkeypatch):
 def test_a_disk_that_fills_under_the_study_mid_run_writes_the_best_so_far(tiny_corpus, tmp_path, small_disk):
     disk = small_disk(4096)
     url, results, log = f"sqlite:///{disk / 'studies.db'}", tmp_path / "results", tmp_path / "run.log"
-    process = start(run_args(tiny_corpus, results, "--trials", "3", "--storage", url, "--no-amp-check"), log)
+    process = start(run_args(tiny_corpus, results, "--trials", "3", "--storage", url, *STEADY), log)
 
     def second_trial_running() -> bool:
         states = {t.number: t.state for t in all_trials(url)} if (disk / "studies.db").exists() else {}
@@ -137,3 +138,15 @@ def test_a_storage_that_fails_mid_run_injected(tiny_corpus, tmp_path, monkeypatc
     (written,) = (results / "faulty").glob("*.yaml")
     assert load_config(written).search["stopped_by"] == "storage failure"
     assert load_config(written).search["trials_this_run"] == 2
+
+
+def test_a_folder_where_the_default_result_goes_is_found_before_any_trial(tmp_path):
+    """The default output (results/<model>/<fingerprint>.yaml) is no --out the validation sees: the writability
+    check catches a folder of that name, as it catches a file in place of a folder."""
+    (tmp_path / "taken.yaml").mkdir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match=r"taken.yaml \(a folder of that name is in the way\)"):
+        run_output.check_writable(tmp_path / "taken.yaml")
+    with pytest.raises(OutputError, match=r"is a file, not a folder"):
+        run_output.check_writable(tmp_path / "file" / "deeper" / "r.yaml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "taken.yaml"]

@@ -67,6 +67,7 @@ def test_a_regression_on_an_out_with_markup_keeps_exit_code_3(capsys):
 def test_a_run_whose_out_has_markup_writes_it_and_says_where(tiny_corpus, tmp_path):
     out, log = tmp_path / f"r{MARKUP}" / f"cam{MARKUP}.yaml", tmp_path / "run.log"
     args = run_args(tiny_corpus, tmp_path / "results", "--trials", "1", "--no-amp-check", "--no-ceiling")
+    args += ["--max-throughput-cv", "0"]  # a busy machine must not fail this run
     process = start([*args, "--out", str(out)], log)
     assert process.wait(timeout=300) == 0, log.read_text()
     assert out.is_file()
