@@ -100,8 +100,9 @@ def check_request(request: RunRequest) -> None:
         out = Path(request.out)
         _require(not out.is_dir(), f"--out {out} is a folder; give a file path, e.g. {out / 'result.yaml'}")
         _require(out.name not in ("", ".", ".."), f"--out {request.out!r} names no file; give a file path")
-    if request.data is not None:
-        check_path_text(request.data, "--data")
+    for value, option in ((request.data, "--data"), (request.space, "--space"), (request.storage, "--storage")):
+        if value is not None:  # each is recorded in the result: text that cannot be written must not get that far
+            check_path_text(value, option)
 
 
 def _check_epoch(request: RunRequest) -> None:
@@ -139,6 +140,8 @@ def check_workload_options(workload: Workload, options: dict[str, Any]) -> None:
             f"unknown option {sorted(unknown)[0]!r} for {workload.name}; it takes {sorted(workload.options)}"
         )
     for key, value in options.items():
+        for text in _texts(value):
+            check_path_text(text, f"--option {key}")
         default = workload.options[key]
         problem = _option_problem(default, value)
         flag = f"--option {key}"
@@ -148,6 +151,17 @@ def check_workload_options(workload: Workload, options: dict[str, Any]) -> None:
                 raise UserError(f"{_POSITIVE_OPTIONS[key]} must be positive (--option {key} too), got {value!r}")
         if problem is not None:
             raise UserError(f"{flag} must be {problem} for {workload.name} (default {default!r}), got {value!r}")
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in an option's value (a JSON value: nested lists and mappings)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in (*_texts(key), *_texts(item))]
+    if isinstance(value, list):
+        return [text for item in value for text in _texts(item)]
+    return []
 
 
 def _option_problem(default: Any, value: Any) -> str | None:

@@ -35,6 +35,8 @@ BATCH = "  per_device_batch_size: {type: categorical, choices: [8, 16]}\n"
         (["--option", "memory_efficient=3"], "--option memory_efficient must be true or false"),
         (["--budget", ""], "--budget is empty; write it like 15m or 1h, or none for no budget"),
         (["--budget", "nan"], "cannot read duration 'nan'"),
+        (["--space", "/s/sp\udcffce.yaml"], "--space /s/sp\\xffce.yaml is not a valid UTF-8 name"),
+        (["--option", "optimizer=sg\udcffd"], "--option optimizer sg\\xffd is not a valid UTF-8 name"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
 )
