@@ -276,9 +276,8 @@ def _machine_failures() -> tuple[type[BaseException], ...]:
 def _machine_failure_line(error: BaseException) -> str:
     from autotune.storage import describe_failure
 
-    where = f" at {error.filename}" if isinstance(error, OSError) and error.filename else ""
     return (
-        f"the machine failed the run{where} ({describe_failure(error)}); completed trials stay in the study: fix it "
+        f"the machine failed the run ({describe_failure(error)}); completed trials stay in the study: fix it "
         "(free space, bring the database back) and rerun to continue"
     )
 

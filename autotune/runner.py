@@ -98,9 +98,8 @@ def _load_data(workload: workloads.Workload, path: str | None) -> Any:
     except UserError:
         raise
     except (Exception, SystemExit) as error:
-        raise WorkloadError(
-            f"workload {workload.name}: load_data({path!r}) raised {type(error).__name__}: {error}"[:500]
-        ) from None
+        said = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        raise WorkloadError(f"workload {workload.name}: load_data({path!r}) raised {said}") from None
 
 
 def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: TunerSettings) -> optuna.Study:
