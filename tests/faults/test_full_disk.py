@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import load_config, run_output, storage, yamlio
+from autotune import history, load_config, run_output, storage, yamlio
 from autotune.errors import MachineFailure, OutputError
 from autotune.trial import TrialResult
 from tests.faults.conftest import error_line, fill, invoke, processes_with
@@ -106,6 +106,7 @@ def test_a_disk_that_fills_under_the_study_mid_run_writes_the_best_so_far(tiny_c
     tuned = load_config(written)
     assert tuned.search["stopped_by"] == "storage failure" and tuned.metrics["winner"]["status"] == "ok"
     assert tuned.search["trials_this_run"] == 2  # trial 1 was measured: it counts, though the study could not record it
+    assert len(history.load(results, "faulty")) == 1  # and the history has it
     assert not processes_with(str(results))
     filler.unlink()  # space again: the next run fails the trial left RUNNING and measures it once more
     study = optuna.load_study(study_name=None, storage=storage.open_storage(url))
@@ -138,6 +139,7 @@ def test_a_storage_that_fails_mid_run_injected(tiny_corpus, tmp_path, monkeypatc
     (written,) = (results / "faulty").glob("*.yaml")
     assert load_config(written).search["stopped_by"] == "storage failure"
     assert load_config(written).search["trials_this_run"] == 2
+    assert list(history.load(results, "faulty")["result_path"]) == [str(written)]
 
 
 def test_a_folder_where_the_default_result_goes_is_found_before_any_trial(tmp_path):
