@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_a_process_that_sees_another_namespaces_proc_records_no_namespace(tmp_pa
     require_namespaces()
     code = "from autotune import storage; print(storage._owner()['pid_ns'], storage._pid_namespace())"
     done = subprocess.run(
-        ["unshare", "--pid", "--fork", os.sys.executable, "-c", code],
+        ["unshare", "--pid", "--fork", sys.executable, "-c", code],
         capture_output=True,
         text=True,
         env=python_env(),
@@ -130,7 +131,7 @@ def test_two_runs_on_one_study_one_in_a_container_neither_fails_the_other(tiny_c
     a_args = run_args(tiny_corpus, tmp_path / "a", *steady, "--window", "6")
     with open(tmp_path / "a.log", "wb") as output:
         a = subprocess.Popen(
-            [*NAMESPACE, os.sys.executable, "-m", "autotune", *a_args, "--no-amp-check"],
+            [*NAMESPACE, sys.executable, "-m", "autotune", *a_args, "--no-amp-check"],
             stdout=output,
             stderr=subprocess.STDOUT,
             env=python_env(),
