@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from autotune import cli_commands, cli_doctor
-from autotune.cli_output import fail, stderr_console, stdout_console
-from autotune.cli_parsing import parse_duration, parse_workload_options
-from autotune.errors import USER_ERROR_EXIT_CODE, UserError
+from autotune.cli_output import fail, plain, stderr_console, stdout_console
+from autotune.cli_parsing import parse_budget, parse_duration, parse_workload_options
+from autotune.errors import MACHINE_FAILURE_EXIT_CODE, UserError
 
 if TYPE_CHECKING:
     from autotune.runner import RunReport
@@ -39,6 +39,7 @@ EXIT_NO_STABLE_CONFIG = 1
 EXIT_REGRESSION = 3  # autotune.drift.REGRESSION_EXIT_CODE, kept literal so that --help needs no heavy import
 ERRATIC_THROUGHPUT_CV = 0.3  # autotune.trial.spec.ERRATIC_THROUGHPUT_CV, literal for the same reason
 EXIT_INTERRUPTED = 130
+STORAGE_FAILED = "storage failure"  # autotune.tuner.STORAGE_FAILED, literal so that --help needs no heavy import
 
 RUN_HELP = """Tune the training throughput of a model on this machine and write the fastest stable configuration.
 
@@ -64,8 +65,10 @@ than its recorded throughput by more than --drift-threshold is a regression (wit
 driver, GPU, autotune); the YAML is rewritten only when a new configuration is faster by more than the threshold.
 
 [bold]Exit codes[/bold]: 0 done (result written, or kept unchanged); 1 no stable configuration; 2 bad input; \
-3 regression: the previous winner got slower (the history is still recorded); 130 interrupted (Ctrl-C or \
-SIGTERM: the current trial is stopped, the best so far written, completed trials stay in the study).
+3 regression: the previous winner got slower (the history is still recorded); 4 the machine failed the run \
+(a full disk, a storage that stopped answering: the best so far written where it could be, completed trials stay \
+in the study); 130 interrupted (Ctrl-C or SIGTERM: the current trial is stopped, the best so far written, \
+completed trials stay in the study).
 """
 
 
@@ -98,7 +101,7 @@ def run(
         Optional[str],
         typer.Option(
             help="Wall-clock budget for the whole run, e.g. 15m or 1h: a ceiling (no trial starts that would end "
-            "past it)."
+            "past it); none: only --trials limits the run."
         ),
     ] = "15m",
     storage: Annotated[
@@ -205,16 +208,6 @@ def run(
     from autotune.tuner import TunerSettings
 
     try:
-        if sampler not in ("tpe", "random", "grid"):
-            raise UserError(f"unknown sampler {sampler!r}; use tpe, random or grid")
-        if device not in ("auto", "cuda", "cpu"):
-            raise UserError(f"unknown device {device!r}; use auto, cuda or cpu")
-        if window <= 0 or warmup_steps < 1 or not 0 <= headroom < 1 or confirm < 0:
-            raise UserError("--window must be > 0, --warmup-steps >= 1, --headroom in [0, 1) and --confirm >= 0")
-        if crop_seconds is not None and crop_seconds <= 0:
-            raise UserError(f"--crop-seconds must be positive, got {crop_seconds}")
-        if max_throughput_cv < 0:
-            raise UserError(f"--max-throughput-cv must be 0 (off) or positive, got {max_throughput_cv}")
         timing = TimingConfig(
             warmup_steps=warmup_steps,
             window_s=window,
@@ -223,7 +216,7 @@ def run(
         )
         settings = TunerSettings(
             trials=trials,
-            budget_s=parse_duration(budget) if budget else None,
+            budget_s=parse_budget(budget),
             sampler=sampler,
             seed=seed,
             confirm_top_k=confirm,
@@ -263,13 +256,30 @@ def run(
             with reporter:
                 report = runner.execute(plan, reporter)
     except UserError as error:
-        raise fail(str(error)) from None
+        raise fail(str(error), error.exit_code) from None
     except runner.TuningFailed as error:
         raise fail(str(error), EXIT_NO_STABLE_CONFIG) from None
     except KeyboardInterrupt:
         raise fail("interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED) from None
+    except _machine_failures() as error:  # a disk that filled, a database that went away: one line, not a traceback
+        raise fail(_machine_failure_line(error), MACHINE_FAILURE_EXIT_CODE) from None
     print_summary(stdout_console, report)
     _finish(report)
+
+
+def _machine_failures() -> tuple[type[BaseException], ...]:
+    from autotune.storage import storage_failures
+
+    return storage_failures()
+
+
+def _machine_failure_line(error: BaseException) -> str:
+    from autotune.storage import describe_failure
+
+    return (
+        f"the machine failed the run ({describe_failure(error)}); completed trials stay in the study: fix it "
+        "(free space, bring the database back) and rerun to continue"
+    )
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -297,10 +307,16 @@ def _finish(report: RunReport) -> None:
     if verdict is not None and verdict.previous_path is not None:
         style = "bold red" if verdict.regression else "bold"
         for line in verdict.lines():
-            stdout_console.print(f"[{style}]{line}[/{style}]", highlight=False, soft_wrap=True)
+            stdout_console.print(f"[{style}]{plain(line)}[/{style}]", highlight=False, soft_wrap=True)
+    where = f"best so far written to {report.result_path}" if report.written else "the previous result kept"
     if report.outcome.stopped_by == "interrupted":
-        where = "best so far written" if report.written else "the previous result kept"
         raise fail(f"interrupted; {where}; completed trials stay in the study, rerun to continue", EXIT_INTERRUPTED)
+    if report.outcome.stopped_by == STORAGE_FAILED:
+        raise fail(
+            f"the study's storage failed mid-run ({report.outcome.failure}); {where}; the trials it recorded stay "
+            "in it: fix it (free space, bring the database back) and rerun to continue",
+            MACHINE_FAILURE_EXIT_CODE,
+        )
     if verdict is not None and verdict.regression:
         raise typer.Exit(EXIT_REGRESSION)
 
@@ -319,5 +335,5 @@ def main() -> None:
     try:
         app()
     except UserError as error:  # raised outside a command's own handling (e.g. while parsing)
-        stderr_console.print(f"error: {error}", highlight=False)
-        sys.exit(USER_ERROR_EXIT_CODE)
+        stderr_console.print(f"error: {plain(error)}", highlight=False)
+        sys.exit(error.exit_code)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from autotune.cli_output import fail, stdout_console
+from autotune.cli_output import fail, plain, stdout_console
 from autotune.errors import UserError
 
 __all__ = ["SCHEDULE_CONTEXT", "export", "history", "models", "report", "schedule"]
@@ -79,7 +79,7 @@ def history(
 
     frame = result_history.load(results_dir, model)
     if frame.empty:
-        stdout_console.print(f"no results recorded yet for {model} under {results_dir}")
+        stdout_console.print(f"no results recorded yet for {plain(model)} under {plain(results_dir)}")
         return
     stdout_console.print(result_history.render_table(frame))
 
@@ -102,9 +102,9 @@ def report(
         files = build_report(result, storage=storage, out_dir=out, csv=csv)
     except UserError as error:
         raise fail(str(error)) from None
-    stdout_console.print(f"{files.trials} trials; report: [bold]{files.html}[/bold]")
+    stdout_console.print(f"{files.trials} trials; report: [bold]{plain(files.html)}[/bold]")
     for path in [*files.plots, *([files.csv] if files.csv else [])]:
-        stdout_console.print(f"  {path}")
+        stdout_console.print(f"  {plain(path)}")
 
 
 def models() -> None:
@@ -121,11 +121,11 @@ def models() -> None:
         counted = workload.count_parameters() if workload.count_parameters else None
         published = workload.published_parameters
         table.add_row(
-            name,
-            workload.task,
+            plain(name),
+            plain(workload.task),
             f"{counted:,}" if counted else "-",
             f"{published:,}" if published else "-",
             "synthetic corpus (generated on first use)",
-            workload.description,
+            plain(workload.description),
         )
     stdout_console.print(table)

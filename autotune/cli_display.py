@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from autotune.cli_output import plain
 from autotune.trial import TrialConfig
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class RichReporter:
         )
         data = plan.data.describe()
         synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
-        console.print(f"[bold]autotune[/bold] {plan.workload.name} on {plan.hardware.describe()}")
+        console.print(f"[bold]autotune[/bold] {plain(plan.workload.name)} on {plain(plan.hardware.describe())}")
         if plan.world_size > 1:
             unit = "GPUs (NCCL)" if plan.hardware.device_type == "cuda" else "processes (gloo)"
             fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
@@ -53,14 +54,13 @@ class RichReporter:
             f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
             f"{data['total_audio_hours']} h{synthetic}"
         )
-        console.print(f"study: {plan.study_name}  ({plan.storage_url.split('://')[0]})", highlight=False)
+        console.print(f"study: {plain(plan.study_name)}  ({plain(plan.storage_url.split('://')[0])})", highlight=False)
         for line in plan.warm_start.describe() if plan.warm_start else ():
-            console.print(line, highlight=False, soft_wrap=True)
-        console.print(
-            f"space: {plan.space_file}; baseline = recipe: {TrialConfig.from_params(plan.space.baseline).short()}"
-        )
+            console.print(plain(line), highlight=False, soft_wrap=True)
+        baseline = TrialConfig.from_params(plan.space.baseline).short()
+        console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
         for note in plan.space.baseline_notes:
-            console.print(f"  [dim]baseline adapted: {note}[/dim]")
+            console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
@@ -70,15 +70,16 @@ class RichReporter:
         self.progress.stop()
 
     def trial_started(self, number: int, role: str, config: TrialConfig) -> None:
-        self.progress.update(self.task, description=f"#{number} {role}: {config.short()}")
+        self.progress.update(self.task, description=f"#{number} {role}: {plain(config.short())}")
 
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
         result = record.result
         style = _STATUS_STYLE.get(result.status, "yellow")
-        figure = f"{_rate(result.samples_per_second)} samples/s" if result.samples_per_second else result.reason
+        figure = f"{_rate(result.samples_per_second)} samples/s" if result.samples_per_second else plain(result.reason)
         best_text = f"best {_rate(best.value)}" if best else "no stable config yet"
         self.console.print(
-            f"#{record.number:<3} {record.role:<8} {record.config.short():<44} [{style}]{result.status:<9}[/{style}] "
+            f"#{record.number:<3} {record.role:<8} {plain(f'{record.config.short():<44}')} "
+            f"[{style}]{result.status:<9}[/{style}] "
             f"{figure}  [dim]({best_text}, {result.wall_s or 0:.0f} s)[/dim]",
             highlight=False,
             soft_wrap=True,
@@ -94,7 +95,7 @@ def print_summary(console: Console, report: RunReport) -> None:
     for column in ("", "winner", "baseline"):
         table.add_column(column)
     base_config = outcome.baseline.config.short() if outcome.baseline else "-"
-    table.add_row("configuration", tuned.config.short(), base_config)
+    table.add_row("configuration", plain(tuned.config.short()), plain(base_config))
     for key, label in (
         ("samples_per_second", "samples/s (median)"),
         ("spread_fraction", "spread (max-min)/median"),
@@ -132,12 +133,12 @@ def print_summary(console: Console, report: RunReport) -> None:
     _print_failures(console, outcome.records)
     _print_assessment(console, tuned.metrics)
     for note in tuned.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    console.print(f"stopped by {report.tuned.search['stopped_by']} after {outcome.elapsed_s / 60:.1f} min")
+        console.print(f"[yellow]note:[/yellow] {plain(note)}")
+    console.print(f"stopped by {plain(report.tuned.search['stopped_by'])} after {outcome.elapsed_s / 60:.1f} min")
     if report.written:
-        console.print(f"result written to [bold]{report.result_path}[/bold]  (load with autotune.load_config)")
+        console.print(f"result written to [bold]{plain(report.result_path)}[/bold]  (load with autotune.load_config)")
     else:
-        console.print(f"result kept as it was: [bold]{report.result_path}[/bold]")
+        console.print(f"result kept as it was: [bold]{plain(report.result_path)}[/bold]")
 
 
 def _print_top(console: Console, records: list[TrialRecord]) -> None:
@@ -152,7 +153,7 @@ def _print_top(console: Console, records: list[TrialRecord]) -> None:
         table.add_row(
             str(record.number),
             record.role,
-            record.config.short(),
+            plain(record.config.short()),
             _rate(result.samples_per_second),
             _fmt(result.data_wait_fraction),
             _gib(result.peak_memory_bytes),
@@ -168,7 +169,9 @@ def _print_failures(console: Console, records: list[TrialRecord]) -> None:
     for column in ("#", "configuration", "status", "reason"):
         table.add_column(column)
     for record in failed:
-        table.add_row(str(record.number), record.config.short(), record.result.status, record.result.reason)
+        table.add_row(
+            str(record.number), plain(record.config.short()), record.result.status, plain(record.result.reason)
+        )
     console.print(table)
 
 
@@ -204,7 +207,7 @@ def _print_assessment(console: Console, metrics: dict) -> None:
             f"{efficiency:.0%}{at_ceiling}"
         )
     if compute.get("ceiling_failed"):
-        parts.append(f"compute-only ceiling not measured ({compute['ceiling_failed']})")
+        parts.append(f"compute-only ceiling not measured ({plain(compute['ceiling_failed'])})")
     if parts:
         console.print("compute: " + "; ".join(parts), highlight=False)
     noise = metrics.get("noise") or {}
@@ -217,8 +220,9 @@ def _print_assessment(console: Console, metrics: dict) -> None:
     amp = metrics.get("amp_check") or {}
     for name, verdict in (amp.get("precisions") or {}).items():
         word = "[green]accepted[/green]" if verdict["accepted"] else "[red]rejected[/red]"
+        strays = _percent(verdict.get("max_deviation_fraction"))
         console.print(
-            f"AMP check {name}: {word}, its loss curve strays up to {_percent(verdict.get('max_deviation_fraction'))} "
+            f"AMP check {plain(name)}: {word}, its loss curve strays up to {strays} "
             f"from fp32's (allowed {_percent(verdict.get('allowed_deviation_fraction'))}, {amp.get('steps')} steps)"
         )
     overhead = metrics.get("overhead") or {}
@@ -233,9 +237,9 @@ def _print_assessment(console: Console, metrics: dict) -> None:
         )
     diagnosis = metrics.get("diagnosis") or {}
     if diagnosis:
-        console.print(f"[bold]bound by: {diagnosis['bound']}[/bold] ({'; '.join(diagnosis['evidence'])})")
+        console.print(f"[bold]bound by: {plain(diagnosis['bound'])}[/bold] ({plain('; '.join(diagnosis['evidence']))})")
         for step in diagnosis["next"]:
-            console.print(f"  next: {step}", highlight=False)
+            console.print(f"  next: {plain(step)}", highlight=False)
 
 
 def _percent(value: object) -> str:

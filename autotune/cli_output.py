@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from autotune.errors import USER_ERROR_EXIT_CODE
 
-__all__ = ["fail", "stderr_console", "stdout_console"]
+__all__ = ["fail", "plain", "stderr_console", "stdout_console"]
 
 stderr_console = Console(stderr=True)
 stdout_console = Console()
 
 
+def plain(value: object) -> str:
+    """Text from outside (a model name, a path, an error message) made safe to put into rich markup: a '[/x]' in a
+    file name is shown as typed, never read as a closing tag (a MarkupError) nor eaten ('psycopg[binary]')."""
+    return escape(str(value))
+
+
 def fail(message: str, code: int = USER_ERROR_EXIT_CODE) -> typer.Exit:
     """Print one 'error:' line on stderr and return the exit to raise, so a caller writes `raise fail(...)`."""
-    stderr_console.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    stderr_console.print(f"[bold red]error:[/bold red] {plain(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)

@@ -11,11 +11,13 @@ import re
 
 from autotune.errors import UserError
 
-__all__ = ["parse_duration", "parse_workload_options"]
+__all__ = ["NO_BUDGET", "parse_budget", "parse_duration", "parse_workload_options"]
+
+NO_BUDGET = ("none", "off")  # --budget none: only --trials limits the run
 
 
 def parse_duration(text: str) -> float:
-    """'90s', '15m', '1h30m' or a plain number of seconds -> seconds."""
+    """'90s', '15m', '1h30m' or a plain number of seconds -> seconds (never NaN or infinite: those do not match)."""
     text = text.strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", text):
         return float(text)
@@ -24,6 +26,15 @@ def parse_duration(text: str) -> float:
         raise UserError(f"cannot read duration {text!r}; write it like 90s, 15m or 1h30m")
     hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
     return hours * 3600 + minutes * 60 + seconds
+
+
+def parse_budget(text: str | None) -> float | None:
+    """--budget: a duration, or 'none' for no budget. An empty value is an error, not a silent 'no budget'."""
+    if text is None or text.strip().lower() in NO_BUDGET:
+        return None
+    if not text.strip():
+        raise UserError("--budget is empty; write it like 15m or 1h, or none for no budget")
+    return parse_duration(text)
 
 
 def parse_workload_options(pairs: list[str] | None, crop_seconds: float | None) -> dict[str, object]:

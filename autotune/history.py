@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
 
 from autotune import workloads
@@ -155,7 +156,7 @@ def load(results_dir: str | os.PathLike[str], model: str) -> pd.DataFrame:
 
 
 def _text_cell(value: Any) -> str:
-    return "-" if value is None or pd.isna(value) else str(value)
+    return "-" if value is None or pd.isna(value) else escape(str(value))  # a cell is rich markup: show '[' as is
 
 
 def _number_cell(value: Any, template: str) -> str:
@@ -185,7 +186,7 @@ def render_table(frame: pd.DataFrame, *, title: str | None = None) -> Table:
     """
     if title is None:
         models = frame["model"].dropna().unique()
-        title = f"autotune history: {models[0]}" if len(models) == 1 else "autotune history"
+        title = f"autotune history: {escape(str(models[0]))}" if len(models) == 1 else "autotune history"
     table = Table(title=title)
     table.add_column("date (UTC)")
     for header in _TEXT_COLUMNS:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import yamlio
-from autotune.errors import UserError
+from autotune.errors import OutputError, UserError, describe_os_error
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TrialConfig, TrialResult
 
@@ -238,8 +238,16 @@ class TunedConfig:
 
 
 def write_config(tuned: TunedConfig, path: str | Path) -> Path:
-    """Write the YAML atomically (temporary file + rename)."""
-    return yamlio.atomic_write_text(path, tuned.to_yaml(str(path)))
+    """Write the YAML atomically (temporary file + rename, the folder synced): the old file or the new one, never half.
+
+    Raises:
+        OutputError: the machine refused the write (a full disk, a read-only folder, a folder at the path); nothing
+            is left behind and a result already at the path is untouched.
+    """
+    try:
+        return yamlio.atomic_write_text(path, tuned.to_yaml(str(path)))
+    except OSError as error:
+        raise OutputError(f"cannot write the result {path} ({describe_os_error(error)})") from None
 
 
 def load_config(path: str | Path) -> TunedConfig:

@@ -7,7 +7,6 @@ import datetime as dt
 import logging
 import os
 import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +16,15 @@ import optuna
 
 from autotune import __version__, assessment, drift, history, preloading, storage, warmstart, workloads, yamlio
 from autotune import space as space_module
-from autotune.errors import UserError
+from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.hardware import Hardware, probe
-from autotune.results import TunedConfig, speedup_range, summarise_measurements, write_config
+from autotune.results import TunedConfig, speedup_range, summarise_measurements
+from autotune.run_output import check_writable, make_folders, remove_empty, write_result
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
 from autotune.trial.amp_check import AmpCheckSettings
-from autotune.tuner import Reporter, Tuner, TunerSettings, TuningOutcome
+from autotune.tuner import STORAGE_FAILED, Reporter, Tuner, TunerSettings, TuningOutcome
+from autotune.validation import check_request, check_workload_options
 
 __all__ = ["RunRequest", "RunPlan", "RunReport", "TuningFailed", "prepare", "execute", "redact_url"]
 
@@ -89,16 +90,16 @@ class RunReport:
     written: bool = True  # False: the previous YAML was kept as it was (no churn)
 
 
-def _check_writable(path: Path) -> None:
-    """Fail now, with one line, if a file cannot be created where it must be written later."""
+def _load_data(workload: workloads.Workload, path: str | None) -> Any:
+    """The workload's data; a plugin's load_data that raises (or calls sys.exit) is one line naming it, not a
+    traceback nor a silent exit 0."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".autotune-check-"):
-            pass
-    except OSError as error:
-        raise UserError(
-            f"cannot write {path} ({error.strerror or error}); choose a writable --out or --results-dir"
-        ) from None
+        return workload.load_data(path)
+    except UserError:
+        raise
+    except (Exception, SystemExit) as error:
+        said = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        raise WorkloadError(f"workload {workload.name}: load_data({path!r}) raised {said}") from None
 
 
 def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: TunerSettings) -> optuna.Study:
@@ -117,24 +118,14 @@ def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: 
 
 
 def prepare(request: RunRequest) -> RunPlan:
-    """Check every input before any trial runs; raises UserError with one line for the first problem."""
+    """Check every input before any trial runs; raises UserError with one line for the first problem.
+
+    Nothing is created until every input passed: a refused run leaves no folder, database or file behind.
+    """
+    check_request(request)
     settings = request.settings
-    if settings.trials < 1:
-        raise UserError(f"--trials must be at least 1, got {settings.trials}")
-    if settings.budget_s is not None and settings.budget_s <= 0:
-        raise UserError("--budget must be positive, e.g. 15m or 1h")
-    if request.epoch_samples is not None and request.epoch_samples < 1:
-        raise UserError(f"--epoch-samples must be at least 1, got {request.epoch_samples}")
-    if request.epoch_hours is not None and (request.epoch_hours <= 0 or request.epoch_samples is not None):
-        raise UserError("--epoch-hours must be positive and cannot be combined with --epoch-samples")
-    if not 0 < request.warm_fraction <= 1 or not 0 < request.drift_threshold < 1:
-        raise UserError("--warm-fraction must be in (0, 1] and --drift-threshold in (0, 1), e.g. 0.5 and 0.10")
     workload = workloads.get(request.model)
-    unknown = set(request.workload_options) - set(workload.options)
-    if unknown:
-        raise UserError(
-            f"unknown option {sorted(unknown)[0]!r} for {workload.name}; it takes {sorted(workload.options)}"
-        )
+    check_workload_options(workload, request.workload_options)
     hardware = probe(request.device)
     world_size = resolve_world_size(request, hardware)
     space_file = Path(request.space) if request.space else space_module.space_path(workload.space_file or workload.name)
@@ -151,15 +142,20 @@ def prepare(request: RunRequest) -> RunPlan:
     out_path = (
         Path(request.out) if request.out else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}.yaml"
     )
-    _check_writable(out_path)
+    check_writable(out_path)
     if request.storage is None:
-        _check_writable(Path(request.results_dir) / "studies.db")
+        check_writable(Path(request.results_dir) / "studies.db")
     storage_url = request.storage or f"sqlite:///{Path(request.results_dir).resolve() / 'studies.db'}"
-    data = workload.load_data(request.data)
+    data = _load_data(workload, request.data)
     study_name = f"{safe_name}-{data.fingerprint()}-{hardware.fingerprint()}"
     if world_size > 1 or request.global_batch is not None:  # a different experiment: its own study
         study_name += f"-ws{world_size}" + (f"-gb{request.global_batch}" if request.global_batch else "")
-    study = _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
+    created = make_folders([out_path.parent, *([Path(request.results_dir)] if request.storage is None else [])])
+    try:
+        study = _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
+    except UserError:
+        remove_empty(created)
+        raise
     options = {**workload.options, **request.workload_options}
     warm = warmstart.plan_warm_start(
         study,
@@ -251,12 +247,17 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     )
     outcome = tuner.run()
     ceiling = None
-    if request.compute_ceiling:
+    if request.compute_ceiling and outcome.stopped_by != STORAGE_FAILED:
         left_s = search_settings.budget_s - outcome.elapsed_s if search_settings.budget_s is not None else None
         ceiling = assessment.measure_ceiling(outcome, make_spec, plan.workdir, settings.trial_timeout_s, left_s)
     (plan.workdir / "data.json").unlink(missing_ok=True)
     if outcome.winner is None and outcome.stopped_by == "interrupted":
         raise KeyboardInterrupt  # nothing stable measured yet: nothing to write
+    if outcome.winner is None and outcome.stopped_by == STORAGE_FAILED:
+        raise MachineFailure(
+            f"the study's storage failed mid-run ({outcome.failure}) before any stable configuration was measured; "
+            "fix it (free space, bring the database back) and rerun to continue the study"
+        )
     if outcome.winner is None:
         reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
@@ -275,7 +276,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     # The history gets what is in force after this run: the new result, or the kept winner as measured tonight.
     accepted: TunedConfig | None = tuned
     if verdict.write:
-        result_path = write_config(tuned, plan.out_path)
+        result_path = write_result(tuned, plan.out_path)
     else:
         result_path = plan.out_path
         kept = dataclasses.replace(outcome, winner=again, winner_reason="") if again and again.feasible else None

@@ -33,6 +33,7 @@ import optuna.distributions as od
 
 from autotune import yamlio
 from autotune.errors import SpaceError
+from autotune.space_conditions import check_when, holds
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds, resolve_auto
 from autotune.trial.precision import PRECISIONS
 
@@ -41,7 +42,18 @@ if TYPE_CHECKING:
 
     from autotune.hardware import Hardware
 
-__all__ = ["CORE_PARAMS", "PRECISIONS", "Param", "SearchSpace", "contains", "from_dict", "load", "space_path"]
+__all__ = [
+    "CORE_PARAMS",
+    "MINIMUM",
+    "PRECISIONS",
+    "Param",
+    "SearchSpace",
+    "check_value",
+    "contains",
+    "from_dict",
+    "load",
+    "space_path",
+]
 
 # Every knob the trial runner understands, with its type; a workload may add its own (Workload.knobs).
 CORE_PARAMS: dict[str, type] = {
@@ -54,7 +66,11 @@ CORE_PARAMS: dict[str, type] = {
     "intra_op_threads": int,
     "cudnn_benchmark": bool,
 }
-_CONDITION_OPS = {"at_least", "at_most", "equals", "one_of"}
+# The least value a count knob may take: a batch of one, no workers, one thread.
+MINIMUM: dict[str, int] = {"per_device_batch_size": 1, "num_workers": 0, "prefetch_factor": 1, "intra_op_threads": 1}
+# A grid (and the configurations it enumerates) is built in memory: an int range past this is a mistake, not a grid.
+MAX_GRID_VALUES = 10_000
+MAX_GRID_POINTS = 100_000
 _TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
 _DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -71,7 +87,7 @@ class Param:
     def applies(self, values: dict[str, Any], device_type: str) -> bool:
         """Whether this knob exists given the values chosen so far."""
         context = dict(values, device=device_type)
-        return all(_holds(context.get(key), rule) for key, rule in self.when.items())
+        return all(holds(context.get(key), rule) for key, rule in self.when.items())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,17 +112,43 @@ class SearchSpace:
         return {**self.fixed, **values}
 
     def grid(self) -> dict[str, list[Any]]:
-        """Every value of every knob, for Optuna's GridSampler (finite spaces only)."""
+        """Every value of every knob, for the grid search: finite spaces of at most MAX_GRID_VALUES values a knob and
+        MAX_GRID_POINTS configurations (counted before anything is listed: a range of 10**12 is refused, not built)."""
+        counts = self._value_counts()
+        for name, count in counts.items():
+            if count > MAX_GRID_VALUES:
+                raise SpaceError(
+                    f"parameter {name!r} has {count:,} values, too many for a grid search (at most "
+                    f"{MAX_GRID_VALUES:,}); give it a step or fewer choices, or use --sampler tpe"
+                )
+        size = math.prod(counts.values())
+        if size > MAX_GRID_POINTS:
+            raise SpaceError(
+                f"the space has {size:,} configurations, too many for a grid search (at most {MAX_GRID_POINTS:,}); "
+                "narrow it or use --sampler tpe"
+            )
         grid: dict[str, list[Any]] = {}
         for param in self.params:
             dist = param.distribution
             if isinstance(dist, od.CategoricalDistribution):
                 grid[param.name] = list(dist.choices)
-            elif isinstance(dist, od.IntDistribution) and not dist.log:
+            else:
+                assert isinstance(dist, od.IntDistribution)
                 grid[param.name] = list(range(dist.low, dist.high + 1, dist.step))
+        return grid
+
+    def _value_counts(self) -> dict[str, int]:
+        """How many values each knob takes, counted without listing them."""
+        counts: dict[str, int] = {}
+        for param in self.params:
+            dist = param.distribution
+            if isinstance(dist, od.CategoricalDistribution):
+                counts[param.name] = len(dist.choices)
+            elif isinstance(dist, od.IntDistribution) and not dist.log:
+                counts[param.name] = (dist.high - dist.low) // dist.step + 1
             else:
                 raise SpaceError(f"parameter {param.name!r} is not finite; a grid search needs choices or int steps")
-        return grid
+        return counts
 
     def points(self) -> list[dict[str, Any]]:
         """Every distinct configuration of a finite space, as suggest() would return it: a knob whose `when` fails
@@ -126,7 +168,7 @@ class SearchSpace:
     def size(self) -> int | None:
         """Number of distinct configurations, ignoring conditions (None when continuous)."""
         try:
-            return math.prod(len(values) for values in self.grid().values())
+            return math.prod(self._value_counts().values())
         except SpaceError:
             return None
 
@@ -192,6 +234,9 @@ def from_dict(
     unknown = set(data) - _TOP_LEVEL_KEYS
     if unknown:
         raise SpaceError(f"{origin}: unknown top-level key {sorted(unknown)[0]!r}; expected {sorted(_TOP_LEVEL_KEYS)}")
+    for key in ("workload", "description"):  # copied into every result: text, never a structure
+        if key in data and not isinstance(data[key], str):
+            raise SpaceError(f"{origin}: '{key}' must be text, got {type(data[key]).__name__}")
     device_type = hardware.device_type
     merged = _merge_device_section(data, device_type, origin)
     known = {**CORE_PARAMS, **{name: object for name in extra_knobs}}
@@ -201,12 +246,17 @@ def from_dict(
     params: list[Param] = []
     for name, spec in raw_params.items():
         _check_name(name, known, origin)
-        param = _build_param(name, spec, hardware, origin, earlier={p.name for p in params})
+        earlier = {p.name: _numeric_values(p.distribution) for p in params}
+        param = _build_param(name, spec, hardware, origin, earlier=earlier)
         if param is not None:
             params.append(param)
     if global_batch_size is not None:
         params = [fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
     fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
+    if "precision" in fixed and fixed["precision"] not in hardware.supported_precisions():
+        raise SpaceError(
+            f"{origin}: fixed precision {fixed['precision']!r} does not run on this hardware ({hardware.describe()})"
+        )
     raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
         raw_baseline, merged.get("recipe_batch", "per_device"), world_size, global_batch_size, origin
@@ -252,12 +302,44 @@ def _check_name(name: Any, known: dict[str, Any], origin: str) -> None:
         raise SpaceError(f"{origin}: unknown parameter {name!r}; valid ones are {', '.join(sorted(known))}")
 
 
-def _check_values(values: Any, known: dict[str, Any], origin: str, section: str) -> dict[str, Any]:
+def _check_values(
+    values: Any, known: dict[str, Any], origin: str, section: str, *, seed: bool = False
+) -> dict[str, Any]:
+    """A fixed, baseline or seed mapping: known knobs with values of their kind (a seed may also say `auto` for a
+    count, or give a list of values in order of preference)."""
     if not isinstance(values, dict):
         raise SpaceError(f"{origin}: '{section}' must be a mapping of parameter name to value")
-    for name in values:
+    for name, value in values.items():
         _check_name(name, known, origin)
+        where = f"{origin}: {section} {name}"
+        if seed and isinstance(value, list):
+            if not value:
+                raise SpaceError(f"{where}: an empty list; give a value or a list of preferred values")
+            for item in value:
+                check_value(name, item, where, auto=True)
+        else:
+            check_value(name, value, where, auto=seed)
     return dict(values)
+
+
+def check_value(name: str, value: Any, where: str, *, auto: bool = False) -> None:
+    """One value of a knob (a choice, a fixed, baseline or seed value): a single number, word or flag of the knob's
+    type, a known precision, not below a count's minimum. `auto` (the cores) is accepted for counts where allowed.
+
+    Raises:
+        SpaceError: one line naming the value and what the knob takes.
+    """
+    expected = CORE_PARAMS.get(name)
+    if auto and value == "auto" and expected is int:
+        return
+    if not isinstance(value, (str, int, float)) or (isinstance(value, float) and not math.isfinite(value)):
+        raise SpaceError(f"{where}: {value!r} is not a single finite number, word or true/false")
+    if expected is not None and not _is_type(value, expected):
+        raise SpaceError(f"{where}: {value!r} is not a {expected.__name__}")
+    if name == "precision" and value not in PRECISIONS:
+        raise SpaceError(f"{where}: unknown precision {value!r}; use {', '.join(PRECISIONS)}")
+    if name in MINIMUM and value < MINIMUM[name]:
+        raise SpaceError(f"{where}: {value!r} is below the least {name} ({MINIMUM[name]})")
 
 
 def _check_seeds(raw: Any, known: dict[str, Any], origin: str) -> list[dict[str, Any]]:
@@ -265,24 +347,31 @@ def _check_seeds(raw: Any, known: dict[str, Any], origin: str) -> list[dict[str,
         return []
     if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
         raise SpaceError(f"{origin}: 'seeds' must be a list of mappings of parameter name to value")
-    return [_check_values(entry, known, origin, "seeds") for entry in raw]
+    return [_check_values(entry, known, origin, "seeds", seed=True) for entry in raw]
 
 
-def _build_param(name: str, spec: Any, hardware: Hardware, origin: str, earlier: set[str]) -> Param | None:
+def _numeric_values(distribution: od.BaseDistribution) -> bool:
+    """Whether every value of a distribution is a number (a condition may then bound it with at_least / at_most)."""
+    if isinstance(distribution, od.CategoricalDistribution):
+        return all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in distribution.choices)
+    return True
+
+
+def _build_param(name: str, spec: Any, hardware: Hardware, origin: str, earlier: dict[str, bool]) -> Param | None:
     where = f"{origin}: parameter {name!r}"
     if not isinstance(spec, dict) or "type" not in spec:
         raise SpaceError(f"{where} needs a mapping with 'type' (int, float or categorical)")
     spec = dict(spec)
-    when = _check_when(spec.pop("when", None) or {}, earlier, where)
+    when = check_when(spec.pop("when", None) or {}, earlier, where)
     kind = spec.pop("type")
     if kind == "categorical":
         distribution = _categorical(name, spec, hardware, where)
     elif kind in ("int", "float"):
-        distribution = _numeric(kind, spec, hardware, where)
+        distribution = _numeric(name, kind, spec, hardware, where)
     else:
         raise SpaceError(f"{where}: unknown type {kind!r}; use int, float or categorical")
     # The device never changes within a study: a knob for another device is validated, then dropped here.
-    if "device" in when and not _holds(hardware.device_type, when.pop("device")):
+    if "device" in when and not holds(hardware.device_type, when.pop("device")):
         return None
     return Param(name=name, distribution=distribution, when=when)
 
@@ -291,22 +380,14 @@ def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str
     if set(spec) != {"choices"} or not isinstance(spec["choices"], list) or not spec["choices"]:
         raise SpaceError(f"{where}: a categorical needs exactly a non-empty 'choices' list")
     choices = spec["choices"]
-    expected = CORE_PARAMS.get(name)
     for choice in choices:
-        if expected is not None and not _is_type(choice, expected):
-            raise SpaceError(f"{where}: choice {choice!r} is not a {expected.__name__}")
+        check_value(name, choice, f"{where}: choice")
     if len(set(map(repr, choices))) != len(choices):
         raise SpaceError(f"{where}: choices repeat a value")
     if name == "precision":
-        unknown = [c for c in choices if c not in PRECISIONS]
-        if unknown:
-            raise SpaceError(f"{where}: unknown precision {unknown[0]!r}; use {', '.join(PRECISIONS)}")
         choices = [c for c in choices if c in hardware.supported_precisions()]
         if not choices:
             raise SpaceError(f"{where}: none of the choices runs on this hardware ({hardware.describe()})")
-    if name in ("per_device_batch_size", "num_workers", "prefetch_factor", "intra_op_threads"):
-        if any(c < (0 if name == "num_workers" else 1) for c in choices):
-            raise SpaceError(f"{where}: choices must be positive")
     return od.CategoricalDistribution(choices)
 
 
@@ -316,17 +397,28 @@ def _is_type(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
-def _numeric(kind: str, spec: dict[str, Any], hardware: Hardware, where: str) -> od.BaseDistribution:
+def _numeric(name: str, kind: str, spec: dict[str, Any], hardware: Hardware, where: str) -> od.BaseDistribution:
     allowed = {"low", "high", "step", "log"}
     if set(spec) - allowed or not {"low", "high"} <= set(spec):
         raise SpaceError(f"{where}: an {kind} needs 'low' and 'high' (optional 'step', 'log') and nothing else")
+    expected = CORE_PARAMS.get(name)
+    if expected is not None and expected is not int:
+        raise SpaceError(f"{where}: takes {expected.__name__} values; search it as a categorical with choices")
+    if expected is int and kind != "int":
+        raise SpaceError(f"{where}: takes whole numbers; use type int")
     low, high = resolve_auto(spec["low"], hardware), resolve_auto(spec["high"], hardware)
     number = int if kind == "int" else (int, float)
-    if not all(isinstance(v, number) and not isinstance(v, bool) for v in (low, high)):
-        raise SpaceError(f"{where}: 'low' and 'high' must be {kind}s (or 'auto' for the CPU cores)")
+    if not all(isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+        raise SpaceError(f"{where}: 'low' and 'high' must be finite {kind}s (or 'auto' for the CPU cores)")
     if low > high:
         raise SpaceError(f"{where}: low {low} is above high {high}")
-    log, step = bool(spec.get("log", False)), spec.get("step")
+    if name in MINIMUM and low < MINIMUM[name]:
+        raise SpaceError(f"{where}: low {low} is below the least {name} ({MINIMUM[name]})")
+    log, step = spec.get("log", False), spec.get("step")
+    if not isinstance(log, bool):
+        raise SpaceError(f"{where}: 'log' must be true or false")
+    if step is not None and not (isinstance(step, number) and not isinstance(step, bool) and 0 < step < math.inf):
+        raise SpaceError(f"{where}: 'step' must be a positive {kind}")
     if log and step not in (None, 1):
         raise SpaceError(f"{where}: 'log' and 'step' cannot be combined")
     if log and low <= 0:
@@ -337,30 +429,3 @@ def _numeric(kind: str, spec: dict[str, Any], hardware: Hardware, where: str) ->
         return od.FloatDistribution(float(low), float(high), log=log, step=step)
     except ValueError as error:
         raise SpaceError(f"{where}: {error}") from None
-
-
-def _check_when(when: Any, earlier: set[str], where: str) -> dict[str, Any]:
-    if not isinstance(when, dict):
-        raise SpaceError(f"{where}: 'when' must be a mapping of device or an earlier parameter to a condition")
-    for key, rule in when.items():
-        if key != "device" and key not in earlier:
-            raise SpaceError(f"{where}: 'when' refers to {key!r}, which is neither 'device' nor an earlier parameter")
-        if isinstance(rule, dict) and (not rule or set(rule) - _CONDITION_OPS):
-            raise SpaceError(f"{where}: condition on {key!r} may use only {', '.join(sorted(_CONDITION_OPS))}")
-    return dict(when)
-
-
-def _holds(value: Any, rule: Any) -> bool:
-    if isinstance(rule, list):
-        return value in rule
-    if not isinstance(rule, dict):
-        return value == rule
-    if value is None:
-        return False
-    checks = {
-        "at_least": lambda bound: value >= bound,
-        "at_most": lambda bound: value <= bound,
-        "equals": lambda expected: value == expected,
-        "one_of": lambda options: value in options,
-    }
-    return all(checks[op](arg) for op, arg in rule.items())

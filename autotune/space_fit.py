@@ -9,6 +9,7 @@ cores, and with several devices the recipe's batch becomes one device's share of
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -88,17 +89,23 @@ def fit_global_batch(param: Param, global_batch_size: int, world_size: int, orig
     dist = param.distribution
     if isinstance(dist, od.CategoricalDistribution):
         candidates = list(dist.choices)
-    elif isinstance(dist, od.IntDistribution) and not dist.log:
-        candidates = list(range(dist.low, dist.high + 1, dist.step))
-    else:
-        candidates = [b for b in range(1, global_batch_size + 1) if contains(dist, b)]
+        offered = str(candidates)
+    else:  # a range may be huge (1..10**12): only divisors of the global batch can qualify, so list those
+        candidates = [b for b in _divisors(global_batch_size) if contains(dist, b)]
+        offered = f"{dist.low}..{dist.high}"  # type: ignore[attr-defined]
     valid = [b for b in candidates if isinstance(b, int) and global_batch_size % (b * world_size) == 0]
     if not valid:
         raise SpaceError(
-            f"{origin}: no per_device_batch_size in the space ({candidates}) times {world_size} device(s) divides "
+            f"{origin}: no per_device_batch_size in the space ({offered}) times {world_size} device(s) divides "
             f"--global-batch {global_batch_size}; choose a global batch that is a multiple of one of them"
         )
     return replace(param, distribution=od.CategoricalDistribution(valid))
+
+
+def _divisors(number: int) -> list[int]:
+    """The divisors of a positive integer, ascending, in O(sqrt(number))."""
+    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    return sorted({*small, *(number // d for d in small)})
 
 
 def baseline_per_device(
@@ -136,6 +143,12 @@ def adapt_baseline(space: SearchSpace, recipe: dict[str, Any]) -> tuple[dict[str
         if wanted is None:  # a recipe that sets no precision runs torch's defaults
             default = _UNSET_DEFAULTS.get(param.name, getattr(param.distribution, "high", None))
             wanted = default if param.name != "precision" else TORCH_DEFAULT_FP32
+        if not isinstance(param.distribution, od.CategoricalDistribution) and (
+            isinstance(wanted, bool) or not isinstance(wanted, (int, float))
+        ):
+            raise SpaceError(
+                f"{param.name}: {wanted!r} in the baseline or a seed is not a number, but the space searches it"
+            )
         value = _nearest(param.distribution, wanted)
         if param.name in recipe and value != wanted and not _same_maths(param.name, wanted, value):
             notes.append(f"{param.name}: recipe {wanted!r} -> {value!r} (outside this machine's space)")

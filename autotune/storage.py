@@ -8,9 +8,13 @@ the next run that asks for a trial fails it and enqueues it once more:
 - on RDB storages through Optuna's heartbeat: the parent beats while its trial runs, and a trial whose beat is older
   than the grace period is failed by `optuna.storages.fail_stale_trials`. Optuna beats only inside
   `Study.optimize`; autotune asks and tells, so it beats itself (`heartbeat`) and calls the check before each ask;
-- on any storage, at once, when the trial's owner (recorded in its user attributes: boot id, pid and the process's
-  start time) was a process of this machine's current boot that no longer exists. The journal storage has no
-  heartbeat, so there an owner from an earlier boot of the same host counts as dead too.
+- on storages without a heartbeat (the journal), through a lease: the owner refreshes the trial's `lease` user
+  attribute (a wall-clock time) as often as it would beat, and a lease older than the grace period means a dead run;
+- on any storage, at once, when the trial's owner (recorded in its user attributes: boot id, PID namespace, pid and
+  the process's start time) was a process of this machine's current boot *and of this PID namespace* that no longer
+  exists. Containers and pods on one host share its boot id, but a pid means something only inside its own PID
+  namespace: a neighbour's trial is never judged by a pid looked up here, only by its heartbeat or lease. The journal
+  storage has no heartbeat, so there an owner from an earlier boot of the same host counts as dead too.
 
 Credentials never leave this module unredacted: every message names the storage through `redact_url`.
 """
@@ -44,12 +48,17 @@ __all__ = [
     "ask_trial",
     "heartbeat",
     "recover_stale_trials",
+    "live_owners",
+    "owner_key",
+    "storage_failures",
+    "describe_failure",
 ]
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 30
 GRACE_PERIOD_S = 120  # four missed beats: a busy database is not a dead run
+LEASE_ATTR = "lease"  # the wall-clock time a journal trial's owner last said it was alive
 JOURNAL_PREFIX = "journal://"
 _SQLITE_TIMEOUT_S = 60
 _SCHEMA_ATTEMPTS = 4  # concurrent runs on one SQLite file wait for its lock instead of failing
@@ -57,9 +66,28 @@ _URL_FORMS = "sqlite:///path/to/file.db, postgresql://user@host/db or journal://
 
 
 def redact_url(url: str) -> str:
-    """A storage URL without its password (user:password@ or a password= query), for anything printed or written."""
+    """A storage URL without its password, for anything printed or written: user:password@, or a query parameter
+    whose name ends in password (sslpassword too), passwd (MySQL drivers accept it) or pwd (ODBC)."""
     url = re.sub(r"(//[^/:@]*):.*@", r"\1:***@", url)
-    return re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
+    return re.sub(r"(?i)([?&;][^=&;]*(?:password|passwd|pwd)=)[^&;]*", r"\1***", url)
+
+
+# SQLAlchemy's default driver per database, and how to install it (the URL's scheme names the database).
+_DRIVER_HINTS = {
+    "postgresql": "for PostgreSQL: pip install 'psycopg[binary]'",
+    "mysql": "for MySQL: pip install mysqlclient, or pip install pymysql and write mysql+pymysql://",
+    "mariadb": "for MariaDB: pip install mariadb, or pip install pymysql and write mariadb+pymysql://",
+    "oracle": "for Oracle: pip install oracledb",
+    "mssql": "for SQL Server: pip install pyodbc",
+}
+
+
+def _driver_hint(url: str) -> str:
+    scheme = url.split("://", 1)[0].lower()
+    database, _, driver = scheme.partition("+")
+    if driver:
+        return f"install the Python package of the {driver!r} driver the URL names"
+    return _DRIVER_HINTS.get(database, "install the database driver SQLAlchemy uses for this URL")
 
 
 def open_storage(
@@ -94,13 +122,39 @@ def open_storage(
             )
     except UserError:
         raise
-    except ImportError:  # SQLAlchemy's default PostgreSQL driver is psycopg (3)
+    except ImportError:
         raise UserError(
-            f"cannot open storage {redact_url(url)}: its database driver is not installed "
-            "(for PostgreSQL: pip install 'psycopg[binary]')"
+            f"cannot open storage {redact_url(url)}: its database driver is not installed ({_driver_hint(url)})"
         ) from None
     except Exception as error:  # SQLAlchemy raises many kinds for a bad URL; all mean the same to the user
         raise UserError(f"cannot open storage {redact_url(url)} ({type(error).__name__}); use {_URL_FORMS}") from None
+
+
+def storage_failures() -> tuple[type[BaseException], ...]:
+    """What a study's storage raises when the machine fails it mid-run: a full disk or a database that went away
+    (Optuna wraps SQLAlchemy's errors in StorageInternalError; the journal writes a file)."""
+    failures: tuple[type[BaseException], ...] = (optuna.exceptions.StorageInternalError, OSError)
+    try:
+        import sqlalchemy.exc
+    except ImportError:
+        return failures
+    return (*failures, sqlalchemy.exc.OperationalError)
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line for a storage failure: the database's or the OS's own words ('database or disk is full', 'No space
+    left on device'), found under Optuna's and SQLAlchemy's wrappers."""
+    seen: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and cause not in seen:
+        seen.append(cause)
+        cause = getattr(cause, "orig", None) or cause.__cause__ or cause.__context__
+    root = seen[-1]
+    if isinstance(root, OSError):
+        where = f": {root.filename}" if root.filename else ""
+        return f"{root.strerror or root}{where}"
+    text = " ".join(str(root).split())[:200]
+    return f"{type(root).__name__}: {text}" if text else type(root).__name__
 
 
 def _rdb(url: str, **kwargs: Any) -> BaseStorage:
@@ -152,25 +206,33 @@ def ask_trial(study: optuna.Study, params: dict[str, Any] | None = None) -> optu
             trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
             study._thread_local.cached_all_trials = None  # as ask() does: the sampler must see the new trial
             trial = optuna.Trial(study, trial_id)
-    trial.set_user_attr("owner", _owner())
-    if _heartbeat_interval(study):
-        study._storage.record_heartbeat(trial._trial_id)  # a trial with no beat at all is never judged stale
+    try:
+        trial.set_user_attr("owner", _owner())
+        if _heartbeat_interval(study):
+            study._storage.record_heartbeat(trial._trial_id)  # a trial with no beat at all is never judged stale
+        else:
+            trial.set_user_attr(LEASE_ATTR, time.time())
+    except BaseException:  # Ctrl-C (or a storage error) before the caller holds the trial: leave nothing RUNNING
+        with contextlib.suppress(Exception):
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        raise
     return trial
 
 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
-    """Beat for `trial` from a thread while the block runs (RDB storages with a heartbeat; a no-op otherwise)."""
-    interval = _heartbeat_interval(study)
-    if not interval:
-        yield
-        return
+    """Beat for `trial` from a thread while the block runs: Optuna's heartbeat on RDB storages, the `lease` user
+    attribute elsewhere (the journal)."""
     storage, trial_id, stop = study._storage, trial._trial_id, threading.Event()
+    interval = _heartbeat_interval(study)
 
     def beat() -> None:
-        while not stop.wait(interval):
+        while not stop.wait(interval or HEARTBEAT_INTERVAL_S):
             try:
-                storage.record_heartbeat(trial_id)
+                if interval:
+                    storage.record_heartbeat(trial_id)
+                else:
+                    storage.set_trial_user_attr(trial_id, LEASE_ATTR, time.time())
             except Exception as error:  # a busy database must not end the beating: the next beat may get through
                 logger.warning("heartbeat of trial %d failed: %s", trial.number, type(error).__name__)
 
@@ -186,19 +248,19 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
 def recover_stale_trials(study: optuna.Study) -> list[int]:
     """Fail the RUNNING trials of dead runs and enqueue each once more; returns their numbers.
 
-    A trial is stale when its heartbeat is past the grace period (RDB storages), or at once when its owner was a
-    process of this machine that no longer exists.
+    A trial is stale when its heartbeat is past the grace period (RDB storages) or its lease is (the journal), or
+    at once when its owner was a process of this machine and PID namespace that no longer exists.
     """
     running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     if not running:
         return []
-    if _heartbeat_interval(study):
+    heartbeats = bool(_heartbeat_interval(study))
+    if heartbeats:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)  # calls _retry_once for each trial it fails
-    heartbeats = bool(_heartbeat_interval(study))
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _owner_is_dead(trial.user_attrs.get("owner"), trust_hostname=not heartbeats):
+        if _is_stale(trial, heartbeats=heartbeats):
             try:
                 if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
                     _retry_once(study, study._storage.get_trial(trial._trial_id))
@@ -210,6 +272,18 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
     return sorted(finished)
 
 
+def _is_stale(trial: FrozenTrial, *, heartbeats: bool) -> bool:
+    """Whether a RUNNING trial's run is provably gone, judged from here (Optuna's heartbeat check runs apart)."""
+    owner = trial.user_attrs.get("owner")
+    alive = _owner_alive(owner, trust_hostname=not heartbeats)
+    if alive is not None:
+        return not alive
+    lease = trial.user_attrs.get(LEASE_ATTR)
+    if heartbeats or not isinstance(lease, (int, float)):
+        return False  # Optuna's heartbeat decides; a trial of an older autotune without a lease is never guessed at
+    return time.time() - lease > GRACE_PERIOD_S
+
+
 def _retry_once(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a dead run's trial again, once: its configuration was never measured, it may well be fine."""
     if "retry_of" in trial.user_attrs:
@@ -218,11 +292,55 @@ def _retry_once(study: optuna.Study, trial: FrozenTrial) -> None:
     study.enqueue_trial(dict(trial.params), user_attrs=attrs)
 
 
+def owner_key(owner: Any) -> str | None:
+    """One run's identity as text (host, boot, PID namespace, pid, start time), or None for a trial without owner."""
+    if not isinstance(owner, dict):
+        return None
+    return "/".join(str(owner.get(key)) for key in ("host", "boot_id", "pid_ns", "pid", "start"))
+
+
+def live_owners(study: optuna.Study) -> set[str]:
+    """The runs working on this study right now (owner_key): a process of this machine and PID namespace that is
+    still alive, or a run with a trial RUNNING that nothing shows stale. Their trials are a concurrent run's, not
+    a previous run's: a rerun must not warm-start from them as if they were history. This process is never among
+    them: its runs follow one another (a library user's loop, tests), so an earlier one here has ended."""
+    heartbeats = bool(_heartbeat_interval(study))
+    live: set[str] = set()
+    me = owner_key(_owner())
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
+        owner = trial.user_attrs.get("owner")
+        key = owner_key(owner)
+        if key is None or key in live or key == me:
+            continue
+        alive = _owner_alive(owner, trust_hostname=not heartbeats)
+        if alive or (alive is None and trial.state == TrialState.RUNNING and not _is_stale(trial, heartbeats=False)):
+            live.add(key)
+    return live
+
+
 def _boot_id() -> str | None:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
     except OSError:
         return None
+
+
+def _pid_namespace() -> str | None:
+    """This process's PID namespace ('pid:[4026531836]'), when this /proc describes it; else None.
+
+    A pid looked up in /proc means something only in the namespace of the process that mounted that /proc. In a
+    container with its own /proc that is the container's namespace; a process in a new PID namespace that still sees
+    the host's /proc (`unshare --pid --fork` without --mount-proc) is listed there under another pid. NSpid in
+    /proc/self/status names this process's pid in every namespace from the /proc's down to its own: one entry, and
+    it equals getpid(), exactly when the two namespaces are the same.
+    """
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+        status = Path("/proc/self/status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), None)
+    return namespace if nspid == [str(os.getpid())] else None
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -236,16 +354,26 @@ def _start_ticks(pid: int) -> str | None:
 
 def _owner() -> dict[str, Any]:
     pid = os.getpid()
-    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _start_ticks(pid)}
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "pid_ns": _pid_namespace(),
+        "pid": pid,
+        "start": _start_ticks(pid),
+    }
 
 
-def _owner_is_dead(owner: Any, *, trust_hostname: bool) -> bool:
-    """Whether the process that owns a trial is provably gone (False when it cannot be told from here)."""
+def _owner_alive(owner: Any, *, trust_hostname: bool) -> bool | None:
+    """Whether the process that owns a trial still runs: True, False, or None when it cannot be told from here."""
     if not isinstance(owner, dict) or owner.get("boot_id") is None:
-        return False
+        return None
     if owner["boot_id"] != _boot_id():
         # Another machine, or this one before a reboot: only the hostname can tell, and cloned machines share
         # hostnames, so it is trusted only where no heartbeat can decide (journal storage: one host by design).
-        return trust_hostname and owner.get("host") == socket.gethostname()
+        return False if trust_hostname and owner.get("host") == socket.gethostname() else None
+    if "pid_ns" in owner:  # recorded since autotune knows PID namespaces; older owners are judged as before
+        here = _pid_namespace()
+        if here is None or owner["pid_ns"] != here:
+            return None  # a container or pod beside this one on the same host: its pids are not ours to look up
     start = _start_ticks(int(owner.get("pid", -1)))
-    return start is None or start != owner.get("start")
+    return start is not None and start == owner.get("start")

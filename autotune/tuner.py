@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+STORAGE_FAILED = "storage failure"  # TuningOutcome.stopped_by when the machine failed the study mid-run
 FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
 
 
@@ -94,6 +95,7 @@ class TuningOutcome:
     elapsed_s: float
     confirmed: list[Candidate] = field(default_factory=list)
     winner_reason: str = ""
+    failure: str = ""  # with stopped_by STORAGE_FAILED: what failed (a full disk, a database gone)
 
 
 class Reporter(Protocol):
@@ -205,12 +207,12 @@ class Tuner:
 
     def _run_one(self, role: str, params: dict[str, Any] | None = None) -> TrialRecord:
         trial = storage.ask_trial(self.study, params)  # race-free on a study shared with other runs
-        values = self.space.suggest(trial)
-        config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
-        self.reporter.trial_started(trial.number, role, config)
-        folder = self.workdir / f"trial-{trial.number:04d}"
-        pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
-        try:
+        try:  # from here on the trial is RUNNING in the study: whatever stops this run tells it FAIL
+            values = self.space.suggest(trial)
+            config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
+            self.reporter.trial_started(trial.number, role, config)
+            folder = self.workdir / f"trial-{trial.number:04d}"
+            pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
             if config.precision in self.rejected_precisions:  # infeasible without launching: the AMP check said so
                 result = TrialResult(status="precision", reason=self.rejected_precisions[config.precision])
@@ -218,14 +220,19 @@ class Tuner:
                 with storage.heartbeat(self.study, trial):
                     result = self._launch(spec, folder, pruner)
         except BaseException:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            try:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            except Exception as error:  # the storage itself failed: the next run fails and retries the trial
+                logger.warning("trial #%d could not be marked failed (%s)", trial.number, type(error).__name__)
             raise
         record = TrialRecord(number=trial.number, role=role, config=config, result=result)
-        self._tell(trial, record, pruner)
+        self.records.append(record)  # measured: it counts in this run even if the storage fails to record it
+        try:
+            self._tell(trial, record, pruner)
+        finally:
+            self.reporter.trial_finished(record, self.best())
         if result.feasible:
             shutil.rmtree(folder, ignore_errors=True)
-        self.records.append(record)
-        self.reporter.trial_finished(record, self.best())
         return record
 
     def _launch(self, spec: TrialSpec, folder: Path, pruner: _Pruner | None) -> TrialResult:
@@ -308,8 +315,11 @@ class Tuner:
         """Baseline, warm start, search until the trial count or budget is spent, confirm the leaders, pick the winner.
 
         Ctrl-C ends the current trial (told FAIL, so the study stays consistent), skips confirmation and returns the
-        best measured so far with stopped_by "interrupted"; with nothing measured yet, it propagates.
+        best measured so far with stopped_by "interrupted"; with nothing measured yet, it propagates. A storage that
+        fails mid-run (a full disk, a database gone) ends the run the same way, with stopped_by STORAGE_FAILED: what
+        was measured is still this run's to write.
         """
+        failure = ""
         try:
             stopped_by = self._search()
             confirmed = self._confirm()
@@ -318,6 +328,12 @@ class Tuner:
                 raise
             logger.warning("interrupted: choosing among the %d trials measured so far", len(self.records))
             stopped_by, confirmed = "interrupted", self._leaders()
+        except storage.storage_failures() as error:
+            if not self.records:
+                raise
+            failure = storage.describe_failure(error)
+            logger.warning("the study's storage failed (%s): choosing among the trials measured so far", failure)
+            stopped_by, confirmed = STORAGE_FAILED, self._leaders()
         winner, winner_reason = pick_winner([c for c in confirmed if c.feasible])
         baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
@@ -328,6 +344,7 @@ class Tuner:
             elapsed_s=self.elapsed_s(),
             confirmed=confirmed,
             winner_reason=winner_reason,
+            failure=failure,
         )
 
     def _search(self) -> str:

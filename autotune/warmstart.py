@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 
 from autotune import space as space_module
-from autotune import yamlio
+from autotune import storage, yamlio
 from autotune.errors import UserError
 from autotune.results import TunedConfig, load_config
 from autotune.trial import TrialConfig
@@ -191,10 +191,15 @@ def _key(config: TrialConfig) -> str:
 
 
 def _ranked_configs(study: optuna.Study) -> list[tuple[TrialConfig, float, int]]:
-    """Feasible configurations the study measured, best median first: (config, median samples/s, best trial)."""
+    """Feasible configurations earlier runs measured, best median first: (config, median samples/s, best trial).
+    Trials of runs still working on the study are left out: a second run started beside a first one on a fresh
+    study would otherwise take the first one's trials for a previous run and warm-start (halving its budget)."""
     measured: dict[str, list[tuple[float, int, TrialConfig]]] = {}
     states = (optuna.trial.TrialState.COMPLETE,)
+    concurrent = storage.live_owners(study)  # a run working on the study right now is no previous run
     for trial in study.get_trials(deepcopy=False, states=states):
+        if storage.owner_key(trial.user_attrs.get("owner")) in concurrent:
+            continue
         result, config = trial.user_attrs.get("result") or {}, trial.user_attrs.get("config")
         if result.get("status") != "ok" or not config or not trial.value:
             continue

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,11 @@ import yaml
 from autotune.errors import UserError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "read_mapping", "dump_yaml", "write_json", "read_json"]
+
+# A YAML file may name one node many times through anchors and aliases; loaded, they share one object, but anything
+# that copies the data (plain(), a result that records it) expands them: 300 bytes of nested aliases become gigabytes.
+# No file autotune reads needs more than a few thousand nodes.
+MAX_EXPANDED_NODES = 200_000
 
 
 def read_mapping(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError) -> dict[str, Any]:
@@ -33,7 +39,33 @@ def read_mapping(path: str | os.PathLike[str], *, what: str, error: type[UserErr
         raise error(f"{what} file {path} is not valid YAML{where}: {problem}; fix the syntax") from None
     if not isinstance(data, dict):
         raise error(f"{what} file {path} must hold a YAML mapping at the top level")
+    if _expanded_nodes(data, MAX_EXPANDED_NODES) > MAX_EXPANDED_NODES:
+        raise error(
+            f"{what} file {path} expands to more than {MAX_EXPANDED_NODES:,} values through YAML aliases (*name); "
+            "write the values out instead"
+        )
     return data
+
+
+def _expanded_nodes(data: Any, limit: int) -> int:
+    """How many values `data` holds with every alias expanded, counted once per shared object (stops past limit)."""
+    sizes: dict[int, int] = {}
+
+    def count(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in sizes:
+            return sizes[id(node)]
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        total = 1
+        for child in children:
+            total += count(child)
+            if total > limit:
+                break
+        sizes[id(node)] = total
+        return total
+
+    return count(data)
 
 
 def plain(data: Any) -> Any:
@@ -58,12 +90,17 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write bytes through a temporary file in the same folder, fsync, then a rename over the target."""
+    """Write bytes through a temporary file in the same folder, fsync, a rename over the target, then fsync the
+    folder, so that after a power loss the file is the old one or the new one, never empty or half.
+
+    Raises:
+        OSError: the folder cannot be written (full disk, read-only, permissions) or the target is a folder; the
+            target is then untouched and no temporary file is left behind.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    handle, temp_name = _create_temporary(path)
     try:
-        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes it owner-only; these are ordinary files
         with os.fdopen(handle, "wb") as temp:
             temp.write(data)
             temp.flush()
@@ -72,13 +109,34 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+    _fsync_folder(path.parent)
     return path
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new file beside `path`, created with mode 0666 less the umask as any ordinary file (mkstemp would make it
+    owner-only, and reading the umask means setting it, which races with other threads creating files)."""
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # some filesystems refuse fsync on a folder; the file itself is already durable
+    finally:
+        os.close(descriptor)
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:

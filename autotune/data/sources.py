@@ -126,6 +126,11 @@ class DataSource:
 def _probe(path: str, where: str) -> tuple[int, int]:
     """(sample_rate, frames) of an audio file, or a DataError saying why it cannot be used."""
     try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a file name in another encoding: no decoder's fault, and no format to convert
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bytes as `ls -b` shows them
+        raise _error(f"{where}: audio file name {shown} is not valid UTF-8; rename the file") from None
+    try:
         info = sf.info(path)
     except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError or OSError depending on the failure
         if not os.path.exists(path):

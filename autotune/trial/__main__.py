@@ -1,6 +1,8 @@
 """Trial child entry: `python -m autotune.trial SPEC.json` writes the TrialResult to the spec's result_path.
 
 Under several ranks (torchrun's environment: RANK, WORLD_SIZE, ...) each rank writes its own result file beside it.
+The launcher starts it under the lifeline (`python -m autotune.trial.lifeline autotune.trial SPEC.json`), which ties
+the process to the run's life before this module imports torch.
 """
 
 from __future__ import annotations
@@ -14,13 +16,11 @@ import time
 from autotune import yamlio
 from autotune.trial.child import run_trial
 from autotune.trial.distributed import RankInfo
-from autotune.trial.lifeline import die_with_parent
 from autotune.trial.spec import LAUNCHED_AT_ENV, TrialSpec, rank_result_path
 
 
 def main(argv: list[str]) -> int:
     started = time.perf_counter()
-    die_with_parent()  # a SIGKILLed run must not leave its trial training beside the next run's
     faulthandler.enable()  # a native crash still leaves a stack in the log
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     spec = TrialSpec.from_dict(yamlio.read_json(argv[0]))

@@ -223,6 +223,7 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 def run_amp_check(spec: AmpCheckSpec, workdir: Path) -> AmpCheckResult:
     """Run the check in a child process with a hard timeout (parent side); a crash or hang gives status "error"."""
     from autotune.trial.launch import child_environment
+    from autotune.trial.lifeline import child_command
 
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, log_path = workdir / "amp_check.json", workdir / "amp_check.log"
@@ -232,7 +233,7 @@ def run_amp_check(spec: AmpCheckSpec, workdir: Path) -> AmpCheckResult:
     started = time.perf_counter()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "autotune.trial.amp_check", str(spec_path)],
+            child_command("autotune.trial.amp_check", str(spec_path)),  # dies with this run, even when SIGKILLed
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

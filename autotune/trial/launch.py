@@ -37,6 +37,7 @@ def child_environment(spec: TrialSpec, rank: int = 0, port: int | None = None) -
     paths = [entry for entry in sys.path if entry and Path(entry).exists()]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, *filter(None, [env.get("PYTHONPATH")])]))
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(_lifeline().parent_environment())  # the child checks, after its lifeline is set, that we still live
     env[LAUNCHED_AT_ENV] = repr(time.time())  # the child reports how long its start and imports took (start_s)
     world_size = spec.config.world_size
     threads = spec.config.intra_op_threads
@@ -59,6 +60,14 @@ def child_environment(spec: TrialSpec, rank: int = 0, port: int | None = None) -
             MASTER_PORT=str(port),
         )
     return env
+
+
+def _lifeline() -> Any:
+    """autotune.trial.lifeline, imported when used: a child runs it as `python -m`, which warns if this package had
+    imported it already."""
+    from autotune.trial import lifeline
+
+    return lifeline
 
 
 def free_port() -> int:
@@ -166,7 +175,7 @@ def _start(spec: TrialSpec, spec_path: Path, workdir: Path) -> _Ranks:
         with open(log_path, "wb") as log:
             ranks.processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "autotune.trial", str(spec_path)],
+                    _lifeline().child_command("autotune.trial", str(spec_path)),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

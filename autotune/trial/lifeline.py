@@ -1,9 +1,19 @@
-"""A trial process dies with the run that started it.
+"""A child process dies with the run that started it: trials, their ranks and the AMP check.
 
-The trial runs in its own session so that the parent can kill its whole process group; but a parent killed outright
-(SIGKILL, the OOM killer) kills nothing, and the orphaned trial would go on training beside the next run's trials,
-skewing their measurements. Linux's PR_SET_PDEATHSIG has the kernel send the trial SIGKILL when its parent dies; its
-DataLoader workers notice their parent is gone and exit. Elsewhere this is a no-op.
+A trial runs in its own session so that the parent can kill its whole process group; but a parent killed outright
+(SIGKILL, the OOM killer) kills nothing, and the orphaned child would go on training beside the next run's trials,
+skewing their measurements. Linux's PR_SET_PDEATHSIG has the kernel send the child SIGKILL when its parent dies;
+its DataLoader workers notice their parent is gone and exit. Elsewhere this is a no-op.
+
+The lifeline must hold from the child's first moment, not from after its imports (torch takes a second or more to
+import): every child is started as `python -m autotune.trial.lifeline MODULE ARGS...` (`child_command`), which sets
+PR_SET_PDEATHSIG before it imports anything heavy, then checks that its parent is still the process that started it
+(the pid in AUTOTUNE_PARENT_PID, set by `parent_environment`). A parent that died before the prctl, which the kernel
+would never report, is caught there: the child exits at once instead of training as a permanent orphan. Only then
+does it run MODULE as `python -m MODULE` would.
+
+`-P` (Python 3.11+) keeps the working folder off the child's import path: it imports exactly what its parent's
+sys.path (passed in PYTHONPATH) names, never a stray `typer.py` or `torch.py` in the folder the run was started from.
 """
 
 from __future__ import annotations
@@ -11,19 +21,36 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
+import runpy
 import signal
 import sys
 
-__all__ = ["die_with_parent"]
+__all__ = ["PARENT_PID_ENV", "child_command", "die_with_parent", "parent_environment"]
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
+PARENT_PID_ENV = "AUTOTUNE_PARENT_PID"
+ORPHAN_EXIT_CODE = 70  # EX_SOFTWARE: the run that started this child was gone before the child could start
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
+
+def child_command(module: str, *args: str) -> list[str]:
+    """The argv that starts `python -m MODULE ARGS` under the lifeline."""
+    return [sys.executable, *SAFE_PATH, "-m", "autotune.trial.lifeline", module, *args]
+
+
+def parent_environment() -> dict[str, str]:
+    """What a child started by this process needs to check that this process is still its parent."""
+    return {PARENT_PID_ENV: str(os.getpid())}
 
 
 def die_with_parent() -> bool:
     """Ask the kernel to SIGKILL this process when its parent dies; returns whether it could.
 
-    The signal follows the parent *thread* that started this process: autotune launches trials from its main thread.
+    The signal follows the parent *thread* that started this process: autotune launches children from its main
+    thread. If AUTOTUNE_PARENT_PID names a parent that is no longer this process's parent (it died before the prctl,
+    and this process was handed to init or a subreaper), this process exits at once with ORPHAN_EXIT_CODE.
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -32,6 +59,23 @@ def die_with_parent() -> bool:
         if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     except (OSError, AttributeError) as error:
-        logger.warning("this trial will outlive a killed parent: %s", error)
+        logger.warning("this process will outlive a killed parent: %s", error)
         return False
+    expected = os.environ.get(PARENT_PID_ENV)
+    if expected and expected.isdigit() and os.getppid() != int(expected):
+        # Too late for the kernel to tell us: the parent is gone already. Nothing has been imported or started yet.
+        os._exit(ORPHAN_EXIT_CODE)
     return True
+
+
+def main(argv: list[str]) -> None:
+    """`python -m autotune.trial.lifeline MODULE ARGS...`: the lifeline first, then MODULE as __main__."""
+    die_with_parent()
+    if not argv:
+        raise SystemExit("usage: python -m autotune.trial.lifeline MODULE [ARGS...]")
+    sys.argv = argv  # MODULE sees its own arguments, as under `python -m MODULE ARGS`
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

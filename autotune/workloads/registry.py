@@ -46,7 +46,7 @@ def _load_plugin(reference: str) -> Workload:
     module_name, _, attribute = reference.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:  # a plugin's import may fail in any way; the user must see which and why
+    except (Exception, SystemExit) as error:  # a plugin's import may fail in any way; the user must see which and why
         raise WorkloadError(
             f"cannot import plugin module {module_name!r} ({type(error).__name__}: {error}); check the name and "
             "that it is on PYTHONPATH"
@@ -56,7 +56,7 @@ def _load_plugin(reference: str) -> Workload:
         raise WorkloadError(f"plugin {reference!r}: module {module_name!r} has no callable {attribute!r}")
     try:
         workload = factory()
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # sys.exit() in a factory must not end the run silently
         raise WorkloadError(f"plugin {reference!r}: the factory raised {type(error).__name__}: {error}") from None
     if not isinstance(workload, Workload):
         raise WorkloadError(
