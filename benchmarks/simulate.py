@@ -24,6 +24,7 @@ in >= 90% of searches at 5% of the grid's time, on each landscape.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import optuna
 
@@ -165,9 +167,23 @@ class Simulator:
         return result
 
 
-def search(
-    name: str, method: str, budget_fraction: float, seed: int, *, sampler_options: dict[str, Any] | None = None
-) -> TuningOutcome:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Variant:
+    """Changes to the search to try: TPESampler keywords over make_sampler's, TunerSettings fields over the
+    method's (JSON on the command line: --tpe '{"n_startup_trials": 10}' --tuner '{"prune_window_fraction": 0.7}')."""
+
+    tpe: tuple[tuple[str, Any], ...] = ()
+    tuner: tuple[tuple[str, Any], ...] = ()
+
+    def sampler(self, name: str, searched: space.SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
+        if name != "tpe" or not self.tpe:
+            return make_sampler(name, searched, seed)
+        tpe = optuna.samplers.TPESampler
+        with mock.patch.object(optuna.samplers, "TPESampler", lambda **given: tpe(**{**given, **dict(self.tpe)})):
+            return make_sampler(name, searched, seed)
+
+
+def search(name: str, method: str, budget_fraction: float, seed: int, variant: Variant = Variant()) -> TuningOutcome:
     """One search of a landscape under budget_fraction of its grid's time."""
     landscape = LANDSCAPES[name]
     searched = grid_space(name) if method == "grid" else shipped_space(name)
@@ -180,6 +196,8 @@ def search(
         confirm_top_k=3 if method == "autotune" else 0,
         prune=method != "grid",
     )
+    if method != "grid":
+        settings = dataclasses.replace(settings, **dict(variant.tuner))
     simulator = Simulator(landscape, seed)
 
     def make_spec(config: TrialConfig, path: str) -> TrialSpec:
@@ -194,7 +212,7 @@ def search(
         )
 
     with tempfile.TemporaryDirectory() as workdir:
-        study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, searched, seed))
+        study = optuna.create_study(direction="maximize", sampler=variant.sampler(sampler, searched, seed))
         tuner = Tuner(
             study=study,
             space=searched,
@@ -219,9 +237,9 @@ class Searched:
     time_fraction: float  # of the grid's time
 
 
-def judge(name: str, method: str, budget_fraction: float, seed: int) -> Searched:
+def judge(name: str, method: str, budget_fraction: float, seed: int, variant: Variant = Variant()) -> Searched:
     landscape, best = LANDSCAPES[name], best_rate(name)
-    outcome = search(name, method, budget_fraction, seed)
+    outcome = search(name, method, budget_fraction, seed, variant)
     picked = landscape.evaluate(outcome.winner.config).samples_per_second if outcome.winner else 0.0
     touched = any(
         landscape.evaluate(record.config).samples_per_second >= (1 - WITHIN) * best for record in outcome.records
@@ -234,9 +252,9 @@ def judge(name: str, method: str, budget_fraction: float, seed: int) -> Searched
     )
 
 
-def _judge_job(job: tuple[str, str, float, int]) -> tuple[tuple[str, str, float], Searched]:
-    name, method, fraction, seed = job
-    return (name, method, fraction), judge(name, method, fraction, seed)
+def _judge_job(job: tuple[str, str, float, int, Variant]) -> tuple[tuple[str, str, float], Searched]:
+    name, method, fraction, seed, variant = job
+    return (name, method, fraction), judge(name, method, fraction, seed, variant)
 
 
 def _quiet() -> None:
@@ -289,13 +307,16 @@ def main() -> None:
     parser.add_argument("--budget-fractions", type=float, nargs="+", default=[0.05, 0.1])
     parser.add_argument("--searches", type=int, default=200, help="per landscape, method and budget: seeds 0..N-1")
     parser.add_argument("--jobs", type=int, default=2, help="processes")
+    parser.add_argument("--tpe", type=json.loads, default={}, help="TPESampler keywords to try (JSON)")
+    parser.add_argument("--tuner", type=json.loads, default={}, help="TunerSettings fields to try (JSON)")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here (markdown, and .json)")
     args = parser.parse_args()
     _quiet()
     started = time.monotonic()
     described = [describe(name) for name in args.landscapes]  # fills the caches before the workers fork
+    variant = Variant(tpe=tuple(sorted(args.tpe.items())), tuner=tuple(sorted(args.tuner.items())))
     jobs = [
-        (name, method, fraction, seed)
+        (name, method, fraction, seed, variant)
         for name in args.landscapes
         for method in args.methods
         for fraction in args.budget_fractions
@@ -311,6 +332,8 @@ def main() -> None:
         for (name, method, fraction), items in found.items()
     ]
     lines = [*table(described), "", *table(rows)]
+    if args.tpe or args.tuner:
+        lines += ["", f"Variant: TPESampler {args.tpe or 'as shipped'}, TunerSettings {args.tuner or 'as shipped'}."]
     lines += ["", f"{len(jobs)} searches in {time.monotonic() - started:.0f} s with {args.jobs} processes."]
     print("\n".join(lines))
     if args.out:
