@@ -10,12 +10,13 @@ pruner asked as a live trial asks it (once on a warm-up step, once a quarter int
 Three methods, each under 5% and 10% of the exhaustive grid's time:
 - autotune: TPE with the space's seeds, confirmation of the top three twice, as `autotune run` does;
 - random: the shipped space sampled at random, no seeds, no confirmation (as search_efficiency.py runs it);
-- grid: GRIDS' ladder of the same knobs (500-1000 points: no one grids every worker count), in a seeded random
+- grid: GRIDS' ladder of the same knobs (700-1200 points: no one grids every worker count), in a seeded random
   order, no pruning, no confirmation. Its complete run is the time the budgets are fractions of.
 Regret is judged on the noise-free throughput of the configuration picked against the best of the whole shipped
 space (every point evaluated).
 
     .venv/bin/python benchmarks/simulate.py --out benchmarks/results/simulate.md
+    .venv/bin/python benchmarks/simulate.py --methods autotune --searches 100 --tpe '{"n_startup_trials": 10}'
 
 Use it to judge a change to the search on GPU-shaped problems before a GPU run; the target (issue 18): regret <= 2%
 in >= 90% of searches at 5% of the grid's time, on each landscape.
