@@ -30,9 +30,12 @@ __all__ = [
     "fit_global_batch",
     "fit_seeds",
     "resolve_auto",
+    "smaller_batch",
 ]
 
 RECIPE_BATCH = ("per_device", "global")
+# Knobs that size a device's batch: in samples, or in frames (WeNet's dynamic batches); the first that applies counts.
+BATCH_KNOBS = ("per_device_batch_size", "max_frames_in_batch")
 # What a training script gets when it does not set a knob: torch's own defaults (all cores for intra-op threads).
 _UNSET_DEFAULTS: dict[str, Any] = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
 
@@ -80,6 +83,24 @@ def fit_seeds(
         if point != baseline and point not in seeds:
             seeds.append(point)
     return tuple(seeds)
+
+
+def smaller_batch(space: SearchSpace, point: dict[str, Any]) -> dict[str, Any] | None:
+    """The point with its batch halved (the largest value the space offers at or below half), for a configuration
+    that ran out of the device's memory; None when the space offers nothing smaller or the point has no batch knob."""
+    for param in space.params:
+        if param.name not in BATCH_KNOBS or param.name not in point or not param.applies(point, space.device_type):
+            continue
+        dist = param.distribution
+        if isinstance(dist, od.CategoricalDistribution):
+            offered = [c for c in dist.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        elif isinstance(dist, od.IntDistribution) and not dist.log:
+            offered = list(range(dist.low, dist.high + 1, dist.step))
+        else:
+            offered = [value for value in (point[param.name] // 2,) if contains(dist, value)]
+        smaller = [value for value in offered if value <= point[param.name] / 2]
+        return {**point, param.name: max(smaller)} if smaller else None
+    return None
 
 
 def fit_global_batch(param: Param, global_batch_size: int, world_size: int, origin: str) -> Param:

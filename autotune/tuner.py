@@ -19,6 +19,7 @@ from autotune import storage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, pick_winner
 from autotune.errors import WorkloadError
 from autotune.space import SearchSpace
+from autotune.space_fit import smaller_batch
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
 
 __all__ = [
@@ -365,6 +366,7 @@ class Tuner:
                 record = self._run_one("preload", point)  # the search's last trial: the best so far, preloaded
             elif self.warm_start or self.seeds:
                 record = self._run_one(*(self.warm_start or self.seeds).pop(0))
+                self._back_off(record)
             elif grid is not None and not grid:
                 return "grid exhausted"
             else:
@@ -376,6 +378,16 @@ class Tuner:
             elif (unlaunched := unlaunched + 1) >= max(self.settings.trials, 10):
                 return "rejected precisions"
         return "trials"
+
+    def _back_off(self, record: TrialRecord) -> None:
+        """A seed that did not fit the device's memory is tried next at half its batch (as Lightning's batch-size finder
+        backs off): seeds are written for large GPUs; on a smaller one their other settings are still a good guess."""
+        if record.role != "seed" or record.result.status not in ("oom", "headroom"):
+            return
+        smaller = smaller_batch(self.space, config_params(record.config, self.space))
+        measured = {config_key(r.config) for r in self.records}
+        if smaller is not None and config_key(self._config(smaller)) not in measured:
+            self.seeds.insert(0, ("seed", smaller))
 
     def _grid_points(self) -> list[dict[str, Any]]:
         """Every configuration of a finite space, in a seeded random order (so a cut-short grid is still a fair

@@ -175,6 +175,20 @@ def test_seeds_become_points_of_this_machines_space():
     assert precisions == ["fp16", "fp32"]
 
 
+def test_smaller_batch_halves_the_knob_that_sizes_the_batch():
+    from autotune.space_fit import smaller_batch
+
+    cam = space.load(CAM, make_cuda())
+    seed = cam.seeds[0]
+    assert smaller_batch(cam, seed) == {**seed, "per_device_batch_size": 256}
+    assert smaller_batch(cam, {**seed, "per_device_batch_size": 192}) == {**seed, "per_device_batch_size": 64}
+    assert smaller_batch(cam, {**seed, "per_device_batch_size": 32}) is None  # nothing smaller is offered
+    asr = space.load(space.space_path("conformer"), make_cuda(), extra_knobs=("batch_type", "max_frames_in_batch"))
+    dynamic, static = asr.seeds
+    assert smaller_batch(asr, dynamic) == {**dynamic, "max_frames_in_batch": 24000}  # frames, not the fixed batch
+    assert smaller_batch(asr, static) == {**static, "per_device_batch_size": 16}
+
+
 def test_seeds_must_be_a_list_of_mappings_with_known_knobs(tmp_path):
     minimal = "params:\n  per_device_batch_size: {type: categorical, choices: [8, 16]}\n"
     for bad, words in (("seeds: {a: 1}", "must be a list of mappings"), ("seeds: [{warp: 9}]", "unknown parameter")):

@@ -183,6 +183,30 @@ def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_p
     assert first.state == optuna.trial.TrialState.COMPLETE and first.constraints == {"infeasible": 1.0}
 
 
+def test_a_seed_that_runs_out_of_memory_is_tried_next_at_half_its_batch(tmp_path, monkeypatch):
+    from autotune.trial import TrialResult, TrialSpec
+    from tests.conftest import make_cuda
+
+    def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
+        if spec.config.per_device_batch_size > 128:  # a GPU smaller than the seeds were written for
+            return TrialResult(status="oom", reason="CUDA out of memory", wall_s=1.0)
+        return TrialResult(status="ok", samples_per_second=float(spec.config.per_device_batch_size), wall_s=10.0)
+
+    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    settings = TunerSettings(trials=7, confirm_top_k=0)
+    outcome = _cam_tuner(tmp_path, make_cuda(capability=(7, 0)), settings).run()  # a V100: fp16, no bf16
+    seeds = [(r.config.per_device_batch_size, r.config.precision, r.result.status) for r in outcome.records[1:6]]
+    # 512 does not fit, 256 neither, 128 does; the second seed (256, fp32) backs off too
+    assert seeds == [
+        (512, "fp16", "oom"),
+        (256, "fp16", "oom"),
+        (128, "fp16", "ok"),
+        (256, "fp32", "oom"),
+        (128, "fp32", "ok"),
+    ]
+    assert [r.role for r in outcome.records] == ["baseline", "seed", "seed", "seed", "seed", "seed", "search"]
+
+
 def test_a_grid_over_a_conditional_space_measures_each_configuration_once(tmp_path, monkeypatch, cpu_hardware):
     """CAM++'s CPU space has prefetch and persistence only with workers. The grid once walked the plain product of
     every knob, so each configuration without workers came up 16 times, carrying a prefetch depth it cannot use."""

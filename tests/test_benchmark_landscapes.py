@@ -1,0 +1,124 @@
+"""The simulated GPU landscapes (benchmarks/landscapes.py) and one simulated search (benchmarks/simulate.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.test_benchmark_statistics import _load
+
+landscapes = _load("landscapes")
+LANDSCAPES = landscapes.LANDSCAPES
+
+
+def _recipe(name: str, **changes):
+    landscape = LANDSCAPES[name]
+    return landscape, landscape.config({**landscape.space().baseline, **changes})
+
+
+@pytest.mark.parametrize(
+    ("figure", "model", "published", "tolerance"),
+    landscapes.calibration(),
+    ids=[row[0] for row in landscapes.calibration()],
+)
+def test_calibration_reproduces_the_published_figures(figure, model, published, tolerance):
+    if tolerance is None:
+        assert model >= published, figure
+    else:
+        assert model == pytest.approx(published, rel=tolerance), figure
+
+
+@pytest.mark.parametrize("name", list(LANDSCAPES))
+def test_a_landscape_searches_the_shipped_space_of_its_machine(name):
+    landscape = LANDSCAPES[name]
+    searched = landscape.space()
+    assert searched.device_type == "cuda" and len(searched.points()) >= 500
+    assert searched.seeds, "the shipped cuda seeds are part of what is simulated"
+    precisions = {
+        choice for param in searched.params if param.name == "precision" for choice in param.distribution.choices
+    }
+    assert precisions == set(landscape.speedup)  # V100: fp32 and fp16 only; Ampere and Ada: all four
+    workers = next(param for param in searched.params if param.name == "num_workers").distribution
+    assert workers.high == landscape.machine.logical_cores // landscape.machine.devices  # `auto` per rank
+
+
+def test_conformer_knobs_are_the_workloads():
+    from autotune import workloads
+
+    assert LANDSCAPES["conformer 1xRTX4090 short clips"].knobs == workloads.get("conformer").knobs
+
+
+def test_out_of_memory_cliff_ends_a_trial_early_and_amp_moves_it():
+    landscape, fits = _recipe("cam++ 4xV100", per_device_batch_size=256, precision="fp32")
+    too_big = dataclasses.replace(fits, per_device_batch_size=384)
+    assert landscape.evaluate(fits).status == "ok"
+    oom = landscape.evaluate(too_big)
+    assert oom.status == "oom" and oom.samples_per_second == 0.0
+    assert oom.wall_s < landscape.evaluate(fits).wall_s - landscapes.WINDOW_S  # it fails in its first steps
+    assert landscape.evaluate(dataclasses.replace(too_big, precision="fp16")).status == "ok"
+    eres, eres_fits = _recipe("eres2net 4xV100")  # the recipe's 64 per GPU; 128 in fp32 does not fit 32 GB
+    assert landscape.evaluate(eres_fits).status == "ok"
+    assert eres.evaluate(dataclasses.replace(eres_fits, per_device_batch_size=128)).status == "oom"
+
+
+def test_headroom_band_measures_in_full_and_rejects():
+    landscape, config = _recipe("conformer 1xRTX4090 short clips", per_device_batch_size=96, precision="fp32")
+    expected = landscape.evaluate(config)
+    capacity = landscape.machine.gpu_memory_gib
+    assert 0.9 * capacity < expected.peak_memory_gib <= capacity
+    assert expected.status == "headroom" and expected.wall_s > landscape.start_s + 10.0
+
+
+def test_data_bound_plateau_grows_with_workers_until_the_cores_run_out():
+    landscape, config = _recipe(
+        "conformer 1xRTX4090 short clips", per_device_batch_size=128, precision="bf16", pin_memory=True
+    )
+
+    def rate(workers: int) -> float:
+        return landscape.evaluate(dataclasses.replace(config, num_workers=workers)).samples_per_second
+
+    assert rate(2) == pytest.approx(2 * rate(1), rel=0.05)  # data-bound: twice the workers, twice the rate
+    assert rate(16) > 6 * rate(2)
+    assert rate(24) - rate(16) < 0.5 * (rate(16) - rate(8))  # hyper-threads add less than cores
+    assert landscape.evaluate(dataclasses.replace(config, num_workers=1)).data_wait_fraction > 0.9
+
+
+def test_compute_bound_landscape_is_flat_in_workers_and_gains_from_fp16():
+    landscape, config = _recipe("cam++ 4xV100", per_device_batch_size=256, pin_memory=True)
+
+    def rate(**changes) -> float:
+        return landscape.evaluate(dataclasses.replace(config, **changes)).samples_per_second
+
+    assert rate(num_workers=4) == pytest.approx(rate(num_workers=20), rel=0.01)
+    assert rate(num_workers=0) < 0.6 * rate(num_workers=4)  # the main process decodes between steps
+    assert rate(precision="fp16") / rate() == pytest.approx(landscapes.V100_FP16, rel=0.05)
+
+
+def test_small_knobs_move_throughput_by_a_few_percent():
+    landscape, config = _recipe(
+        "conformer 1xRTX4090 short clips", per_device_batch_size=64, precision="bf16", num_workers=16
+    )
+    pinned = landscape.evaluate(dataclasses.replace(config, pin_memory=True)).samples_per_second
+    unpinned = landscape.evaluate(dataclasses.replace(config, pin_memory=False)).samples_per_second
+    assert 1.005 < pinned / unpinned < 1.1
+    persistent = landscape.evaluate(dataclasses.replace(config, persistent_workers=True)).samples_per_second
+    fresh = landscape.evaluate(dataclasses.replace(config, persistent_workers=False)).samples_per_second
+    assert 1.0 < persistent / fresh < 1.02
+    tuned = landscape.evaluate(dataclasses.replace(config, cudnn_benchmark=True)).samples_per_second
+    assert tuned < 0.9 * landscape.evaluate(config).samples_per_second  # new shapes every step: re-timed
+
+
+def test_one_simulated_search_runs_the_real_tuner_deterministically():
+    simulate = _load("simulate")
+    name = "cam++ 4xV100"
+    outcome = simulate.search(name, "autotune", 0.05, seed=3)
+    roles = [record.role for record in outcome.records]
+    assert roles[0] == "baseline" and roles[1:3] == ["seed", "seed"] and "confirm" in roles
+    assert outcome.stopped_by == "budget" and outcome.elapsed_s <= 0.05 * simulate.grid_s(name)
+    assert outcome.winner is not None and outcome.winner.feasible
+    again = simulate.search(name, "autotune", 0.05, seed=3)
+    assert [r.config for r in again.records] == [r.config for r in outcome.records]
+    assert [r.value for r in again.records] == [r.value for r in outcome.records]
+    judged = simulate.judge(name, "autotune", 0.05, seed=3)
+    assert judged.regret < 0.05 and judged.touched  # the first cuda seed sits on this landscape's best
