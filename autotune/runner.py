@@ -137,7 +137,7 @@ def prepare(request: RunRequest) -> RunPlan:
         global_batch_size=request.global_batch,
     )
     if settings.sampler == "grid":
-        space.grid()  # raises a one-line SpaceError for a continuous space
+        space.points()  # raises a one-line SpaceError for a continuous space or one too large to walk
     safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)
     out_path = (
         Path(request.out) if request.out else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}.yaml"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,21 +113,14 @@ class SearchSpace:
         return {**self.fixed, **values}
 
     def grid(self) -> dict[str, list[Any]]:
-        """Every value of every knob, for the grid search: finite spaces of at most MAX_GRID_VALUES values a knob and
-        MAX_GRID_POINTS configurations (counted before anything is listed: a range of 10**12 is refused, not built)."""
-        counts = self._value_counts()
-        for name, count in counts.items():
+        """Every value of every knob, for the grid search: finite knobs of at most MAX_GRID_VALUES values each
+        (counted before anything is listed: a range of 10**12 is refused, not built)."""
+        for name, count in self._value_counts().items():
             if count > MAX_GRID_VALUES:
                 raise SpaceError(
                     f"parameter {name!r} has {count:,} values, too many for a grid search (at most "
                     f"{MAX_GRID_VALUES:,}); give it a step or fewer choices, or use --sampler tpe"
                 )
-        size = math.prod(counts.values())
-        if size > MAX_GRID_POINTS:
-            raise SpaceError(
-                f"the space has {size:,} configurations, too many for a grid search (at most {MAX_GRID_POINTS:,}); "
-                "narrow it or use --sampler tpe"
-            )
         grid: dict[str, list[Any]] = {}
         for param in self.params:
             dist = param.distribution
@@ -150,20 +144,37 @@ class SearchSpace:
                 raise SpaceError(f"parameter {param.name!r} is not finite; a grid search needs choices or int steps")
         return counts
 
-    def points(self) -> list[dict[str, Any]]:
-        """Every distinct configuration of a finite space, as suggest() would return it: a knob whose `when` fails
-        is left out rather than multiplied in."""
+    def iter_points(self) -> Iterator[dict[str, Any]]:
+        """Every distinct configuration of a finite space, as suggest() would return it, one at a time: a knob whose
+        `when` fails is left out rather than multiplied in."""
         grid = self.grid()
-        points: list[dict[str, Any]] = [{}]
-        for param in self.params:
-            expanded: list[dict[str, Any]] = []
-            for point in points:
-                if param.applies(point, self.device_type):
-                    expanded += [{**point, param.name: value} for value in grid[param.name]]
-                else:
-                    expanded.append(point)
-            points = expanded
-        return [{**self.fixed, **point} for point in points]
+
+        def extend(point: dict[str, Any], index: int) -> Iterator[dict[str, Any]]:
+            if index == len(self.params):
+                yield {**self.fixed, **point}
+                return
+            param = self.params[index]
+            if not param.applies(point, self.device_type):
+                yield from extend(point, index + 1)
+                return
+            for value in grid[param.name]:
+                yield from extend({**point, param.name: value}, index + 1)
+
+        return extend({}, 0)
+
+    def points(self, *, limit: int | None = MAX_GRID_POINTS) -> list[dict[str, Any]]:
+        """Every distinct configuration (iter_points), listed; more than `limit` is a one-line SpaceError, so that a
+        grid search over a space too large to walk is refused before it starts (None: no limit, for benchmarks that
+        evaluate a whole shipped space)."""
+        points: list[dict[str, Any]] = []
+        for point in self.iter_points():
+            if limit is not None and len(points) == limit:
+                raise SpaceError(
+                    f"the space has more than {limit:,} configurations, too many for a grid search; narrow it or "
+                    "use --sampler tpe"
+                )
+            points.append(point)
+        return points
 
     def size(self) -> int | None:
         """Number of distinct configurations, ignoring conditions (None when continuous)."""

@@ -286,7 +286,7 @@ def describe(name: str) -> dict[str, str]:
     return {
         "landscape": name,
         "bottleneck": landscape.bottleneck,
-        "shipped space (points)": str(len(shipped_space(name).points())),
+        "shipped space (points)": str(sum(1 for _ in shipped_space(name).iter_points())),
         "grid (points)": str(len(grid_space(name).points())),
         "grid time (h)": f"{grid_s(name) / 3600:.1f}",
         "best (samples/s)": f"{config.short()} ({rate:.0f})",
