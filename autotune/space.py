@@ -36,7 +36,7 @@ from autotune import yamlio
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds, resolve_auto
-from autotune.trial.precision import PRECISIONS
+from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 
 if TYPE_CHECKING:
     import optuna
@@ -264,6 +264,8 @@ def from_dict(
     if global_batch_size is not None:
         params = [fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
     fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
+    if fixed.get("precision") == TORCH_DEFAULT_FP32 and TORCH_DEFAULT_FP32 not in hardware.supported_precisions():
+        fixed["precision"] = "fp32"  # no TF32 here: torch's defaults are strict fp32 (space_fit._same_maths)
     if "precision" in fixed and fixed["precision"] not in hardware.supported_precisions():
         raise SpaceError(
             f"{origin}: fixed precision {fixed['precision']!r} does not run on this hardware ({hardware.describe()})"

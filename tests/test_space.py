@@ -69,6 +69,19 @@ def test_a_recipe_that_sets_no_precision_runs_torch_defaults(tmp_path):
     assert space.load(path, make_cpu()).baseline["precision"] == "fp32"
 
 
+def test_fixed_torch_default_fp32_is_strict_fp32_without_tf32(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "workload: cam++\nparams:\n  num_workers: {type: categorical, choices: [0, 1]}\n"
+        "fixed: {precision: fp32-default}\n"
+    )
+    assert space.load(path, make_cpu()).fixed["precision"] == "fp32"
+    assert space.load(path, make_cuda()).fixed["precision"] == "fp32-default"
+    path.write_text(path.read_text().replace("fp32-default", "tf32"))
+    with pytest.raises(SpaceError, match="fixed precision 'tf32' does not run on this hardware"):
+        space.load(path, make_cpu())
+
+
 def test_suggest_respects_conditions():
     loaded = space.load(CAM, make_cpu(cores=2))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3), direction="maximize")
