@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -61,6 +62,8 @@ class RichReporter:
         )
         for note in plan.space.baseline_notes:
             console.print(f"  [dim]baseline adapted: {note}[/dim]")
+        for note in plan.option_notes:
+            console.print(f"  [dim]{escape(note)}[/dim]", highlight=False, soft_wrap=True)
 
     def __enter__(self) -> RichReporter:
         self.progress.start()

@@ -60,6 +60,8 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         (["--model", "cam++", "--epoch-samples", "0"], "--epoch-samples must be at least 1"),
         (["--model", "cam++", "--option", "augment_copies=4"], "unknown option 'augment_copies' for cam++"),
         (["--model", "ecapa-tdnn", "--option", "augment_copies"], "is not KEY=VALUE"),
+        (["--model", "cam++", "--option", "noise=/no/such/noise.scp"], "noise list /no/such/noise.scp does not exist"),
+        (["--model", "eres2net", "--option", "aug_prob=2"], "--option: aug_prob must be in [0, 1]"),
         (["--model", "cam++", "--max-throughput-cv", "-0.1"], "--max-throughput-cv must be 0 (off) or positive"),
     ],
     ids=[
@@ -75,6 +77,8 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         "epoch",
         "option-unknown",
         "option-form",
+        "option-noise-list",
+        "option-aug-prob",
         "throughput-cv",
     ],
 )
