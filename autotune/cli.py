@@ -160,8 +160,9 @@ def run(
         Optional[list[str]],
         typer.Option(
             "--option",
-            help="Workload option KEY=VALUE, repeatable; e.g. augment_copies=4 for ecapa-tdnn (SpeechBrain's "
-            "augmentation: the model sees 5x the loader batch). An unknown key is refused with the valid ones.",
+            help="Workload option KEY=VALUE, repeatable; e.g. noise=musan/wav.scp and reverb=rirs/wav.scp for cam++ "
+            "(3D-Speaker's augmentation lists; default: autotune's synthetic ones). An unknown key is refused with "
+            "the valid ones.",
         ),
     ] = None,
     epoch_samples: Annotated[

@@ -76,6 +76,7 @@ class RunPlan:
     options: dict[str, Any]
     world_size: int = 1
     warm_start: warmstart.WarmStart | None = None
+    option_notes: tuple[str, ...] = ()  # what the workload says about its options (Workload.check_options)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -157,6 +158,7 @@ def prepare(request: RunRequest) -> RunPlan:
         remove_empty(created)
         raise
     options = {**workload.options, **request.workload_options}
+    option_notes = tuple(workload.check_options(options, data)) if workload.check_options else ()
     warm = warmstart.plan_warm_start(
         study,
         out_path=out_path,
@@ -184,6 +186,7 @@ def prepare(request: RunRequest) -> RunPlan:
         options=options,
         world_size=world_size,
         warm_start=warm,
+        option_notes=option_notes,
     )
 
 
@@ -301,6 +304,7 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     notes = [f"baseline adapted to this machine: {note}" for note in plan.space.baseline_notes]
     if plan.data.synthetic:
         notes.append("measured on autotune's synthetic default corpus; rerun with --data on your own list to be sure")
+    notes.extend(plan.option_notes)
     if baseline.get("status") not in (None, "ok"):
         notes.append(f"the recipe baseline could not be used here: {baseline['status']}: {baseline.get('reason', '')}")
     if outcome.winner_reason and outcome.winner_reason != "fastest by median":

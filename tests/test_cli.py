@@ -60,6 +60,8 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         (["--model", "cam++", "--epoch-samples", "0"], "--epoch-samples must be at least 1"),
         (["--model", "cam++", "--option", "augment_copies=4"], "unknown option 'augment_copies' for cam++"),
         (["--model", "ecapa-tdnn", "--option", "augment_copies"], "is not KEY=VALUE"),
+        (["--model", "cam++", "--option", "noise=/no/such/noise.scp"], "noise list /no/such/noise.scp does not exist"),
+        (["--model", "eres2net", "--option", "aug_prob=2"], "--option: aug_prob must be in [0, 1]"),
         (["--model", "cam++", "--max-throughput-cv", "-0.1"], "--max-throughput-cv must be 0 (off) or positive"),
     ],
     ids=[
@@ -75,6 +77,8 @@ def test_models_lists_cam_plus_plus_with_its_parameters():
         "epoch",
         "option-unknown",
         "option-form",
+        "option-noise-list",
+        "option-aug-prob",
         "throughput-cv",
     ],
 )
@@ -213,6 +217,7 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     assert spread["low"] <= tuned.metrics["speedup"] <= spread["high"] and spread["winner_measurements"] >= 1
     assert f"{spread['low']:.2f}-{spread['high']:.2f}x across" in " ".join(result.output.split())
     assert tuned.search["trials_this_run"] >= 3 and tuned.data["n_speakers"] == 4
+    assert any("autotune's synthetic 16 noise clips and 24 room responses" in note for note in tuned.notes)
     epoch = tuned.metrics["epoch"]  # 12 utterances at the measured rates
     assert epoch["samples"] == 12
     assert epoch["winner_minutes"] == round(12 / tuned.metrics["winner"]["samples_per_second"] / 60, 1)

@@ -8,7 +8,7 @@ loader batch and the labels are repeated to match; then ``Fbank`` (80 mels, 25/1
 autocast) and ``InputNormalization`` (per-sentence mean, no variance). This module does the same, batched:
 
 - noise: SpeechBrain mixes noise files (its noise corpus is a download); here Gaussian noise generated on the
-  device, mixed exactly as AddNoise mixes (average amplitudes, SNR drawn per utterance from 0-15 dB);
+  device, mixed exactly as AddNoise mixes (RMS amplitudes, SNR drawn per utterance from 0-15 dB);
 - reverberation: SpeechBrain convolves with recorded or simulated room impulse responses (also a download); here a
   synthetic response per utterance (exponentially decaying noise after a direct path, RT60 0.2-0.8 s, 0.5 s long),
   convolved by FFT and rescaled to the clean average amplitude, as AddReverb;
@@ -56,16 +56,21 @@ def _uniform(low: float, high: float, count: int, like: torch.Tensor) -> torch.T
     return torch.rand(count, device=like.device) * (high - low) + low
 
 
+def _rms(waveforms: torch.Tensor) -> torch.Tensor:
+    return waveforms.square().mean(dim=1, keepdim=True).sqrt()
+
+
 def _average_amplitude(waveforms: torch.Tensor) -> torch.Tensor:
     return waveforms.abs().mean(dim=1, keepdim=True).clamp_min(1e-14)
 
 
 def add_noise(waveforms: torch.Tensor, snr_low_db: float = 0.0, snr_high_db: float = 15.0) -> torch.Tensor:
-    """Mix in noise at a random SNR per utterance, scaled on average amplitudes as SpeechBrain's AddNoise."""
+    """Mix in white noise at a random SNR per utterance, scaled on RMS amplitudes as SpeechBrain's AddNoise (with no
+    noise csv: the same draws, in the same order, give the same output; tests/data/test_augment.py runs both)."""
     snr = _uniform(snr_low_db, snr_high_db, waveforms.shape[0], waveforms).unsqueeze(1)
     noise_factor = 1.0 / (10 ** (snr / 20) + 1)
     noise = torch.randn_like(waveforms)
-    noise = noise * (noise_factor * _average_amplitude(waveforms) / _average_amplitude(noise))
+    noise = noise * (noise_factor * _rms(waveforms) / (_rms(noise) + 1e-14))
     return waveforms * (1 - noise_factor) + noise
 
 

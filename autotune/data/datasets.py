@@ -1,4 +1,5 @@
-"""Speaker-classification dataset doing the 3D-Speaker recipe's per-item work: decode, crop, resample, fbank."""
+"""Speaker-classification datasets doing a recipe's per-item work in DataLoader workers: decode, crop, resample,
+fbank; and for 3D-Speaker's recipes also speed perturbation and noise/reverb corruption (`SpeakerlabDataset`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import torch.nn.functional as F
 import torchaudio.functional as AF
 
 from autotune.data.audio import AudioReader, read_segment
+from autotune.data.corruption import SPEEDS, Corruption, crop_or_pad, speed_perturb
 from autotune.data.features import FbankConfig, compute_fbank
 from autotune.data.sources import Utterance
 
-__all__ = ["SpeakerCropDataset", "collate_speaker_batch"]
+__all__ = ["SpeakerCropDataset", "SpeakerlabDataset", "collate_speaker_batch"]
 
 
 class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -58,6 +60,11 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         if self.num_frames == 0:
             raise ValueError(f"crop_s={crop_s} is shorter than one fbank frame")
 
+    @property
+    def num_classes(self) -> int:
+        """Classes the classifier needs: one per speaker."""
+        return len(self.speakers)
+
     def __len__(self) -> int:
         """Number of utterances."""
         return len(self.utterances)
@@ -80,6 +87,50 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             waveform = AF.resample(waveform, rate, self.fbank.sample_rate)
         waveform = waveform[: self.crop_samples]
         return F.pad(waveform, (0, self.crop_samples - waveform.numel()))
+
+
+class SpeakerlabDataset(SpeakerCropDataset):
+    """3D-Speaker's WavSVDataset item: decode, speed-perturb, crop, corrupt, fbank (`autotune.data.corruption`).
+
+    As speakerlab's WavReader, the whole segment is decoded and perturbed before the crop is taken (the cost grows
+    with the utterance, not with the crop). With ``speed_perturb`` the label of an item played at SPEEDS[i] is
+    ``speaker + i * n_speakers``, so `num_classes` is three times the speakers (train.py: 5,994 VoxCeleb2 speakers
+    become 17,982 classes).
+    """
+
+    def __init__(
+        self,
+        utterances: Sequence[Utterance],
+        speakers: Sequence[str],
+        *,
+        crop_s: float = 3.0,
+        speed_perturb: bool = True,
+        corruption: Corruption | None = None,
+        fbank: FbankConfig = FbankConfig(),  # noqa: B008 - frozen, so a shared default is safe
+        audio: AudioReader | None = None,
+    ) -> None:
+        """Index the utterances; ``corruption`` None (or aug_prob 0) leaves crops clean. Other arguments as
+        `SpeakerCropDataset`."""
+        super().__init__(utterances, speakers, crop_s=crop_s, fbank=fbank, audio=audio)
+        self.speed_perturb = speed_perturb
+        self.corruption = corruption
+
+    @property
+    def num_classes(self) -> int:
+        """Classes the classifier needs: speakers x 3 under speed perturbation."""
+        return len(self.speakers) * (len(SPEEDS) if self.speed_perturb else 1)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """(fbank (num_frames, num_mel_bins) of a perturbed, cropped, maybe corrupted crop; class label)."""
+        utt = self.utterances[index]
+        waveform, rate = self.audio(utt, crop_s=None)
+        if rate != self.fbank.sample_rate:
+            waveform = AF.resample(waveform, rate, self.fbank.sample_rate)
+        speed_index = int(torch.randint(len(SPEEDS), (1,))) if self.speed_perturb else 0
+        waveform = crop_or_pad(speed_perturb(waveform, SPEEDS[speed_index], self.fbank.sample_rate), self.crop_samples)
+        if self.corruption is not None:
+            waveform = self.corruption(waveform)
+        return compute_fbank(waveform, self.fbank), self.labels[index] + speed_index * len(self.speakers)
 
 
 def collate_speaker_batch(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from autotune.data.asr_lists import is_data_list, parse_data_list, parse_transcripts
 from autotune.errors import DataError
 
-__all__ = ["ACCEPTED", "AUDIO_EXTENSIONS", "CSV_HEADER", "Row", "one_line_error", "read_rows"]
+__all__ = ["ACCEPTED", "AUDIO_EXTENSIONS", "CSV_HEADER", "Row", "one_line_error", "read_rows", "read_scp"]
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 CSV_HEADER = ("ID", "dur", "path", "start", "stop", "spk")
@@ -134,6 +134,12 @@ def _table(path: Path, n_fields: int | None) -> Iterator[tuple[str, str, int]]:
             )
         seen[parts[0]] = number
         yield parts[0], parts[1].strip(), number
+
+
+def read_scp(path: Path) -> list[tuple[str, str, str]]:
+    """(key, absolute audio path, where) of each line of a wav.scp-style list (``<key> <path>``), e.g. the noise and
+    room-response lists of 3D-Speaker's recipes; paths relative to the list's folder are resolved against it."""
+    return [(key, _resolve(value, path.parent), f"{path} line {number}") for key, value, number in _table(path, 2)]
 
 
 def _read_kaldi(folder: Path) -> list[Row]:

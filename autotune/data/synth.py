@@ -15,15 +15,11 @@ relative to the corpus folder (autotune resolves them there; WeNet resolves path
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import logging
 import os
-import shutil
-import socket
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +27,14 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from autotune.errors import DataError
+from autotune.data.cache import (
+    MANIFEST_NAME,
+    canonical_params,
+    default_cache_dir,
+    ensure_generated,
+    params_digest,
+    read_manifest,
+)
 
 __all__ = ["CORPUS_VERSION", "VOWELS", "default_cache_dir", "ensure_corpus", "generate_corpus"]
 
@@ -40,7 +43,6 @@ logger = logging.getLogger(__name__)
 # Bump when the generator's output changes, so cached corpora of the old version are not reused.
 # 2: transcripts (text, data.list, manifest "text"); the audio is the same bytes as version 1.
 CORPUS_VERSION = 2
-MANIFEST_NAME = "manifest.json"
 README_NAME = "README.txt"
 TEXT_NAME = "text"
 DATA_LIST_NAME = "data.list"
@@ -189,19 +191,6 @@ def _readme_text(params: dict[str, Any], n_files: int, total_s: float) -> str:
     )
 
 
-def default_cache_dir() -> Path:
-    """Where autotune caches generated data.
-
-    Returns:
-        ``$AUTOTUNE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``.
-    """
-    if os.environ.get("AUTOTUNE_CACHE_DIR"):
-        return Path(os.environ["AUTOTUNE_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "autotune"
-    return Path.home() / ".cache" / "autotune"
-
-
 def generate_corpus(
     out_dir: str | os.PathLike[str],
     *,
@@ -283,44 +272,22 @@ _GENERATE_SIGNATURE = inspect.signature(generate_corpus)
 
 def _params(**kwargs: Any) -> dict[str, Any]:
     """The generation parameters in canonical, JSON-ready form: `generate_corpus`'s defaults updated by kwargs."""
-    signature = _GENERATE_SIGNATURE
-    bound = signature.bind_partial("unused-out-dir", **kwargs)  # TypeError on unknown names, as a call would
-    bound.apply_defaults()
-    del bound.arguments["out_dir"]
-    return {name: type(signature.parameters[name].default)(value) for name, value in bound.arguments.items()}
+    return canonical_params(_GENERATE_SIGNATURE, **kwargs)
 
 
 def _is_complete(folder: Path, params: dict[str, Any]) -> bool:
     """Whether folder holds a finished corpus of this version and these parameters."""
-    try:
-        manifest = json.loads((folder / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    return manifest.get("corpus_version") == CORPUS_VERSION and manifest.get("params") == params
-
-
-def _remove_stale_temp_folders(cache: Path, final_name: str) -> None:
-    """Delete temp folders left by killed runs on this host (their pid is gone); they can hold hundreds of MB."""
-    prefix = f".{final_name}.tmp-{socket.gethostname()}-"
-    for folder in cache.glob(f"{prefix}*"):
-        pid_text = folder.name[len(prefix) :].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            logger.info("removing half-built corpus %s left by a killed run", folder)
-            shutil.rmtree(folder, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, owned by someone else
+    manifest = read_manifest(folder)
+    return (
+        manifest is not None and manifest.get("corpus_version") == CORPUS_VERSION and manifest.get("params") == params
+    )
 
 
 def ensure_corpus(cache_dir: str | os.PathLike[str] | None = None, **generate_kwargs: Any) -> Path:
     """Return the cached synthetic corpus for these parameters, generating it on first use.
 
-    Generation writes into a hidden temp folder beside the final one and renames it into place only once its
-    manifest (written last) exists, so a run killed half-way never leaves a folder that looks finished, and two
-    processes racing to generate both end up using one complete folder.
+    Generated as `autotune.data.cache.ensure_generated` does it: a run killed half-way never leaves a folder that
+    looks finished, and two processes racing to generate it both end up using one complete folder.
 
     Args:
         cache_dir: cache root; defaults to `default_cache_dir()`.
@@ -328,33 +295,19 @@ def ensure_corpus(cache_dir: str | os.PathLike[str] | None = None, **generate_kw
 
     Returns:
         The folder ``<cache>/corpus-v{CORPUS_VERSION}-<params hash>/``.
+
+    Raises:
+        DataError: the cache cannot be written.
     """
     params = _params(**generate_kwargs)
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = cache / f"corpus-v{CORPUS_VERSION}-{digest}"
-    if _is_complete(final, params):
-        return final
-    temp = cache / f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    logger.info("generating the synthetic default corpus into %s (first use only)", final)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temp_folders(cache, final.name)
-        if final.exists() and not _is_complete(final, params):  # only if something other than us wrote there
-            logger.warning("removing incomplete corpus folder %s", final)
-            shutil.rmtree(final)
-        generate_corpus(temp, **params)
-        os.rename(temp, final)
-    except OSError as exc:
-        if not _is_complete(final, params):  # not a lost race with another process: a real failure
-            raise DataError(
-                f"cannot write the synthetic corpus into {cache} ({exc.strerror or exc}); it needs about "
-                f"{_estimated_mb(params)} MB: free disk space or set AUTOTUNE_CACHE_DIR to a writable folder"
-            ) from exc
-        logger.info("another process finished %s first; using it", final)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    return final
+    return ensure_generated(
+        cache / f"corpus-v{CORPUS_VERSION}-{params_digest(params)}",
+        is_complete=lambda folder: _is_complete(folder, params),
+        generate=lambda folder: generate_corpus(folder, **params),  # looked up at call time: tests patch it
+        size_mb=_estimated_mb(params),
+        what="the synthetic default corpus",
+    )
 
 
 def _estimated_mb(params: dict[str, Any]) -> int:

@@ -99,6 +99,9 @@ class Workload:
         space_file: the search-space YAML used when the user gives none.
         options: workload options and their defaults (e.g. crop_s), overridable per run.
         knobs: workload-specific search parameters beyond the core DataLoader/precision ones.
+        check_options: (the run's options, its data) -> notes for the result; runs once in the parent before any
+            trial, raises a UserError for an option the user got wrong (one line, exit code 2) and prepares what
+            trials will read (e.g. generates the synthetic noise set), so that a bad path never costs a trial.
     """
 
     name: str
@@ -111,3 +114,4 @@ class Workload:
     space_file: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     knobs: Sequence[str] = ()
+    check_options: Callable[[dict[str, Any], DataSource], Sequence[str]] | None = None

@@ -1,22 +1,37 @@
-"""Speaker-embedding workloads trained as the 3D-Speaker recipe: AAM-softmax over speakers, SGD with Nesterov."""
+"""Speaker-embedding workloads trained as their recipes train them: 3D-Speaker's (CAM++, ERes2Net) and SpeechBrain's
+(ECAPA-TDNN), each with its own input pipeline, classifier size and margin loss."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from autotune.errors import UserError
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import preload_if_asked
 from autotune.workloads.registry import register
 
+if TYPE_CHECKING:
+    from autotune.data import DataSource
+
 __all__ = ["speaker_workload", "load_speaker_data"]
 
-# 3D-Speaker egs/voxceleb/sv-cam++/conf/cam++.yaml (ERes2Net's recipe uses the same optimiser and loss head)
-THREED_SPEAKER_RECIPE = {"optimizer": "sgd", "lr": 0.1, "scale": 32.0, "margin": 0.2}
-# SpeechBrain recipes/VoxCeleb/SpeakerRec/hparams/train_ecapa_tdnn.yaml. ECAPA's option augment_copies (0 = off)
-# takes SpeechBrain's input shape: waveform crops in the workers, then on the device the original batch plus that many
-# augmented copies (the recipe: 4, a model batch 5x the loader batch) and Fbank; see autotune/data/augment.py.
-SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2}
+Pipeline = Literal["3d-speaker", "speechbrain"]
+AUGMENT_KINDS = ("noise", "reverb")  # the options naming 3D-Speaker's wav.scp lists, as its recipe YAMLs name them
+
+# 3D-Speaker's recipes (egs/voxceleb/sv-*/conf/*.yaml at 09e7806): SGD (momentum 0.9, Nesterov, weight decay 1e-4),
+# ArcMarginLoss scale 32, and in the DataLoader workers speed perturbation (speed_pertub: True, which also triples
+# the classes) plus noise/reverb corruption with probability aug_prob, from the wav.scp lists given as noise and
+# reverb (None: autotune's synthetic set). The margin is the recipe's final one (MarginScheduler ramps to it); the
+# learning rate is the peak of WarmupCosineScheduler (the minimum, CAM++ 1e-4 and ERes2Net 5e-5, lies epochs away
+# from any trial). memory_efficient is DTDNN.CAMPPlus's default (True, not overridden in cam++.yaml).
+THREED_SPEAKER_PIPELINE = {"optimizer": "sgd", "scale": 32.0, "speed_perturb": True, "noise": None, "reverb": None}
+CAMPPLUS_RECIPE = {**THREED_SPEAKER_PIPELINE, "lr": 0.1, "margin": 0.2, "aug_prob": 0.2, "memory_efficient": True}
+ERES2NET_RECIPE = {**THREED_SPEAKER_PIPELINE, "lr": 0.2, "margin": 0.3, "aug_prob": 0.8}
+# SpeechBrain recipes/VoxCeleb/SpeakerRec/hparams/train_ecapa_tdnn.yaml (9c826ef): Adam (weight decay 2e-6), AAM
+# margin 0.2 scale 30, and in compute_forward, on the device, the original batch plus 4 augmented copies
+# (augment_copies; 0 = none, features then computed in the workers) and Fbank: see autotune/data/augment.py.
+SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2, "augment_copies": 4}
 
 
 def _optimizer(name: str, lr: float, parameters: Any) -> Any:
@@ -34,37 +49,117 @@ def load_speaker_data(path: str | None) -> Any:
     return data.default_source() if path is None else data.load_source(path)
 
 
-def _build_speaker_setup(make_embedder: Callable[[dict[str, Any]], Any], context: WorkloadContext) -> TrainingSetup:
+def _option_errors(options: dict[str, Any]) -> list[str]:
+    """What is wrong with the pipeline options a run was given (empty when nothing is)."""
+    errors = []
+    copies = options.get("augment_copies", 0)
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
+        errors.append(f"augment_copies must be a whole number >= 0 (SpeechBrain's recipe: 4), got {copies!r}")
+    for name in ("speed_perturb", "memory_efficient"):
+        if name in options and not isinstance(options[name], bool):
+            errors.append(f"{name} must be true or false, got {options[name]!r}")
+    aug_prob = options.get("aug_prob", 0.0)
+    if isinstance(aug_prob, bool) or not isinstance(aug_prob, (int, float)) or not 0 <= aug_prob <= 1:
+        errors.append(f"aug_prob must be in [0, 1] (CAM++'s recipe 0.2, ERes2Net's 0.8), got {aug_prob!r}")
+    for name in AUGMENT_KINDS:
+        if options.get(name) is not None and not isinstance(options[name], str):
+            errors.append(f"{name} must be the path of a wav.scp ('key path' lines), got {options[name]!r}")
+    return errors
+
+
+def _validated(options: dict[str, Any]) -> dict[str, Any]:
+    errors = _option_errors(options)
+    if errors:
+        raise ValueError(errors[0])
+    return options
+
+
+def _corruption(options: dict[str, Any]) -> Any:
+    """3D-Speaker's SpkVeriAug over the run's noise and reverb lists (None when aug_prob is 0)."""
+    from autotune.data.corruption import Corruption, augmentation_list, read_augmentation_files
+
+    if not options["aug_prob"]:
+        return None
+    noise, reverb = (read_augmentation_files(augmentation_list(options[kind], kind)[0], kind) for kind in AUGMENT_KINDS)
+    return Corruption(aug_prob=float(options["aug_prob"]), noise=noise, reverb=reverb)
+
+
+def check_speaker_options(pipeline: Pipeline) -> Callable[[dict[str, Any], DataSource], list[str]]:
+    """Workload.check_options for a pipeline: options typed, noise/reverb lists probed (or the synthetic set made)."""
+
+    def check(options: dict[str, Any], data: DataSource) -> list[str]:
+        from autotune.data.corruption import augmentation_list, read_augmentation_files
+
+        errors = _option_errors(options)
+        if errors:
+            raise UserError(f"--option: {errors[0]}")
+        if pipeline != "3d-speaker" or not options["aug_prob"]:
+            return []
+        synthetic = []
+        for kind in AUGMENT_KINDS:
+            list_path, generated = augmentation_list(options[kind], kind)
+            count = len(read_augmentation_files(list_path, kind, probe=not generated))
+            if generated:
+                synthetic.append(f"{count} {'noise clips' if kind == 'noise' else 'room responses'}")
+        if not synthetic:
+            return []
+        return [
+            f"noise/reverb augmentation (aug_prob {options['aug_prob']:g}) was measured with autotune's synthetic "
+            f"{' and '.join(synthetic)}, not the recipe's MUSAN / RIRS_NOISES: their decoding cost differs; give "
+            "yours as --option noise=wav.scp --option reverb=wav.scp"
+        ]
+
+    return check
+
+
+def _dataset(pipeline: Pipeline, context: WorkloadContext) -> Any:
+    """The recipe's dataset: what its DataLoader workers do per item."""
+    from autotune.data import SpeakerCropDataset, SpeakerlabDataset
+
+    options, data = context.options, context.data
+    crop_s = float(options["crop_s"])
+    if pipeline == "3d-speaker":
+        return SpeakerlabDataset(
+            data.utterances,
+            data.speakers,
+            crop_s=crop_s,
+            speed_perturb=options["speed_perturb"],
+            corruption=_corruption(options),
+        )
+    if options["augment_copies"]:  # SpeechBrain's shape: waveform crops from the workers, the rest on the device
+        from autotune.data.augment import WaveformCropDataset
+
+        return WaveformCropDataset(data.utterances, data.speakers, crop_s=crop_s)
+    return SpeakerCropDataset(data.utterances, data.speakers, crop_s=crop_s)
+
+
+def _build_speaker_setup(
+    make_embedder: Callable[[dict[str, Any]], Any], pipeline: Pipeline, context: WorkloadContext
+) -> TrainingSetup:
     import torch
     from torch import nn
 
-    from autotune.data import SpeakerCropDataset, collate_speaker_batch
+    from autotune.data import collate_speaker_batch
     from autotune.models.margin import ArcMarginLoss, CosineClassifier
 
-    options = context.options
-    embedder = make_embedder(options)
+    options = _validated(context.options)
+    dataset = _dataset(pipeline, context)
+    preload_s = preload_if_asked(dataset, context)
     model = nn.ModuleDict(
         {
-            "embedder": embedder,
-            "classifier": CosineClassifier(options["embedding_size"], len(context.data.speakers)),
-            "loss": ArcMarginLoss(scale=options["scale"], margin=options["margin"]),
+            "embedder": make_embedder(options),
+            "classifier": CosineClassifier(options["embedding_size"], dataset.num_classes),
+            "loss": ArcMarginLoss(scale=options["scale"], margin=options["margin"], convention=pipeline),
         }
     )
-    crop_s = float(options["crop_s"])
-    copies = options.get("augment_copies", 0)
-    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
-        raise ValueError(f"augment_copies must be a whole number >= 0 (SpeechBrain's recipe: 4), got {copies!r}")
-    dataset_class = SpeakerCropDataset
-    if copies:  # SpeechBrain's shape: waveform crops from the workers, augmentation and Fbank on the device
-        from autotune.data.augment import WaveformCropDataset, speechbrain_inputs
-
-        dataset_class = WaveformCropDataset
-    dataset = dataset_class(context.data.utterances, context.data.speakers, crop_s=crop_s)
-    preload_s = preload_if_asked(dataset, context)
+    copies = options["augment_copies"] if pipeline == "speechbrain" else 0
+    crop_s = dataset.crop_s
 
     def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         features, labels = batch
         if copies:  # the model sees (1 + copies) x the loader batch; samples_in still counts loader samples
+            from autotune.data.augment import speechbrain_inputs
+
             features, labels = speechbrain_inputs(features, labels, copies)
         return module["loss"](module["classifier"](module["embedder"](features)), labels)
 
@@ -87,25 +182,27 @@ def speaker_workload(
     make_embedder: Callable[[dict[str, Any]], Any],
     published_parameters: int,
     options: dict[str, Any],
+    pipeline: Pipeline = "3d-speaker",
 ) -> Workload:
-    """A speaker-embedding workload around one embedding network."""
+    """A speaker-embedding workload around one embedding network, trained through its recipe's pipeline."""
     return Workload(
         name=name,
         task="speaker-verification",
         description=description,
-        build=lambda context: _build_speaker_setup(make_embedder, context),
+        build=lambda context: _build_speaker_setup(make_embedder, pipeline, context),
         load_data=load_speaker_data,
         count_parameters=lambda: sum(p.numel() for p in make_embedder(options).parameters()),
         published_parameters=published_parameters,
         space_file=f"{name}.yaml",
         options=options,
+        check_options=check_speaker_options(pipeline),
     )
 
 
 def _campplus(options: dict[str, Any]) -> Any:
     from autotune.models.campplus import CAMPPlus
 
-    return CAMPPlus(embedding_size=options["embedding_size"], memory_efficient=options.get("memory_efficient", False))
+    return CAMPPlus(embedding_size=options["embedding_size"], memory_efficient=options["memory_efficient"])
 
 
 @register
@@ -115,7 +212,7 @@ def campplus() -> Workload:
         description="CAM++ speaker embedding (3D-Speaker VoxCeleb recipe, 512-d), AAM-softmax, SGD",
         make_embedder=_campplus,
         published_parameters=7_176_224,
-        options={"crop_s": 3.0, "embedding_size": 512, "memory_efficient": False, **THREED_SPEAKER_RECIPE},
+        options={"crop_s": 3.0, "embedding_size": 512, **CAMPPLUS_RECIPE},
     )
 
 
@@ -132,7 +229,7 @@ def eres2net() -> Workload:
         description="ERes2Net-base speaker embedding (3D-Speaker, m=32, 192-d), AAM-softmax, SGD",
         make_embedder=_eres2net,
         published_parameters=6_610_688,
-        options={"crop_s": 3.0, "embedding_size": 192, "m_channels": 32, **THREED_SPEAKER_RECIPE},
+        options={"crop_s": 3.0, "embedding_size": 192, "m_channels": 32, **ERES2NET_RECIPE},
     )
 
 
@@ -143,7 +240,7 @@ def eres2net_large() -> Workload:
         description="ERes2Net-large speaker embedding (3D-Speaker, m=64, 192-d), AAM-softmax, SGD",
         make_embedder=_eres2net,
         published_parameters=22_462_784,
-        options={"crop_s": 3.0, "embedding_size": 192, "m_channels": 64, **THREED_SPEAKER_RECIPE},
+        options={"crop_s": 3.0, "embedding_size": 192, "m_channels": 64, **ERES2NET_RECIPE},
     )
 
 
@@ -160,7 +257,8 @@ def ecapa_tdnn() -> Workload:
         description="ECAPA-TDNN speaker embedding (SpeechBrain VoxCeleb recipe, C=1024), AAM-softmax, Adam",
         make_embedder=_ecapa,
         published_parameters=20_767_552,
-        options={"crop_s": 3.0, "embedding_size": 192, "channels": 1024, "augment_copies": 0, **SPEECHBRAIN_RECIPE},
+        options={"crop_s": 3.0, "embedding_size": 192, "channels": 1024, **SPEECHBRAIN_RECIPE},
+        pipeline="speechbrain",
     )
 
 
@@ -171,5 +269,6 @@ def ecapa_tdnn_512() -> Workload:
         description="ECAPA-TDNN speaker embedding (C=512), AAM-softmax, Adam",
         make_embedder=_ecapa,
         published_parameters=6_194_048,  # 'about 6.19M' published; this exact total is the faithful C=512 build
-        options={"crop_s": 3.0, "embedding_size": 192, "channels": 512, "augment_copies": 0, **SPEECHBRAIN_RECIPE},
+        options={"crop_s": 3.0, "embedding_size": 192, "channels": 512, **SPEECHBRAIN_RECIPE},
+        pipeline="speechbrain",
     )

@@ -40,13 +40,26 @@ def test_augment_batch_is_original_then_copies_with_labels_repeated(speech_like:
         assert not torch.allclose(waveforms[4 * copy : 4 * copy + 4], speech_like)
 
 
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x.square().mean(dim=1).sqrt()
+
+
 def test_add_noise_mixes_at_the_drawn_snr(speech_like: torch.Tensor) -> None:
     torch.manual_seed(0)
     noisy = add_noise(speech_like, snr_low_db=10.0, snr_high_db=10.0)
     factor = 1 / (10 ** (10 / 20) + 1)  # SpeechBrain's AddNoise: the clean part scaled by 1 - factor
     noise = noisy - speech_like * (1 - factor)
-    ratio = _average_amplitude(noise) / _average_amplitude(speech_like)
+    ratio = _rms(noise) / _rms(speech_like)  # AddNoise's amp_type="rms" (speechbrain 1.x)
     torch.testing.assert_close(ratio, torch.full((4,), factor), rtol=1e-4, atol=1e-6)
+
+
+def test_add_noise_is_speechbrains_add_noise(speech_like: torch.Tensor) -> None:
+    """Without a noise csv SpeechBrain's AddNoise draws the SNRs then white noise, as add_noise does: same output."""
+    time_domain = pytest.importorskip("speechbrain.augment.time_domain")
+    torch.manual_seed(3)
+    theirs = time_domain.AddNoise(snr_low=0, snr_high=15)(speech_like, torch.ones(4))
+    torch.manual_seed(3)
+    torch.testing.assert_close(add_noise(speech_like), theirs, rtol=0, atol=1e-7)
 
 
 def test_add_reverb_keeps_amplitude_and_alignment(speech_like: torch.Tensor) -> None:

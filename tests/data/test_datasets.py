@@ -10,7 +10,15 @@ import soundfile as sf
 import torch
 from torch.utils.data import DataLoader
 
-from autotune.data import SpeakerCropDataset, Utterance, collate_speaker_batch, generate_corpus, load_source
+from autotune.data import (
+    SpeakerCropDataset,
+    SpeakerlabDataset,
+    Utterance,
+    collate_speaker_batch,
+    generate_corpus,
+    load_source,
+)
+from autotune.data.audio import read_segment
 from autotune.errors import DataError
 
 FRAMES, BINS = 298, 80
@@ -117,3 +125,29 @@ def test_dataloader_with_workers(corpus: Path) -> None:
         assert labels.dtype == torch.int64 and labels.shape == (4,)
         labels_seen += labels.tolist()
     assert labels_seen == [source.speakers.index(u.speaker) for u in source.utterances]
+
+
+def test_speakerlab_items_perturb_the_whole_segment_then_crop(tmp_path: Path) -> None:
+    """WavReader decodes the whole file, plays it at 0.9/1.0/1.1 speed (pitch moves with it), then crops 3 s."""
+    pulses = _tone(5.0, 1000.0) * (np.arange(80000) // 4000 % 2)  # 1 kHz, on and off every 0.25 s
+    path = _write(tmp_path / "tone.wav", pulses + 1e-3 * np.random.default_rng(0).standard_normal(80000))
+    asked: list[float | None] = []
+
+    def reader(utt: Utterance, *, crop_s: float | None = None) -> tuple[torch.Tensor, int]:
+        asked.append(crop_s)
+        return read_segment(utt, crop_s=crop_s)
+
+    dataset = SpeakerlabDataset([_utt(path), _utt(path, speaker="t")], ["s", "t"], audio=reader)
+    assert dataset.num_classes == 6
+    peaks: dict[int, set[int]] = {}
+    torch.manual_seed(0)
+    for draw in range(30):
+        feats, label = dataset[draw % 2]
+        assert feats.shape == (FRAMES, BINS) and label % 2 == draw % 2
+        peaks.setdefault(label // 2, set()).add(int(feats.std(dim=0).argmax()))  # the mel bin of the tone
+    assert set(asked) == {None}  # always the whole segment
+    assert sorted(peaks) == [0, 1, 2] and all(len(bins) == 1 for bins in peaks.values())
+    (normal,), (slower,), (faster,) = (peaks[index] for index in range(3))
+    assert slower < normal < faster  # speed 0.9 lowers the tone's pitch, 1.1 raises it
+    plain = SpeakerlabDataset([_utt(path)], ["s"], speed_perturb=False)
+    assert plain.num_classes == 1 and {plain[0][1] for _ in range(5)} == {0}

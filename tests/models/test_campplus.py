@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,6 +30,15 @@ def model() -> CAMPPlus:
 )
 def test_parameter_total_matches_published_model(embedding_size: int, expected_total: int) -> None:
     assert count_parameters(CAMPPlus(embedding_size=embedding_size)) == expected_total
+
+
+def test_trains_checkpointed_by_default_as_the_reference() -> None:
+    # 3D-Speaker's CAMPPlus defaults to memory_efficient=True (DTDNN.py:58) and cam++.yaml does not override it.
+    facts = json.loads((Path(__file__).resolve().parents[1] / "reference" / "speaker_recipes.json").read_text())
+    assert facts["3d-speaker"]["campplus_memory_efficient_default"] is True
+    assert "memory_efficient" not in facts["3d-speaker"]["recipes"]["cam++"]["embedding_model_args"]
+    layers = [m for m in CAMPPlus().modules() if hasattr(m, "memory_efficient")]
+    assert len(layers) == 12 + 24 + 16 and all(layer.memory_efficient for layer in layers)
 
 
 def test_fcm_head_parameter_total() -> None:
@@ -71,7 +83,7 @@ def test_backward_gives_finite_gradients_for_every_parameter(model: CAMPPlus) ->
 
 def _twin_models() -> tuple[CAMPPlus, CAMPPlus]:
     torch.manual_seed(0)
-    plain = CAMPPlus(embedding_size=192)
+    plain = CAMPPlus(embedding_size=192, memory_efficient=False)
     checkpointed = CAMPPlus(embedding_size=192, memory_efficient=True)
     checkpointed.load_state_dict(plain.state_dict())
     return plain, checkpointed

@@ -1,0 +1,26 @@
+"""Build a speaker workload's TrainingSetup on a corpus, as a trial process does, for the workload tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from autotune import workloads
+from autotune.trial import TrialConfig
+from autotune.workloads.base import WorkloadContext
+
+# Narrow models: the pipelines are under test, not the networks' widths.
+SMALL = {"ecapa-tdnn": {"channels": 64}, "ecapa-tdnn-512": {"channels": 64}, "eres2net-large": {"m_channels": 8}}
+
+
+def build(name: str, corpus: Path, preload: bool = False, **options: object) -> workloads.TrainingSetup:
+    """The workload's setup over the corpus, with the given options over its defaults (and a narrow model)."""
+    workload = workloads.get(name)
+    context = WorkloadContext(
+        data=workload.load_data(str(corpus)),
+        config=TrialConfig(per_device_batch_size=3, preload_audio=preload),
+        options={**workload.options, **SMALL.get(name, {}), **options},
+        device=torch.device("cpu"),
+    )
+    return workload.build(context)
