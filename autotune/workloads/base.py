@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from autotune.data import DataSource
+    from autotune.data.offline import Preparation
     from autotune.trial.spec import TrialConfig
 
 __all__ = ["Workload", "WorkloadContext", "TrainingSetup", "move_to_device"]
@@ -99,6 +100,10 @@ class Workload:
         space_file: the search-space YAML used when the user gives none.
         options: workload options and their defaults (e.g. crop_s), overridable per run.
         knobs: workload-specific search parameters beyond the core DataLoader/precision ones.
+        prepare_data: (data, options) -> what was prepared, or None: the recipe's one-off work before training
+            (WeNet's CMVN statistics, ming024's feature extraction), done once per run in the parent before any
+            trial and cached (`autotune.data.offline`), so that trials measure the training pipeline the recipe
+            runs and not its preprocessing. Raises a UserError for bad data or options. None: nothing to prepare.
     """
 
     name: str
@@ -111,3 +116,4 @@ class Workload:
     space_file: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     knobs: Sequence[str] = ()
+    prepare_data: Callable[[DataSource, dict[str, Any]], Preparation | None] | None = None

@@ -123,8 +123,10 @@ def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
     conformer: workloads.Workload, corpus: Path, tmp_path: Path
 ) -> None:
     source = conformer.load_data(str(shutil.copytree(corpus, tmp_path / "corpus")))
-    # The filter drops an utterance without tokens: its audio (missing here) must not be preloaded.
-    dropped = replace(source.utterances[0], utt_id="no-text", path=str(tmp_path / "gone.wav"), text="")
+    # The filter drops an utterance without tokens: its audio must not be preloaded (the CMVN statistics, computed
+    # over the whole list as WeNet's, read it once before preloading; it is deleted with the others below).
+    gone = shutil.copy(source.utterances[0].path, tmp_path / "gone.wav")
+    dropped = replace(source.utterances[0], utt_id="no-text", path=str(gone), text="")
     config = TrialConfig(per_device_batch_size=2, preload_audio=True)
     context = WorkloadContext(
         data=replace(source, utterances=(*source.utterances, dropped)),
@@ -134,7 +136,7 @@ def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
     )
     setup = conformer.build(context)
     assert setup.preload_s > 0 and len(setup.dataset.audio) == len(setup.dataset) == 6  # type: ignore[attr-defined]
-    for utt in source.utterances:
+    for utt in (*source.utterances, dropped):
         Path(utt.path).unlink()
     feats, tokens, _ = setup.dataset[0]  # type: ignore[misc]
     assert feats.shape[1] == 80 and len(tokens) > 0
