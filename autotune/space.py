@@ -17,8 +17,11 @@ A space file looks like::
 batch_size by the world size), so with several devices the baseline gets its share; the default `per_device` keeps
 it per device (WeNet, SpeechBrain). `when` holds conditions that are data, never code: a key is
 `device` or an earlier parameter; a value is a scalar (equals), a list (one of), or a mapping with `at_least`,
-`at_most`, `equals` or `one_of`. `from_dict` is the one pure function from a mapping to a SearchSpace; fitting the
-recipe's values (baseline, seeds, `auto`, batches per device) into this machine's space is `autotune.space_fit`.
+`at_most`, `equals` or `one_of`. `fixed` may also hold `grad_accum_steps`, the recipe's gradient accumulation
+(WeNet's accum_grad), which every configuration keeps: the search varies how the recipe is fed, not how often it
+steps (`--global-batch` replaces it with what the held global batch needs). `from_dict` is the one pure function
+from a mapping to a SearchSpace; fitting the recipe's values (baseline, seeds, `auto`, batches per device) into this
+machine's space is `autotune.space_fit`.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ CORE_PARAMS: dict[str, type] = {
     "intra_op_threads": int,
     "cudnn_benchmark": bool,
 }
+# Recipe settings a space may fix (in `fixed`, so for every configuration, the baseline included) but not search.
+RECIPE_SETTINGS: dict[str, type] = {"grad_accum_steps": int}
 _CONDITION_OPS = {"at_least", "at_most", "equals", "one_of"}
 _TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
 _DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
@@ -206,10 +211,15 @@ def from_dict(
             params.append(param)
     if global_batch_size is not None:
         params = [fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
-    fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
+    fixed = _check_fixed(merged.get("fixed") or {}, known, origin)
     raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
-        raw_baseline, merged.get("recipe_batch", "per_device"), world_size, global_batch_size, origin
+        raw_baseline,
+        merged.get("recipe_batch", "per_device"),
+        world_size,
+        global_batch_size,
+        origin,
+        accumulates=fixed.get("grad_accum_steps", 1) > 1,
     )
     space = SearchSpace(
         workload=str(merged.get("workload", "")),
@@ -258,6 +268,14 @@ def _check_values(values: Any, known: dict[str, Any], origin: str, section: str)
     for name in values:
         _check_name(name, known, origin)
     return dict(values)
+
+
+def _check_fixed(values: Any, known: dict[str, Any], origin: str) -> dict[str, Any]:
+    fixed = _check_values(values, {**known, **RECIPE_SETTINGS}, origin, "fixed")
+    accumulation = fixed.get("grad_accum_steps", 1)
+    if not _is_type(accumulation, int) or accumulation < 1:
+        raise SpaceError(f"{origin}: fixed grad_accum_steps must be a whole number >= 1, got {accumulation!r}")
+    return fixed
 
 
 def _check_seeds(raw: Any, known: dict[str, Any], origin: str) -> list[dict[str, Any]]:
