@@ -238,6 +238,10 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     amp = assessment.check_precisions(plan, make_spec, request.amp_check)
     search_settings = assessment.budget_left(settings, amp)
+    if plan.preparation is not None and plan.preparation.seconds and search_settings.budget_s is not None:
+        # --budget is the whole run's wall clock: the one-off preparation comes off it, as the AMP check does.
+        left_s = max(1.0, search_settings.budget_s - plan.preparation.seconds)
+        search_settings = dataclasses.replace(search_settings, budget_s=left_s)
     tuner = Tuner(
         study=study,
         space=plan.space,
