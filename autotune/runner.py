@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -25,6 +25,9 @@ from autotune.trial import TrialConfig, TrialSpec
 from autotune.trial.amp_check import AmpCheckSettings
 from autotune.tuner import STORAGE_FAILED, Reporter, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
+
+if TYPE_CHECKING:
+    from autotune.data.offline import Preparation
 
 __all__ = ["RunRequest", "RunPlan", "RunReport", "TuningFailed", "prepare", "execute", "redact_url"]
 
@@ -77,6 +80,7 @@ class RunPlan:
     world_size: int = 1
     warm_start: warmstart.WarmStart | None = None
     option_notes: tuple[str, ...] = ()  # what the workload says about its options (Workload.check_options)
+    preparation: Preparation | None = None  # the workload's one-off data preparation, done by execute()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -215,6 +219,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     request, settings = plan.request, plan.request.settings
     plan.workdir.mkdir(parents=True, exist_ok=True)
     data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
+    plan.preparation = prepare_data(plan)
 
     def make_spec(config: TrialConfig, result_path: str) -> TrialSpec:
         return TrialSpec(
@@ -232,6 +237,10 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     amp = assessment.check_precisions(plan, make_spec, request.amp_check)
     search_settings = assessment.budget_left(settings, amp)
+    if plan.preparation is not None and plan.preparation.seconds and search_settings.budget_s is not None:
+        # --budget is the whole run's wall clock: the one-off preparation comes off it, as the AMP check does.
+        left_s = max(1.0, search_settings.budget_s - plan.preparation.seconds)
+        search_settings = dataclasses.replace(search_settings, budget_s=left_s)
     tuner = Tuner(
         study=study,
         space=plan.space,
@@ -294,6 +303,17 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     )
 
 
+def prepare_data(plan: RunPlan) -> Preparation | None:
+    """The workload's one-off preparation (CMVN statistics, precomputed features), before any trial: what the recipe
+    does once before training is neither repeated per trial nor counted in any throughput (data/offline.py)."""
+    if plan.workload.prepare_data is None:
+        return None
+    preparation = plan.workload.prepare_data(plan.data, plan.options)
+    if preparation is not None:
+        logger.info("%s", preparation.note())
+    return preparation
+
+
 def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     assert outcome.winner is not None
     winner = summarise_measurements([r.result for r in outcome.winner.records])
@@ -314,6 +334,8 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     lr_note = learning_rate_advice(plan, outcome)
     if lr_note:
         notes.append(lr_note)
+    if plan.preparation is not None:
+        notes.append(plan.preparation.note())
     return TunedConfig(
         workload={
             "name": plan.workload.name,
@@ -330,6 +352,7 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
             "speedup": speedup,
             "speedup_range": speedup_range(winner, baseline),
             "epoch": predict_epoch(plan, winner, baseline),
+            "data_preparation": plan.preparation.to_dict() if plan.preparation else None,
         },
         hardware=plan.hardware.to_dict(),
         data=plan.data.describe(),

@@ -17,8 +17,11 @@ A space file looks like::
 batch_size by the world size), so with several devices the baseline gets its share; the default `per_device` keeps
 it per device (WeNet, SpeechBrain). `when` holds conditions that are data, never code: a key is
 `device` or an earlier parameter; a value is a scalar (equals), a list (one of), or a mapping with `at_least`,
-`at_most`, `equals` or `one_of`. `from_dict` is the one pure function from a mapping to a SearchSpace; fitting the
-recipe's values (baseline, seeds, `auto`, batches per device) into this machine's space is `autotune.space_fit`.
+`at_most`, `equals` or `one_of`. `fixed` may also hold `grad_accum_steps`, the recipe's gradient accumulation
+(WeNet's accum_grad), which every configuration keeps: the search varies how the recipe is fed, not how often it
+steps (`--global-batch` replaces it with what the held global batch needs). `from_dict` is the one pure function
+from a mapping to a SearchSpace; fitting the recipe's values (baseline, seeds, `auto`, batches per device) into this
+machine's space is `autotune.space_fit`.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ MINIMUM: dict[str, int] = {"per_device_batch_size": 1, "num_workers": 0, "prefet
 # A grid (and the configurations it enumerates) is built in memory: an int range past this is a mistake, not a grid.
 MAX_GRID_VALUES = 10_000
 MAX_GRID_POINTS = 100_000
+# Recipe settings a space may fix (in `fixed`, so for every configuration, the baseline included) but not search.
+RECIPE_SETTINGS: dict[str, type] = {"grad_accum_steps": int}
 _TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
 _DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -263,7 +268,7 @@ def from_dict(
             params.append(param)
     if global_batch_size is not None:
         params = [fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
-    fixed = _check_values(merged.get("fixed") or {}, known, origin, "fixed")
+    fixed = _check_fixed(merged.get("fixed") or {}, known, origin)
     if fixed.get("precision") == TORCH_DEFAULT_FP32 and TORCH_DEFAULT_FP32 not in hardware.supported_precisions():
         fixed["precision"] = "fp32"  # no TF32 here: torch's defaults are strict fp32 (space_fit._same_maths)
     if "precision" in fixed and fixed["precision"] not in hardware.supported_precisions():
@@ -272,7 +277,12 @@ def from_dict(
         )
     raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
-        raw_baseline, merged.get("recipe_batch", "per_device"), world_size, global_batch_size, origin
+        raw_baseline,
+        merged.get("recipe_batch", "per_device"),
+        world_size,
+        global_batch_size,
+        origin,
+        accumulates=fixed.get("grad_accum_steps", 1) > 1,
     )
     space = SearchSpace(
         workload=str(merged.get("workload", "")),
@@ -353,6 +363,14 @@ def check_value(name: str, value: Any, where: str, *, auto: bool = False) -> Non
         raise SpaceError(f"{where}: unknown precision {value!r}; use {', '.join(PRECISIONS)}")
     if name in MINIMUM and value < MINIMUM[name]:
         raise SpaceError(f"{where}: {value!r} is below the least {name} ({MINIMUM[name]})")
+
+
+def _check_fixed(values: Any, known: dict[str, Any], origin: str) -> dict[str, Any]:
+    fixed = _check_values(values, {**known, **RECIPE_SETTINGS}, origin, "fixed")
+    accumulation = fixed.get("grad_accum_steps", 1)
+    if not _is_type(accumulation, int) or accumulation < 1:
+        raise SpaceError(f"{origin}: fixed grad_accum_steps must be a whole number >= 1, got {accumulation!r}")
+    return fixed
 
 
 def _check_seeds(raw: Any, known: dict[str, Any], origin: str) -> list[dict[str, Any]]:

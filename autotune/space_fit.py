@@ -130,14 +130,30 @@ def _divisors(number: int) -> list[int]:
 
 
 def baseline_per_device(
-    baseline: dict[str, Any], recipe_batch: Any, world_size: int, global_batch_size: int | None, origin: str
+    baseline: dict[str, Any],
+    recipe_batch: Any,
+    world_size: int,
+    global_batch_size: int | None,
+    origin: str,
+    *,
+    accumulates: bool = False,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The recipe's batch as one device's share: of --global-batch when given, of a global recipe batch otherwise."""
+    """The recipe's batch as one device's share: of --global-batch when given, of a global recipe batch otherwise.
+
+    A recipe that accumulates gradients (`accumulates`) keeps its own per-device batch under --global-batch when that
+    batch times the devices divides it: the rest is accumulation, as the recipe makes up its global batch.
+    """
     if recipe_batch not in RECIPE_BATCH:
         raise SpaceError(f"{origin}: recipe_batch must be one of {list(RECIPE_BATCH)}, got {recipe_batch!r}")
     recipe = baseline.get("per_device_batch_size")
     if recipe is None:
         return baseline, ()
+    if global_batch_size is not None and accumulates and global_batch_size % (recipe * world_size) == 0:
+        steps = global_batch_size // (recipe * world_size)
+        return baseline, (
+            f"per_device_batch_size: the recipe's {recipe} kept; --global-batch {global_batch_size} over "
+            f"{world_size} device(s) -> {steps} accumulation step(s)",
+        )
     if global_batch_size is not None:
         share = max(1, global_batch_size // world_size)
         note = f"per_device_batch_size: --global-batch {global_batch_size} over {world_size} device(s) -> {share}"

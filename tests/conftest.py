@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,16 @@ def make_cuda(name: str = "NVIDIA A100-SXM4-80GB", capability: tuple[int, int] =
         torch_version="x",
         cuda_version="13.0",
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Prepared data (CMVN statistics, TTS targets) of the tests' corpora goes to a session folder, trial
+    subprocesses included, never into the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("autotune-cache")
+        patch.setenv("AUTOTUNE_CACHE_DIR", str(folder))
+        yield folder
 
 
 @pytest.fixture

@@ -135,6 +135,14 @@ def _write(tmp_path: Path, text: str) -> Path:
             "params: {num_workers: {type: int, low: 0, high: 2}}\nbaseline: {workers: 2}\n",
             "unknown parameter 'workers'",
         ),
+        (  # the recipe's accumulation is fixed, never searched
+            "params: {grad_accum_steps: {type: int, low: 1, high: 4}}\n",
+            "unknown parameter 'grad_accum_steps'",
+        ),
+        (
+            "params: {num_workers: {type: int, low: 0, high: 2}}\nfixed: {grad_accum_steps: 0}\n",
+            "fixed grad_accum_steps must be a whole number >= 1, got 0",
+        ),
     ],
     ids=lambda value: value if len(value) < 30 else None,
 )

@@ -5,9 +5,9 @@ filter (filter_conf) -> resample to 16 kHz -> speed perturb (0.9/1.0/1.1) -> fba
 on the waveform scaled to 16-bit range, energy_floor 0) -> SpecAugment (2 time masks up to 50 frames, 2 frequency
 masks up to 10 bins) -> sort -> batch -> pad (features with 0, tokens with -1). Two stand-ins, both cheap and both
 documented: speed perturbation resamples with ``torchaudio.functional.resample`` in one step with the rate change
-(WeNet calls sox ``speed`` + ``rate``, which newer torchaudio no longer ships), and features are mean/variance
-normalised per utterance instead of by the recipe's global CMVN (statistics computed offline over the training set
-and applied inside the model: one affine per bin either way).
+(WeNet calls sox ``speed`` + ``rate``, which newer torchaudio no longer ships). Features leave the pipeline raw, as
+WeNet's: the recipe's global CMVN is applied inside the model (`autotune.models.conformer.GlobalCMVN`), with
+statistics computed once over the training list (`autotune.data.cmvn`).
 
 The work happens in ``__getitem__``, so in DataLoader workers, where the tuner must see its cost.
 """
@@ -48,13 +48,15 @@ def split_characters(text: str) -> list[str]:
 
 
 class CharVocabulary:
-    """A character vocabulary as WeNet's dict: 0 = <blank>, 1 = <unk>, the characters sorted, last = <sos/eos>."""
+    """A character vocabulary as the aishell recipe's dict (run.sh stage 2): 0 = <blank>, 1 = <unk>, 2 = <sos/eos>,
+    then the characters sorted."""
 
     BLANK, UNK, SOS_EOS = "<blank>", "<unk>", "<sos/eos>"
+    SOS_EOS_ID = 2
 
     def __init__(self, characters: Iterable[str]) -> None:
         """Args: characters: the token characters; duplicates are ignored."""
-        self.symbols = (self.BLANK, self.UNK, *sorted(set(characters)), self.SOS_EOS)
+        self.symbols = (self.BLANK, self.UNK, self.SOS_EOS, *sorted(set(characters)))
         self._ids = {symbol: index for index, symbol in enumerate(self.symbols)}
 
     @classmethod
@@ -195,7 +197,7 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
             energy_floor=0.0,
             sample_frequency=float(config.sample_rate),
         )
-        return (feats - feats.mean(dim=0)) / feats.std(dim=0, correction=0).clamp_min(1e-5)
+        return feats  # raw, as WeNet's: the model's global CMVN normalises them
 
     def _frame_range(self, utt: Utterance) -> tuple[int, int]:
         """(fewest, most) fbank frames over the speeds, as resample's output length makes them."""

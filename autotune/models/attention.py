@@ -12,14 +12,18 @@ import torch
 from torch import nn
 
 
-def sinusoid_table(num_positions: int, d_model: int) -> torch.Tensor:
-    """Return the (num_positions, d_model) table PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...)."""
-    position = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)
-    inverse_frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    table = torch.zeros(num_positions, d_model)
+def sinusoid_table(num_positions: int, d_model: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Return the (num_positions, d_model) float32 table PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...).
+
+    ``dtype`` is the precision it is computed in: WeNet computes in float32, ming024 in float64 (numpy) before
+    storing float32; computing as the reference does gives its table to the last bit.
+    """
+    position = torch.arange(num_positions, dtype=dtype).unsqueeze(1)
+    inverse_frequency = torch.exp(torch.arange(0, d_model, 2, dtype=dtype) * -(math.log(10000.0) / d_model))
+    table = torch.zeros(num_positions, d_model, dtype=dtype)
     table[:, 0::2] = torch.sin(position * inverse_frequency)
     table[:, 1::2] = torch.cos(position * inverse_frequency)
-    return table
+    return table.float()
 
 
 class PositionalEncoding(nn.Module):
@@ -30,14 +34,18 @@ class PositionalEncoding(nn.Module):
         self.d_model = d_model
         self.xscale = math.sqrt(d_model)
         self.dropout = nn.Dropout(p=dropout_rate)
-        # Not persistent: WeNet checkpoints carry no table, and it is rebuilt (longer) on demand.
-        self.register_buffer("pe", sinusoid_table(max_len, d_model), persistent=False)
+        # Persistent, shaped (1, max_len, d_model): WeNet saves it in its checkpoints, which must load strictly.
+        self.register_buffer("pe", sinusoid_table(max_len, d_model).unsqueeze(0))
 
     def positions(self, length: int, like: torch.Tensor) -> torch.Tensor:
-        """Return the first ``length`` positions as (1, length, d_model), growing the table if it is too short."""
-        if length > self.pe.shape[0]:
-            self.pe = sinusoid_table(length, self.d_model).to(self.pe.device)
-        return self.pe[:length].unsqueeze(0).to(like.dtype)
+        """Return the first ``length`` positions as (1, length, d_model).
+
+        Past the table (WeNet asserts there: 5000 positions, 200 s of audio after subsampling) the positions are
+        computed for this call, not stored, so that the saved table keeps its checkpoint shape.
+        """
+        if length > self.pe.shape[1]:
+            return sinusoid_table(length, self.d_model).to(like.device, like.dtype).unsqueeze(0)
+        return self.pe[:, :length].to(like.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Encode (B, T, d_model) embeddings."""

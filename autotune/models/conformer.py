@@ -1,9 +1,13 @@
 """WeNet's conformer encoder and hybrid CTC/attention ASR model (aishell ``train_conformer.yaml``).
 
-Attribute names follow ``wenet/transformer`` (``encoder.embed.conv``, ``encoder.encoders.N.self_attn``,
-``decoder.decoders.N``, ``ctc.ctc_lo``...) so WeNet checkpoints load as is. Global CMVN and SpecAugment are left to
-the data pipeline. With the defaults (4233-token vocabulary) the model has 46,197,266 parameters: encoder
-33,464,832, decoder 11,644,553, CTC 1,087,881.
+Parameter and buffer names and shapes follow ``wenet/models/transformer`` (``encoder.global_cmvn.mean``,
+``encoder.embed.conv``, ``encoder.embed.pos_enc.pe``, ``encoder.encoders.N.self_attn``, ``decoder.decoders.N``,
+``ctc.ctc_lo``...), so a WeNet checkpoint loads with ``strict=True``: tests/models/test_conformer.py holds WeNet's
+own state-dict layout and outputs, recorded at wenet-e2e/wenet 0154699. As in the aishell recipe, global CMVN lives
+in the model (its statistics computed from the training list: `autotune.data.cmvn`), <sos/eos> is id 2 (the
+recipe's dictionary: <blank> 0, <unk> 1, <sos/eos> 2) and the position tables are saved. With the defaults
+(4233-token vocabulary) the model has 46,197,266 trainable parameters: encoder 33,464,832, decoder 11,644,553, CTC
+1,087,881.
 
 Two deliberate departures, both invisible on well-formed, unpadded input: the convolution module zeroes padding
 right before its depthwise convolution (so padding cannot leak into real frames), and the CTC loss uses
@@ -29,6 +33,30 @@ IGNORE_ID = -1
 def subsampled_lengths(feat_lengths: torch.Tensor) -> torch.Tensor:
     """Return the number of encoder frames each utterance keeps after 4x subsampling."""
     return ((feat_lengths - 1) // 2 - 1) // 2
+
+
+class GlobalCMVN(nn.Module):
+    """Global mean and variance normalisation of the input features: (x - mean) * istd, per bin.
+
+    WeNet keeps the statistics of the training list in the model (``cmvn: global_cmvn``), so they travel with its
+    checkpoints; until `set_stats` they are the identity.
+    """
+
+    def __init__(self, feat_dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(feat_dim))
+        self.register_buffer("istd", torch.ones(feat_dim))
+
+    def set_stats(self, mean: torch.Tensor, istd: torch.Tensor) -> None:
+        """Use these statistics (each (feat_dim,)), as WeNet's init_model does from its global_cmvn file."""
+        if mean.shape != self.mean.shape or istd.shape != self.istd.shape:
+            raise ValueError(f"CMVN statistics of shape {tuple(mean.shape)} do not fit {self.mean.numel()} bins")
+        self.mean.copy_(mean)
+        self.istd.copy_(istd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise (B, T, feat_dim) features."""
+        return (x - self.mean) * self.istd
 
 
 class Conv2dSubsampling4(nn.Module):
@@ -104,7 +132,7 @@ class ConformerEncoderLayer(nn.Module):
 
 
 class ConformerEncoder(nn.Module):
-    """Conv2d x4 subsampling, ``num_blocks`` conformer layers and a final LayerNorm (pre-norm throughout)."""
+    """Global CMVN, Conv2d x4 subsampling, ``num_blocks`` conformer layers and a final LayerNorm (pre-norm)."""
 
     def __init__(
         self,
@@ -117,16 +145,17 @@ class ConformerEncoder(nn.Module):
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
+        self.global_cmvn = GlobalCMVN(feat_dim)
         self.embed = Conv2dSubsampling4(feat_dim, output_size, dropout)
+        self.after_norm = nn.LayerNorm(output_size, eps=1e-5)  # declared before the layers, as WeNet (state order)
         self.encoders = nn.ModuleList(
             ConformerEncoderLayer(output_size, attention_heads, linear_units, cnn_module_kernel, dropout)
             for _ in range(num_blocks)
         )
-        self.after_norm = nn.LayerNorm(output_size, eps=1e-5)
 
     def forward(self, feats: torch.Tensor, feat_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode (B, T, feat_dim) features; returns (B, T', size) and a (B, T') mask, True at real frames."""
-        x, pos_emb = self.embed(feats)
+        x, pos_emb = self.embed(self.global_cmvn(feats))
         pad_mask = padding_mask(subsampled_lengths(feat_lengths), x.shape[1])
         for layer in self.encoders:
             x = layer(x, pad_mask, pos_emb)
@@ -187,7 +216,7 @@ class ConformerASR(nn.Module):
     """Conformer encoder + transformer decoder trained with the hybrid CTC/attention loss, as WeNet.
 
     Args:
-        vocab_size: Token vocabulary, including <blank> (id 0) and <sos/eos> (the last id).
+        vocab_size: Token vocabulary, including <blank> (id 0), <unk> (1) and <sos/eos>.
         feat_dim: Input fbank size.
         output_size: Model width of encoder and decoder.
         attention_heads: Heads per attention layer (encoder and decoder).
@@ -198,6 +227,8 @@ class ConformerASR(nn.Module):
         dropout: Residual, feed-forward and positional dropout (attention dropout is 0, as in the recipe).
         ctc_weight: Weight of the CTC loss; the attention loss gets 1 - ctc_weight.
         lsm_weight: Label smoothing of the attention loss.
+        sos_eos: The id of <sos/eos>: 2 in the recipe's dictionary (WeNet's own default without special_tokens,
+            the last id, is not what the aishell recipe trains with).
     """
 
     def __init__(
@@ -213,11 +244,14 @@ class ConformerASR(nn.Module):
         dropout: float = 0.1,
         ctc_weight: float = 0.3,
         lsm_weight: float = 0.1,
+        sos_eos: int = 2,
     ) -> None:
         super().__init__()
         if not 0.0 <= ctc_weight <= 1.0:
             raise ValueError(f"ctc_weight must lie in [0, 1], got {ctc_weight}")
-        self.sos = self.eos = vocab_size - 1
+        if not 0 < sos_eos < vocab_size:
+            raise ValueError(f"sos_eos {sos_eos} is not a token id of a {vocab_size}-token vocabulary (0 is <blank>)")
+        self.sos = self.eos = sos_eos
         self.ctc_weight = ctc_weight
         self.lsm_weight = lsm_weight
         self.encoder = ConformerEncoder(

@@ -1,16 +1,18 @@
 """FastSpeech 2 acoustic model (Ren et al., 2021) as ming024/FastSpeech2 builds it for LJSpeech.
 
-Layout and module names follow ``model/fastspeech2.py``, ``model/modules.py`` and ``transformer/`` of
-ming024/FastSpeech2 with ``config/LJSpeech/model.yaml``: a 4-block FFT encoder and a 6-block FFT decoder (hidden 256,
+Layout, parameter and buffer names and shapes follow ``model/fastspeech2.py``, ``model/modules.py`` and
+``transformer/`` of ming024/FastSpeech2 with ``config/LJSpeech/model.yaml``, so a ming024 checkpoint loads with
+``strict=True`` (tests/models/test_fastspeech2.py holds ming024's own state-dict layout and outputs, recorded at
+ming024/FastSpeech2 d4e79eb): a 4-block FFT encoder and a 6-block FFT decoder (hidden 256,
 2 heads, post-norm, a 1024-filter convolutional feed-forward with kernels [9, 1], dropout 0.2); a variance adaptor
 with duration, pitch and energy predictors (two conv(k=3, 256) + ReLU + LayerNorm + dropout 0.5 layers and a linear
 head each), phoneme-level pitch and energy quantised into 256 bins and embedded, and a length regulator; an 80-bin
 mel linear and a 5-layer PostNet (512 channels, kernel 5, BatchNorm, tanh, dropout 0.5). The loss is
 ``model/loss.py``'s: L1 of the mel before and after the PostNet plus MSE of log(duration + 1), pitch and energy.
 
-Parameter count. No exact total is published: the paper's "27M" (as espnet/espnet#2019 quotes it) is for its own
+Parameter count. No total is published: the paper's "27M" (as espnet/espnet#2019 quotes it) is for its own
 configuration, and ming024 prints its count at training time only. The total here is arithmetic over the LJSpeech
-configuration, asserted in the tests:
+configuration, asserted in the tests and equal to the trainable parameters of ming024's own model:
 
 - FFT block: attention 4 x (256*256 + 256) + LayerNorm 512 = 263,680; feed-forward conv 256->1024 k9 2,360,320
   + conv 1024->256 k1 262,400 + LayerNorm 512 = 2,623,232; block 2,886,912. Encoder 4 blocks 11,547,648, decoder
@@ -19,14 +21,17 @@ configuration, asserted in the tests:
   and energy embeddings 2 x 256 x 256 = 131,072.
 - Mel linear 20,560. PostNet: conv 80->512 205,312 + BN 1,024; 3 x (conv 512->512 1,311,232 + BN 1,024);
   conv 512->80 204,880 + BN 160: 4,348,144.
-- Symbol embedding: (symbols + 1) x 256, ming024's sizing (one spare row). With the 151 symbols of
-  `autotune.data.tts.SYMBOLS` (ming024's English table without pinyin): 152 x 256 = 38,912.
-- Total 34,592,835 trainable parameters.
+- Symbol embedding: (symbols + 1) x 256, ming024's sizing (one spare row). ming024's table (text/symbols.py,
+  `autotune.data.tts.SYMBOLS`) has 360 symbols, pinyin included even for LJSpeech: 361 x 256 = 92,416.
+- Total 34,646,339 trainable parameters.
 
-ming024 keeps the sinusoid tables (2 x 1001 x 256) and the bin boundaries (2 x 255) as frozen ``nn.Parameter``s, so
-its own printout is 513,022 higher for the same model; here they are buffers, as nothing trains them. The length
-regulator gathers frames in one indexing operation instead of ming024's per-token Python loop (same result). As in
-ming024, the PostNet and the predictors' second convolution see padded positions; the loss masks padding.
+ming024 keeps the sinusoid tables (2 x 1 x 1001 x 256) and the pitch/energy bin boundaries (2 x 255) as frozen
+``nn.Parameter``s, so its own printout (utils/model.py get_param_num, every parameter) says 35,159,361; here they are
+persistent buffers: the same state-dict entries, and nothing trains them. The bin boundaries span the normalised
+pitch and energy of the training set (ming024's stats.json, made by its preprocessing; `autotune.data.tts_features`).
+The length regulator gathers frames in one indexing operation instead of ming024's per-token Python loop (same
+result). As in ming024, the PostNet and the predictors' second convolution see padded positions; the loss masks
+padding.
 """
 
 from __future__ import annotations
@@ -65,8 +70,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.w_qs, self.w_ks, self.w_vs = (nn.Linear(d_model, d_model) for _ in range(3))
+        self.layer_norm = nn.LayerNorm(d_model)  # before fc, as ming024 declares them (state-dict order)
         self.fc = nn.Linear(d_model, d_model)
-        self.layer_norm = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
@@ -111,7 +116,8 @@ class FFTBlock(nn.Module):
 
 
 class FFTStack(nn.Module):
-    """Sinusoid positions (a fixed table of max_seq_len + 1 rows) plus a stack of FFT blocks."""
+    """Sinusoid positions (a fixed table of max_seq_len + 1 rows) plus a stack of FFT blocks; with ``n_symbols``, a
+    symbol embedding (padding id 0) first: ming024's Encoder, else its Decoder."""
 
     def __init__(
         self,
@@ -122,17 +128,22 @@ class FFTStack(nn.Module):
         kernel_size: tuple[int, int],
         dropout: float,
         max_seq_len: int,
+        n_symbols: int | None = None,
     ) -> None:
         super().__init__()
-        self.register_buffer("position_enc", sinusoid_table(max_seq_len + 1, d_model), persistent=False)
+        # (1, max_seq_len + 1, d_model) in float64 then float32, as ming024's numpy table: its checkpoints carry it.
+        table = sinusoid_table(max_seq_len + 1, d_model, dtype=torch.float64)
+        self.register_buffer("position_enc", table.unsqueeze(0))
+        if n_symbols is not None:  # registered before the layers, as ming024 (state-dict order)
+            self.src_word_emb = nn.Embedding(n_symbols, d_model, padding_idx=0)
         self.layer_stack = nn.ModuleList(
             FFTBlock(d_model, n_head, d_inner, kernel_size, dropout) for _ in range(n_layers)
         )
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] > self.position_enc.shape[0]:
-            raise ValueError(f"sequence of {x.shape[1]} exceeds max_seq_len {self.position_enc.shape[0] - 1}")
-        x = x + self.position_enc[: x.shape[1]].to(x.dtype)
+        if x.shape[1] > self.position_enc.shape[1]:
+            raise ValueError(f"sequence of {x.shape[1]} exceeds max_seq_len {self.position_enc.shape[1] - 1}")
+        x = x + self.position_enc[:, : x.shape[1]].to(x.dtype)
         for layer in self.layer_stack:
             x = layer(x, pad)
         return x
@@ -174,8 +185,7 @@ class Encoder(FFTStack):
     """Symbol embedding (padding id 0) followed by the FFT stack."""
 
     def __init__(self, n_symbols: int, n_layers: int, d_model: int, **fft: Any) -> None:
-        super().__init__(n_layers, d_model, **fft)
-        self.src_word_emb = nn.Embedding(n_symbols, d_model, padding_idx=0)
+        super().__init__(n_layers, d_model, n_symbols=n_symbols, **fft)
 
     def forward(self, tokens: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return super().forward(self.src_word_emb(tokens), pad)
@@ -198,8 +208,9 @@ class VarianceAdaptor(nn.Module):
         self.duration_predictor = VariancePredictor(d_model, filter_size, kernel_size, dropout)
         self.pitch_predictor = VariancePredictor(d_model, filter_size, kernel_size, dropout)
         self.energy_predictor = VariancePredictor(d_model, filter_size, kernel_size, dropout)
-        self.register_buffer("pitch_bins", torch.linspace(*pitch_range, n_bins - 1), persistent=False)
-        self.register_buffer("energy_bins", torch.linspace(*energy_range, n_bins - 1), persistent=False)
+        # Persistent: ming024's checkpoints carry them (frozen parameters there), set from its stats.json.
+        self.register_buffer("pitch_bins", torch.linspace(*pitch_range, n_bins - 1))
+        self.register_buffer("energy_bins", torch.linspace(*energy_range, n_bins - 1))
         self.pitch_embedding = nn.Embedding(n_bins, d_model)
         self.energy_embedding = nn.Embedding(n_bins, d_model)
 
@@ -252,7 +263,7 @@ class FastSpeech2(nn.Module):
     def __init__(
         self,
         *,
-        n_symbols: int = 152,
+        n_symbols: int = 361,
         d_model: int = 256,
         encoder_layers: int = 4,
         decoder_layers: int = 6,
@@ -270,7 +281,8 @@ class FastSpeech2(nn.Module):
         postnet_channels: int = 512,
         max_seq_len: int = 1000,
     ) -> None:
-        """Args mirror ming024's model.yaml; pitch/energy ranges bound the (normalised) values the bins cover."""
+        """Args mirror ming024's model.yaml; n_symbols is its embedding's rows (len(symbols) + 1); pitch/energy
+        ranges bound the (normalised) values the bins cover: the minimum and maximum of ming024's stats.json."""
         super().__init__()
         fft = {
             "d_model": d_model,

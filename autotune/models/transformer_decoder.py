@@ -1,6 +1,6 @@
 """WeNet's left-to-right transformer attention decoder (pre-norm) and the position-wise feed-forward it shares.
 
-Attribute names follow ``wenet/transformer/decoder.py`` and ``decoder_layer.py``.
+Attribute names, shapes and their order follow ``wenet/models/transformer/decoder.py`` and ``decoder_layer.py``.
 """
 
 from __future__ import annotations
@@ -86,11 +86,11 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         size = encoder_output_size
         self.embed = nn.Sequential(nn.Embedding(vocab_size, size), PositionalEncoding(size, dropout_rate))
+        self.after_norm = nn.LayerNorm(size, eps=1e-5)  # declared before the layers, as WeNet (state order)
+        self.output_layer = nn.Linear(size, vocab_size)
         self.decoders = nn.ModuleList(
             DecoderLayer(size, attention_heads, linear_units, dropout_rate) for _ in range(num_blocks)
         )
-        self.after_norm = nn.LayerNorm(size, eps=1e-5)
-        self.output_layer = nn.Linear(size, vocab_size)
 
     def forward(
         self, memory: torch.Tensor, memory_mask: torch.Tensor, ys_in: torch.Tensor, ys_in_lens: torch.Tensor

@@ -6,6 +6,11 @@ needs no scheduler. The warm-up costs nothing measurable, but it is not there fo
 from step one Adam makes the loss jump within a few steps, and a loss that turns non-finite in a long timed window
 would mark a configuration infeasible for a reason that has nothing to do with throughput.
 
+Global CMVN lives in the model, as the recipe's ``cmvn: global_cmvn``: its statistics come from the training list,
+computed once per run before the trials as run.sh stage 1 does (`autotune.data.cmvn`, cached), so items are raw
+fbank. The recipe accumulates gradients over 4 batches (``accum_grad: 4``): the space file holds that as
+grad_accum_steps.
+
 Batching follows the recipe's batch_conf through two workload knobs: ``batch_type`` static (``per_device_batch_size``
 length-sorted utterances, the recipe's 16) or dynamic (``max_frames_in_batch`` padded frames per batch); see
 `autotune.data.batching`. Option ``model`` overrides ConformerASR's keyword arguments (e.g. a small model in tests).
@@ -25,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from autotune.data import DataSource
+    from autotune.data.offline import Preparation
     from autotune.trial.spec import TrialConfig
 
 __all__ = ["PUBLISHED_VOCAB_SIZE", "load_asr_data", "warmup_lr"]
@@ -79,6 +85,7 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
     from torch import nn
 
     from autotune.data.asr import WENET_SPEEDS, AsrDataset, CharVocabulary, SpecAugmentConfig, collate_asr_batch
+    from autotune.data.cmvn import global_cmvn
     from autotune.models.conformer import MIN_INPUT_FRAMES, ConformerASR
 
     options = context.options
@@ -97,7 +104,9 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
             f"{MIN_INPUT_FRAMES} frames); check the transcripts and durations"
         )
     preload_s = preload_if_asked(dataset, context)  # before the worst-case copy below, which shares the reader
-    model = ConformerASR(**{**options["model"], "vocab_size": len(vocabulary)})
+    model = ConformerASR(**{**options["model"], "vocab_size": len(vocabulary), "sos_eos": vocabulary.SOS_EOS_ID})
+    cmvn, _ = global_cmvn(utterances, dataset.fbank)  # prepared before the trials: read from the cache
+    model.encoder.global_cmvn.set_stats(*cmvn.mean_istd())
     optimizer = torch.optim.Adam(model.parameters(), lr=warmup_lr(1))
     # GradScaler.step unscales before it calls optimizer.step, so the hook clips true gradients, as WeNet does.
     optimizer.register_step_pre_hook(_recipe_step_hook(model))
@@ -141,6 +150,14 @@ def _worst_case_batches(dataset: Any) -> Any:
     return worst
 
 
+def _prepare_conformer(data: DataSource, options: dict[str, Any]) -> Preparation:
+    """run.sh stage 1: the global CMVN statistics of every utterance of the training list, once per run (cached)."""
+    from autotune.data.asr import WENET_FBANK
+    from autotune.data.cmvn import global_cmvn
+
+    return global_cmvn(data.utterances, WENET_FBANK)[1]
+
+
 def _count_conformer_parameters() -> int:
     from autotune.models.conformer import ConformerASR
 
@@ -160,4 +177,5 @@ def conformer() -> Workload:
         space_file="conformer.yaml",
         options={"speed_perturb": True, "spec_aug": True, "sort_size": 500, "model": {}},
         knobs=("batch_type", "max_frames_in_batch"),
+        prepare_data=_prepare_conformer,
     )

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from autotune.data import DataSource
+    from autotune.data.offline import Preparation
     from autotune.trial.spec import TrialConfig
 
 __all__ = ["Workload", "WorkloadContext", "TrainingSetup", "move_to_device"]
@@ -102,6 +103,10 @@ class Workload:
         check_options: (the run's options, its data) -> notes for the result; runs once in the parent before any
             trial, raises a UserError for an option the user got wrong (one line, exit code 2) and prepares what
             trials will read (e.g. generates the synthetic noise set), so that a bad path never costs a trial.
+        prepare_data: (data, options) -> what was prepared, or None: the recipe's one-off work before training
+            (WeNet's CMVN statistics, ming024's feature extraction), done once per run in the parent before any
+            trial and cached (`autotune.data.offline`), so that trials measure the training pipeline the recipe
+            runs and not its preprocessing. Raises a UserError for bad data or options. None: nothing to prepare.
     """
 
     name: str
@@ -115,3 +120,4 @@ class Workload:
     options: dict[str, Any] = field(default_factory=dict)
     knobs: Sequence[str] = ()
     check_options: Callable[[dict[str, Any], DataSource], Sequence[str]] | None = None
+    prepare_data: Callable[[DataSource, dict[str, Any]], Preparation | None] | None = None

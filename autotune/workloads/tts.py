@@ -8,6 +8,14 @@ so the trial loop needs no scheduler. fp32, batch_size 16.
 Batching as ming024's loader: it draws batch_size x group_size (4) utterances, sorts them by text length and cuts
 them into 4 batches, dropping a short last one; here `LengthSortedBatchSampler` sorts windows of 4 x batch_size by
 symbol count. Option ``model`` overrides FastSpeech2's keyword arguments (a small model in tests).
+
+Option ``features`` says where the mel/pitch/energy/duration targets come from. ``precomputed`` (the default, the
+recipe): ming024's preprocess.py step runs once per run before the trials (cached by corpus and settings; its cost is
+reported beside the result, not charged to the throughput) and the DataLoader workers load four .npy files per item,
+as ming024's Dataset; the pitch/energy bins span the corpus's normalised range, as its stats.json sets them.
+``on_the_fly``: the workers compute the targets from the audio for every item, for users whose pipeline does that.
+It is an option, not a search knob: the two are different pipelines, not settings of one (ming024 has no switch to
+export, and computing per item is never the faster way to feed the same model), so the user says which one they run.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import DataError
+from autotune.errors import DataError, WorkloadError
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
 from autotune.workloads.registry import register
@@ -24,6 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from autotune.data import DataSource
+    from autotune.data.offline import Preparation
     from autotune.trial.spec import TrialConfig
 
 __all__ = ["load_tts_data", "noam_lr"]
@@ -35,6 +44,7 @@ RECIPE_ANNEAL_STEPS = (300_000, 400_000, 500_000)
 RECIPE_ANNEAL_RATE = 0.3
 RECIPE_GRAD_CLIP = 1.0
 RECIPE_GROUP_SIZE = 4
+FEATURE_SOURCES = ("precomputed", "on_the_fly")
 
 
 def load_tts_data(path: str | None) -> DataSource:
@@ -67,22 +77,65 @@ def _batch_sampler_factory(token_counts: tuple[int, ...]) -> Any:
     return factory
 
 
+def _feature_source(options: dict[str, Any]) -> str:
+    source = options.get("features", "precomputed")
+    if source not in FEATURE_SOURCES:
+        raise WorkloadError(
+            f"option features={source!r} is not one of {', '.join(FEATURE_SOURCES)}; precomputed reads ming024's "
+            "preprocessed targets, on_the_fly computes them per item"
+        )
+    return str(source)
+
+
+def _usable(data: DataSource, options: dict[str, Any]) -> tuple[Any, Any]:
+    """The utterances FastSpeech 2 trains on and their symbol ids; DataError when there are none."""
+    from autotune.data.tts import MelConfig, usable_for_tts
+
+    max_frames = int(options["model"].get("max_seq_len", 1000))
+    utterances, tokens = usable_for_tts(data.utterances, MelConfig(), max_frames)
+    if not utterances:
+        raise DataError(
+            f"none of the {len(data.utterances)} utterances is usable for TTS (a transcript with known characters or "
+            f"{{ARPAbet}} phones, at most {max_frames} mel frames = {max_frames * 256 / 22050:.1f} s); check the "
+            "transcripts and durations"
+        )
+    return utterances, tokens
+
+
+def _prepare_fastspeech2(data: DataSource, options: dict[str, Any]) -> Preparation | None:
+    """ming024's preprocess.py, once per run before the trials (cached), unless the targets are computed on the fly."""
+    if _feature_source(options) != "precomputed":
+        return None
+    from autotune.data.tts_features import ensure_tts_features
+
+    return ensure_tts_features(*_usable(data, options))[1]
+
+
+def _dataset(context: WorkloadContext) -> tuple[Any, dict[str, Any], float]:
+    """(dataset, the model's pitch/energy bin ranges, seconds spent preloading) for the option ``features``."""
+    from autotune.data.tts import TtsDataset
+    from autotune.data.tts_features import PrecomputedTtsDataset, ensure_tts_features
+
+    utterances, tokens = _usable(context.data, context.options)
+    if _feature_source(context.options) == "on_the_fly":
+        dataset = TtsDataset(utterances, max_frames=int(context.options["model"].get("max_seq_len", 1000)))
+        return dataset, {}, preload_if_asked(dataset, context)
+    store, _ = ensure_tts_features(utterances, tokens)  # prepared before the trials: read from the cache
+    features = PrecomputedTtsDataset(store, utterances, tokens)
+    ranges = {"pitch_range": store.pitch.bin_range, "energy_range": store.energy.bin_range}
+    return features, ranges, features.preload() if context.config.preload_audio else 0.0
+
+
 def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
     import torch
     from torch import nn
 
-    from autotune.data.tts import SYMBOLS, TtsDataset, collate_tts_batch
+    from autotune.data.tts import SYMBOLS, collate_tts_batch
     from autotune.models.fastspeech2 import FastSpeech2, fastspeech2_loss
 
-    options = {"n_symbols": len(SYMBOLS) + 1, **context.options["model"]}
+    dataset, bin_ranges, preload_s = _dataset(context)
+    options = {"n_symbols": len(SYMBOLS) + 1, **bin_ranges, **context.options["model"]}
     model = FastSpeech2(**options)
-    dataset = TtsDataset(context.data.utterances, max_frames=int(options.get("max_seq_len", 1000)))
-    if len(dataset) == 0:
-        raise DataError(
-            f"none of the {len(context.data.utterances)} utterances is usable for TTS (a transcript with known "
-            "characters or {ARPAbet} phones, at most 1000 mel frames = 11.6 s); check the transcripts and durations"
-        )
-    preload_s = preload_if_asked(dataset, context)
     d_model = int(options.get("d_model", 256))
     optimizer = torch.optim.Adam(model.parameters(), lr=noam_lr(1, d_model), betas=RECIPE_BETAS, eps=RECIPE_EPS)
     optimizer.register_step_pre_hook(scheduled_step_hook(model, lambda step: noam_lr(step, d_model), RECIPE_GRAD_CLIP))
@@ -142,9 +195,11 @@ def fastspeech2() -> Workload:
         build=_build_fastspeech2,
         load_data=load_tts_data,
         count_parameters=_count_fastspeech2_parameters,
-        # No exact total is published (the paper says "27M" for its own configuration); this is the per-component
-        # arithmetic of ming024's LJSpeech configuration, spelled out in autotune/models/fastspeech2.py.
-        published_parameters=34_592_835,
+        # No total is published (the paper says "27M" for its own configuration); this is the per-component
+        # arithmetic of ming024's LJSpeech configuration, spelled out in autotune/models/fastspeech2.py, and the
+        # trainable parameters of ming024's own model (tests/models/reference/ming024_fastspeech2_ljspeech.json).
+        published_parameters=34_646_339,
         space_file="fastspeech2.yaml",
-        options={"model": {}},
+        options={"model": {}, "features": "precomputed"},
+        prepare_data=_prepare_fastspeech2,
     )

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
+import torchaudio.functional as AF
+from torchaudio.compliance import kaldi
 
 from autotune.data import DataSource, load_source
 from autotune.data.asr import (
+    WENET_FBANK,
     AsrDataset,
     CharVocabulary,
     FilterConfig,
@@ -21,6 +25,7 @@ from autotune.data.asr import (
     spec_augment,
     split_characters,
 )
+from autotune.data.audio import read_segment
 from autotune.data.batching import LengthSortedBatchSampler
 from autotune.errors import DataError
 
@@ -125,9 +130,10 @@ def test_data_list_duplicate_key_and_missing_audio_name_their_lines(tmp_path: Pa
 def test_tokeniser_is_wenet_char_dictionary() -> None:
     assert split_characters(" ab c ") == ["a", "b", "▁", "c"]
     vocab = CharVocabulary.from_texts(["ab a", "ca", "甚"])
-    assert vocab.symbols == ("<blank>", "<unk>", "a", "b", "c", "▁", "甚", "<sos/eos>")
+    # WeNet's aishell run.sh stage 2: <blank> 0, <unk> 1, <sos/eos> 2, then the sorted characters from 3.
+    assert vocab.symbols == ("<blank>", "<unk>", "<sos/eos>", "a", "b", "c", "▁", "甚")
     assert len(vocab) == 8
-    assert vocab.encode("ab z甚") == [2, 3, 5, 1, 6]
+    assert vocab.encode("ab z甚") == [3, 4, 6, 1, 7]
     assert vocab.encode("") == []
 
 
@@ -170,12 +176,19 @@ def tones(tmp_path: Path) -> list:
 def test_dataset_items_filter_and_frame_counts(tones: list) -> None:
     vocab = CharVocabulary.from_texts(u.text for u in tones)
     exact = AsrDataset(tones, vocab, speeds=(1.0,), spec_aug=None, min_input_frames=7)
+    undithered = AsrDataset(tones, vocab, fbank=replace(WENET_FBANK, dither=0.0), speeds=(1.0,), spec_aug=None)
     assert [u.utt_id for u in exact.utterances] == ["long", "short"] and exact.n_filtered == 2
     assert exact.max_frames == (118, 48)
     for index in range(len(exact)):
         feats, tokens, duration_s = exact[index]
         assert feats.dtype == torch.float32 and feats.shape == (exact.max_frames[index], 80)
-        assert bool(torch.isfinite(feats).all()) and feats.mean(dim=0).abs().max() < 1e-3  # per-utterance CMVN
+        assert bool(torch.isfinite(feats).all())
+        # Raw fbank, as WeNet's pipeline yields it: the model's global CMVN normalises (no per-utterance CMVN).
+        waveform, rate = read_segment(exact.utterances[index])
+        if rate != SR:
+            waveform = AF.resample(waveform, rate, SR)
+        by_hand = kaldi.fbank(waveform.unsqueeze(0) * 32768, num_mel_bins=80, dither=0.0, energy_floor=0.0)
+        torch.testing.assert_close(undithered[index][0], by_hand)
         assert tokens.tolist() == vocab.encode(exact.utterances[index].text)
         assert duration_s == exact.utterances[index].duration_s
     for speed in (0.9, 1.1):  # the predicted frame count is exact at every speed, resampling included
@@ -192,8 +205,6 @@ def test_dataset_items_filter_and_frame_counts(tones: list) -> None:
 
 
 def _without_text(utterance: object) -> object:
-    from dataclasses import replace
-
     return replace(utterance, text=None)  # type: ignore[type-var]
 
 

@@ -10,13 +10,23 @@ import soundfile as sf
 import torch
 
 from autotune.data import load_source
-from autotune.data.tts import SYMBOLS, MelConfig, TtsDataset, collate_tts_batch, even_durations, text_to_ids
+from autotune.data.tts import (
+    SYMBOLS,
+    MelConfig,
+    TtsDataset,
+    TtsFeaturizer,
+    collate_tts_batch,
+    even_durations,
+    mel_frames,
+    text_to_ids,
+)
 
 
 def test_text_to_ids_reads_characters_and_arpabet() -> None:
-    assert SYMBOLS[0] == "_" and len(set(SYMBOLS)) == len(SYMBOLS) == 151
+    assert SYMBOLS[0] == "_" and len(set(SYMBOLS)) == len(SYMBOLS) == 360  # ming024's table, pinyin included
     ids = text_to_ids("Hi,  {HH AH0 sp} x#")
     assert [SYMBOLS[i] for i in ids] == ["h", "i", ",", " ", "@HH", "@AH0", "@sp", " ", "x"]
+    assert [SYMBOLS[i] for i in text_to_ids("{n i3 h ao3 rr}")] == ["@n", "@i3", "@h", "@ao3", "@rr"]
 
 
 @pytest.mark.parametrize(("frames", "tokens"), [(10, 3), (7, 7), (100, 9), (2, 5)])
@@ -43,7 +53,7 @@ def test_cepstral_pitch_finds_the_fundamental_despite_a_strong_formant(f0_hz: fl
     spectrum = torch.stft(
         audio, config.n_fft, config.hop_length, window=torch.hann_window(config.n_fft), return_complex=True
     ).T
-    f0 = TtsDataset([], config=config)._pitch(spectrum.abs())
+    f0 = TtsFeaturizer(config).pitch(spectrum.abs())
     assert float(f0[5:-5].median()) == pytest.approx(f0_hz, rel=0.03)
 
 
@@ -60,7 +70,7 @@ def test_items_hold_aligned_targets(tmp_path: Path) -> None:
     items = [dataset[index] for index in range(len(dataset))]
     for item, utt in zip(items, dataset.utterances, strict=True):
         frames = item["mel"].shape[0]
-        assert item["mel"].shape[1] == 80 and frames == dataset._frames_of(utt)  # 22.05 kHz, hop 256
+        assert item["mel"].shape[1] == 80 and frames == mel_frames(utt, dataset.config)  # 22.05 kHz, hop 256
         assert int(item["durations"].sum()) == frames and len(item["durations"]) == len(item["tokens"])
         for key in ("pitch", "energy"):
             assert item[key].shape == item["tokens"].shape and torch.isfinite(item[key]).all()

@@ -1,4 +1,4 @@
-"""Tests for the WeNet-style conformer CTC/attention ASR model."""
+"""Tests for the WeNet conformer CTC/attention ASR model, checked against WeNet's own code (recorded test data)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from autotune.models.conformer import (
     label_smoothing_loss,
     subsampled_lengths,
 )
+from tests.models.reference_state_dicts import load_reference, pattern, pattern_state, shapes_of
 
 VOCAB = 23
 
@@ -36,6 +37,58 @@ def test_published_parameter_totals(published_model: ConformerASR, component: st
     assert count_parameters(module) == expected
 
 
+def test_state_dict_is_wenets_and_a_wenet_checkpoint_loads_strictly(published_model: ConformerASR) -> None:
+    """WeNet's aishell conformer as its own code saves it (wenet-e2e/wenet 0154699): global CMVN statistics and
+    position tables included, every key in WeNet's order with WeNet's shape."""
+    reference = load_reference("wenet_conformer_aishell")
+    assert list(shapes_of(published_model.state_dict()).items()) == list(reference["state_dict"].items())
+    checkpoint = {key: torch.full(shape, 0.5) for key, shape in reference["state_dict"].items()}
+    checkpoint = {
+        key: value.long() if key.endswith("num_batches_tracked") else value for key, value in checkpoint.items()
+    }
+    model = ConformerASR()
+    model.load_state_dict(checkpoint, strict=True)
+    assert float(model.encoder.global_cmvn.istd[0]) == 0.5 and float(model.decoder.embed[1].pe[0, 3, 7]) == 0.5
+    trainable = sum(p.numel() for p in published_model.parameters() if p.requires_grad)
+    assert trainable == reference["trainable_parameters"] == 46_197_266
+    assert published_model.sos == published_model.eos == reference["sos"] == reference["eos"] == 2
+
+
+def test_same_weights_and_input_give_wenets_outputs() -> None:
+    """A small configuration of the same classes, the same weights and features through WeNet (recorded) and ours."""
+    recorded = load_reference("wenet_conformer_aishell")["tiny"]
+    encoder, decoder = recorded["encoder"], recorded["decoder"]
+    assert (
+        decoder["attention_heads"] == encoder["attention_heads"] and decoder["linear_units"] == encoder["linear_units"]
+    )
+    model = ConformerASR(vocab_size=recorded["vocab_size"], **encoder, decoder_blocks=decoder["num_blocks"]).eval()
+    model.load_state_dict(pattern_state(model.state_dict()), strict=True)
+    feats, lengths = 8.0 + pattern((2, 24, 80), 0.5, scale=3.0), torch.tensor([24, 24])
+    tokens = torch.tensor(recorded["tokens"])
+    with torch.no_grad():
+        encoder_out, _ = model.encoder(feats, lengths)
+        losses = model(feats, lengths, tokens, torch.tensor([tokens.shape[1]] * 2))
+    torch.testing.assert_close(encoder_out, torch.tensor(recorded["encoder_out"]), rtol=1e-4, atol=1e-5)
+    for key in ("loss_ctc", "loss_att", "loss"):
+        assert float(losses[key]) == pytest.approx(recorded[key], rel=1e-5), key
+
+
+def test_global_cmvn_normalises_inside_the_model() -> None:
+    model = tiny_model().eval()
+    feats, feat_lengths, tokens, token_lengths = padded_batch()
+    mean, istd = torch.linspace(-2.0, 2.0, 80), torch.linspace(0.5, 1.5, 80)
+    with torch.no_grad():
+        raw = model.encoder(feats, feat_lengths)[0]
+        model.encoder.global_cmvn.set_stats(mean, istd)
+        normalised = model.encoder(feats * 1.0, feat_lengths)[0]
+        model.encoder.global_cmvn.set_stats(torch.zeros(80), torch.ones(80))
+        by_hand = model.encoder((feats - mean) * istd, feat_lengths)[0]
+    torch.testing.assert_close(normalised, by_hand)
+    assert not torch.allclose(raw, normalised)
+    with pytest.raises(ValueError, match="do not fit 80 bins"):
+        model.encoder.global_cmvn.set_stats(torch.zeros(40), torch.ones(40))
+
+
 def test_published_size_handles_100_frames(published_model: ConformerASR) -> None:
     published_model.eval()
     tokens = torch.tensor([[5, 9, 4000, 7], [12, 3, -1, -1]])
@@ -57,7 +110,7 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
     feat_lengths = torch.tensor([100, 73, 41])
     token_lengths = torch.tensor([6, 4, 1])
     feats = torch.randn(3, 100, 80)
-    tokens = torch.randint(1, VOCAB - 1, (3, 6))
+    tokens = torch.randint(3, VOCAB, (3, 6))  # ids 0-2 are <blank>, <unk>, <sos/eos>
     for row in range(3):
         feats[row, feat_lengths[row] :] = 50.0 * torch.randn(100 - int(feat_lengths[row]), 80)
         tokens[row, token_lengths[row] :] = IGNORE_ID
@@ -113,7 +166,7 @@ def test_add_sos_eos() -> None:
     model = tiny_model()
     tokens = torch.tensor([[4, 5, 6], [7, -1, -1]])
     ys_in, ys_out = model.add_sos_eos(tokens, torch.tensor([3, 1]))
-    eos = VOCAB - 1
+    eos = 2  # the aishell recipe's dictionary: <blank> 0, <unk> 1, <sos/eos> 2
     assert ys_in.tolist() == [[eos, 4, 5, 6], [eos, 7, eos, eos]]
     assert ys_out.tolist() == [[4, 5, 6, eos], [7, eos, -1, -1]]
 

@@ -1,4 +1,5 @@
-"""Tests for the FastSpeech 2 acoustic model: its size, the length regulator, masking and the loss."""
+"""Tests for the FastSpeech 2 acoustic model: its size and state dict and outputs against ming024's own code (recorded
+test data), the length regulator, masking and the loss."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from autotune.data.tts import SYMBOLS
 from autotune.models.fastspeech2 import FastSpeech2, fastspeech2_loss, length_regulate
+from tests.models.reference_state_dicts import load_reference, pattern, pattern_state, shapes_of
 
 SMALL = {
     "d_model": 32,
@@ -27,19 +29,61 @@ def count(module: torch.nn.Module) -> int:
 
 def test_ljspeech_configuration_has_the_documented_total() -> None:
     model = FastSpeech2(n_symbols=len(SYMBOLS) + 1)
-    assert len(SYMBOLS) == 151
+    assert len(SYMBOLS) == 360  # ming024's text/symbols.py, pinyin included
     # The per-component arithmetic of the module docstring, summed: embedding, encoder, adaptor, decoder, mel, postnet.
     parts = {
-        "encoder": 38_912 + 4 * 2_886_912,
+        "encoder": 361 * 256 + 4 * 2_886_912,
         "variance_adaptor": 3 * 395_009 + 2 * 256 * 256,
         "decoder": 6 * 2_886_912,
         "mel_linear": 20_560,
         "postnet": 4_348_144,
     }
     assert {name: count(child) for name, child in model.named_children()} == parts
-    assert count(model) == sum(parts.values()) == 34_592_835
+    assert count(model) == sum(parts.values()) == 34_646_339
     # ming024 also counts its frozen sinusoid tables and bin boundaries; here they are buffers, not parameters.
     assert {name for name, _ in model.named_buffers()} >= {"encoder.position_enc", "variance_adaptor.pitch_bins"}
+
+
+def test_state_dict_is_ming024s_and_a_ming024_checkpoint_loads_strictly() -> None:
+    """ming024's LJSpeech FastSpeech2 as its own code saves it (ming024/FastSpeech2 d4e79eb): the position tables and
+    the pitch/energy bins included (frozen parameters there, buffers here), every key in its order and shape."""
+    reference = load_reference("ming024_fastspeech2_ljspeech")
+    assert tuple(reference["symbols"]) == SYMBOLS
+    model = FastSpeech2()
+    assert list(shapes_of(model.state_dict()).items()) == list(reference["state_dict"].items())
+    assert count(model) == reference["trainable_parameters"] == 34_646_339
+    checkpoint = {key: torch.full(shape, 0.25) for key, shape in reference["state_dict"].items()}
+    checkpoint = {
+        key: value.long() if key.endswith("num_batches_tracked") else value for key, value in checkpoint.items()
+    }
+    model.load_state_dict(checkpoint, strict=True)
+    assert float(model.variance_adaptor.pitch_bins[7]) == 0.25 and float(model.decoder.position_enc[0, 9, 3]) == 0.25
+
+
+def test_same_weights_and_input_give_ming024s_outputs() -> None:
+    """A small configuration, the same weights and a padded batch through ming024's model and loss (recorded) and
+    ours: teacher-forced outputs and the loss agree."""
+    recorded = load_reference("ming024_fastspeech2_ljspeech")["tiny"]
+    settings = recorded["model"]
+    ranges = {key: tuple(settings[key]) for key in ("pitch_range", "energy_range")}
+    model = FastSpeech2(**{**settings, **ranges}).eval()
+    model.load_state_dict(pattern_state(model.state_dict()), strict=True)
+    durations = torch.tensor(recorded["durations"])
+    batch = {
+        "tokens": torch.tensor(recorded["tokens"]),
+        "token_lengths": (durations > 0).sum(dim=1),
+        "mels": pattern((2, 12, 80), 0.3, scale=2.0),
+        "mel_lengths": durations.sum(dim=1),
+        "pitch": pattern((2, 5), 1.1, scale=3.0),
+        "energy": pattern((2, 5), 2.2, scale=3.0),
+        "durations": durations,
+    }
+    with torch.no_grad():
+        outputs = _forward(model, batch)
+        loss = fastspeech2_loss(outputs, batch)
+    for key in ("mel", "postnet_mel", "pitch", "energy", "log_duration"):
+        torch.testing.assert_close(outputs[key], torch.tensor(recorded[key]), rtol=1e-4, atol=1e-5, msg=key)
+    assert float(loss) == pytest.approx(recorded["loss"], rel=1e-5)
 
 
 def test_state_dict_keys_follow_ming024() -> None:

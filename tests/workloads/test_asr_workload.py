@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -123,8 +124,10 @@ def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
     conformer: workloads.Workload, corpus: Path, tmp_path: Path
 ) -> None:
     source = conformer.load_data(str(shutil.copytree(corpus, tmp_path / "corpus")))
-    # The filter drops an utterance without tokens: its audio (missing here) must not be preloaded.
-    dropped = replace(source.utterances[0], utt_id="no-text", path=str(tmp_path / "gone.wav"), text="")
+    # The filter drops an utterance without tokens: its audio must not be preloaded (the CMVN statistics, computed
+    # over the whole list as WeNet's, read it once before preloading; it is deleted with the others below).
+    gone = shutil.copy(source.utterances[0].path, tmp_path / "gone.wav")
+    dropped = replace(source.utterances[0], utt_id="no-text", path=str(gone), text="")
     config = TrialConfig(per_device_batch_size=2, preload_audio=True)
     context = WorkloadContext(
         data=replace(source, utterances=(*source.utterances, dropped)),
@@ -134,10 +137,60 @@ def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
     )
     setup = conformer.build(context)
     assert setup.preload_s > 0 and len(setup.dataset.audio) == len(setup.dataset) == 6  # type: ignore[attr-defined]
-    for utt in source.utterances:
+    for utt in (*source.utterances, dropped):
         Path(utt.path).unlink()
     feats, tokens, _ = setup.dataset[0]  # type: ignore[misc]
     assert feats.shape[1] == 80 and len(tokens) > 0
     assert setup.worst_case_batches is not None  # its copy of the dataset reads from RAM too
     (batch,) = setup.worst_case_batches(config)
     assert setup.samples_in(batch) == 2
+
+
+def test_the_recipe_baseline_accumulates_four_batches_in_every_configuration(conformer: workloads.Workload) -> None:
+    """train_conformer.yaml's accum_grad 4: the baseline and every searched configuration keep it; --global-batch
+    replaces it, keeping the recipe's 16 per device where it divides the global batch."""
+    from autotune import space
+    from tests.conftest import make_cpu, make_cuda
+
+    path = space.space_path(conformer.space_file or "conformer")
+    for hardware in (make_cpu(), make_cuda()):
+        loaded = space.load(path, hardware, extra_knobs=tuple(conformer.knobs))
+        assert loaded.baseline["grad_accum_steps"] == 4 and loaded.fixed["grad_accum_steps"] == 4
+        assert loaded.baseline["per_device_batch_size"] == 16
+        assert all(seed.get("grad_accum_steps", 4) == 4 for seed in loaded.seeds)
+    held = space.load(path, make_cuda(count=2), extra_knobs=tuple(conformer.knobs), world_size=2, global_batch_size=128)
+    assert held.baseline["per_device_batch_size"] == 16  # 16 x 2 GPUs x 4 accumulation steps = 128, as the recipe
+    assert any("the recipe's 16 kept" in note and "4 accumulation step(s)" in note for note in held.baseline_notes)
+
+
+@pytest.mark.slow
+def test_a_run_prepares_cmvn_once_before_the_trials_and_reports_it(corpus: Path, tmp_path: Path, monkeypatch) -> None:
+    """`autotune run` as a user runs it: the CMVN statistics are computed once before the trials and reported apart
+    from the throughput; a fixed grad_accum_steps reaches the baseline (a cheap space: the recipe's is tested above)."""
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))  # not the statistics other tests prepared
+    from typer.testing import CliRunner
+
+    from autotune import load_config
+    from autotune.cli import app
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(
+        "workload: conformer\n"
+        "params: {batch_type: {type: categorical, choices: [static]}, "
+        "per_device_batch_size: {type: categorical, choices: [2]}}\n"
+        "fixed: {num_workers: 0, grad_accum_steps: 4}\n"
+        "baseline: {batch_type: static, per_device_batch_size: 2}\n"
+    )
+    out = tmp_path / "conformer.yaml"
+    quick = ["--window", "0.2", "--warmup-steps", "1", "--device", "cpu", "--no-amp-check", "--no-ceiling"]
+    args = ["run", "--model", "conformer", "--data", str(corpus), "--option", f"model={json.dumps(SMALL_MODEL)}"]
+    args += ["--space", str(space_file), "--trials", "1", "--confirm", "0", "--max-throughput-cv", "0"]
+    args += ["--results-dir", str(tmp_path / "results"), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, *quick], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    tuned = load_config(out)
+    prepared = tuned.metrics["data_preparation"]
+    assert prepared["what"].startswith("global CMVN statistics") and prepared["items"] == 6 and not prepared["reused"]
+    assert any(note.startswith("global CMVN statistics") and "outside their throughput" in note for note in tuned.notes)
+    assert tuned.search["baseline_config"]["grad_accum_steps"] == 4 == tuned.config.grad_accum_steps
+    assert tuned.metrics["baseline"]["status"] == "ok"

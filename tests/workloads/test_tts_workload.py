@@ -12,7 +12,7 @@ import soundfile as sf
 import torch
 
 from autotune import workloads
-from autotune.errors import DataError
+from autotune.errors import DataError, WorkloadError
 from autotune.trial import TrialConfig
 from autotune.workloads.base import WorkloadContext
 from autotune.workloads.tts import noam_lr
@@ -118,7 +118,7 @@ def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
     source = fastspeech2.load_data(str(shutil.copytree(tiny_corpus, tmp_path / "corpus")))
     # No known symbol: the dataset drops it, so its audio (missing here) must not be preloaded.
     dropped = replace(source.utterances[0], utt_id="no-text", path=str(tmp_path / "gone.wav"), text="%")
-    options = {**fastspeech2.options, "model": SMALL_MODEL}
+    options = {**fastspeech2.options, "model": SMALL_MODEL, "features": "on_the_fly"}  # the workers read audio
 
     def build(preload: bool) -> workloads.TrainingSetup:
         config = TrialConfig(per_device_batch_size=3, preload_audio=preload)
@@ -132,3 +132,42 @@ def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
     for utt in source.utterances:
         Path(utt.path).unlink()
     assert torch.equal(from_ram.dataset[0]["mel"], expected["mel"])  # type: ignore[index]
+
+
+def test_targets_are_prepared_once_and_read_as_ming024_reads_them(
+    fastspeech2: workloads.Workload, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    """The default (the recipe): targets precomputed before the trials, the workers load .npy files, the bins span the
+    corpus's normalised pitch and energy; preloading reads those arrays into RAM."""
+    data = fastspeech2.load_data(str(shutil.copytree(tiny_corpus, tmp_path / "corpus")))
+    options = {**fastspeech2.options, "model": SMALL_MODEL}
+    assert options["features"] == "precomputed" and fastspeech2.prepare_data is not None
+    prepared = fastspeech2.prepare_data(data, options)
+    assert prepared is not None and not prepared.reused and prepared.items == 12 and prepared.seconds > 0
+    assert fastspeech2.prepare_data(data, options).reused  # type: ignore[union-attr]
+
+    def build(preload: bool) -> workloads.TrainingSetup:
+        config = TrialConfig(per_device_batch_size=3, preload_audio=preload)
+        return fastspeech2.build(WorkloadContext(data=data, config=config, options=options, device=torch.device("cpu")))
+
+    from_disk, from_ram = build(False), build(True)
+    store = from_disk.dataset.store  # type: ignore[attr-defined]
+    assert str(store.root) == prepared.path
+    bins = from_disk.model.variance_adaptor.pitch_bins  # type: ignore[union-attr]
+    assert float(bins[0]) == pytest.approx(store.pitch.minimum) and float(bins[-1]) == pytest.approx(
+        store.pitch.maximum
+    )
+    item = from_disk.dataset[0]  # type: ignore[index]
+    assert item["mel"].shape == (store.frames[0], 80) and int(item["durations"].sum()) == store.frames[0]
+    assert from_disk.preload_s == 0.0 and from_ram.preload_s > 0
+    shutil.rmtree(store.root)  # preloaded: the workers no longer read the files
+    assert torch.equal(from_ram.dataset[0]["mel"], item["mel"])  # type: ignore[index]
+    assert not fastspeech2.prepare_data(data, options).reused  # type: ignore[union-attr]
+
+
+def test_features_option_is_checked_before_any_trial(fastspeech2: workloads.Workload, tiny_corpus: Path) -> None:
+    data = fastspeech2.load_data(str(tiny_corpus))
+    assert fastspeech2.prepare_data is not None
+    assert fastspeech2.prepare_data(data, {**fastspeech2.options, "features": "on_the_fly"}) is None
+    with pytest.raises(WorkloadError, match="features='npy' is not one of precomputed, on_the_fly"):
+        fastspeech2.prepare_data(data, {**fastspeech2.options, "features": "npy"})
