@@ -22,9 +22,14 @@ __all__ = [
     "config_key",
     "group_by_config",
     "MIN_NOISE_FRACTION",
+    "CONTENDER_FRACTION",
 ]
 
 MIN_NOISE_FRACTION = 0.01  # leaders closer than this are tied even when repeats agreed exactly
+# A configuration whose median is below this share of the best's cannot overtake it within this machine's noise
+# (repeated windows of one configuration spread up to +-20% on a loaded 2-core CPU): confirmation does not spend
+# trials on it (re-measuring a recipe baseline three times slower than the seeds bought nothing).
+CONTENDER_FRACTION = 0.7
 # Memory counts for safety in quarters of the device's capacity: filling most of a card is a risk on longer real
 # batches, but 2.1 against 2.5 GiB of a 23.5-GiB machine is none (that difference crowned a 6% slower batch once).
 MEMORY_SAFETY_STEP = 0.25

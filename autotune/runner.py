@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,18 @@ from typing import Any
 
 import optuna
 
-from autotune import __version__, assessment, drift, history, preloading, storage, warmstart, workloads, yamlio
+from autotune import (
+    __version__,
+    assessment,
+    drift,
+    history,
+    preflight,
+    preloading,
+    storage,
+    warmstart,
+    workloads,
+    yamlio,
+)
 from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
@@ -75,6 +87,7 @@ class RunPlan:
     options: dict[str, Any]
     world_size: int = 1
     warm_start: warmstart.WarmStart | None = None
+    started_s: float = field(default_factory=time.monotonic)  # when the run began checking its inputs (its budget)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,6 +131,7 @@ def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: 
 
 def prepare(request: RunRequest) -> RunPlan:
     """Check every input before any trial runs; raises UserError with one line for the first problem."""
+    started_s = time.monotonic()
     settings = request.settings
     if settings.trials < 1:
         raise UserError(f"--trials must be at least 1, got {settings.trials}")
@@ -188,6 +202,7 @@ def prepare(request: RunRequest) -> RunPlan:
         options=options,
         world_size=world_size,
         warm_start=warm,
+        started_s=started_s,
     )
 
 
@@ -213,9 +228,11 @@ def resolve_world_size(request: RunRequest, hardware: Hardware) -> int:
 
 def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     """Run the study and write the result YAML atomically."""
-    request, settings = plan.request, plan.request.settings
+    request = plan.request
     plan.workdir.mkdir(parents=True, exist_ok=True)
     data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
+    machine = preflight.measure_machine(request.settings, reporter)  # busy: longer windows, one more confirmation
+    settings = machine.settings
 
     def make_spec(config: TrialConfig, result_path: str) -> TrialSpec:
         return TrialSpec(
@@ -231,8 +248,8 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         )
 
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
-    amp = assessment.check_precisions(plan, make_spec, request.amp_check)
-    search_settings = assessment.budget_left(settings, amp)
+    machine = preflight.check_precisions(machine, plan, make_spec)  # the trials get what is left of the budget
+    search_settings, amp = machine.settings, machine.amp
     tuner = Tuner(
         study=study,
         space=plan.space,
@@ -248,6 +265,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         rejected_precisions=amp.rejected() if amp else None,
         preload_probe=preloading.preload_probe(plan),
         closing_trials=1 if request.compute_ceiling else 0,
+        before=machine.stages,
     )
     outcome = tuner.run()
     ceiling = None
@@ -262,6 +280,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
         raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}")
     tuned = _tuned_config(plan, outcome)
+    preflight.record(machine, tuned, outcome.records)
     assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=ceiling, amp=amp)
     again = drift.remeasured(outcome)
     verdict = drift.judge(
@@ -396,4 +415,5 @@ def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
         "stopped_by": outcome.stopped_by,
         "elapsed_s": round(outcome.elapsed_s, 1),
         "timing": settings.timing.to_dict(),
+        "budget_plan": outcome.plan.to_dict() if outcome.plan else None,
     }
