@@ -221,7 +221,14 @@ class Budget:
                 expected_s=sum(state.queued_s),
                 note=f"{state.skipped} skipped: no room" if state.skipped else "",
             ),
-            _stage("search", records, ("search", "preload"), planned=searches, expected_s=searches * search_s),
+            _stage(
+                "search",
+                records,
+                ("search", "preload"),
+                planned=searches if search_s else 0,
+                expected_s=searches * search_s,
+                note="" if search_s else "the time the others leave",
+            ),
             _stage(
                 "confirmation",
                 records,

@@ -21,6 +21,7 @@ __all__ = [
     "config_params",
     "config_key",
     "group_by_config",
+    "leaders",
     "MIN_NOISE_FRACTION",
     "CONTENDER_FRACTION",
 ]
@@ -99,6 +100,17 @@ def group_by_config(records: Iterable[TrialRecord]) -> dict[str, Candidate]:
             record
         )
     return candidates
+
+
+def leaders(candidates: Iterable[Candidate], top_k: int) -> list[Candidate]:
+    """The configurations confirmation re-measures: the top_k feasible ones by median that could still win
+    (CONTENDER_FRACTION), and a rerun's previous winner (the drift check compares the median of its measurements, so
+    it gets the same re-measurements as the leaders)."""
+    ranked = sorted((c for c in candidates if c.feasible), key=lambda c: -c.median)
+    contenders = [c for c in ranked if c.median >= CONTENDER_FRACTION * ranked[0].median]
+    top = contenders[: max(1, top_k)]
+    previous = [c for c in ranked if c not in top and any(r.role == "previous" for r in c.records)]
+    return top + previous
 
 
 def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:

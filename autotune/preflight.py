@@ -17,11 +17,12 @@ from autotune import assessment, machine_load
 from autotune.budget import Stage
 
 if TYPE_CHECKING:
+    from autotune.reporting import Reporter
     from autotune.results import TunedConfig
     from autotune.runner import RunPlan
     from autotune.trial import TrialConfig, TrialSpec
     from autotune.trial.amp_check import AmpCheckResult
-    from autotune.tuner import Reporter, TrialRecord, TunerSettings
+    from autotune.tuner import TrialRecord, TunerSettings
 
 __all__ = ["Preflight", "measure_machine", "check_precisions", "record"]
 

@@ -31,11 +31,12 @@ from autotune import (
 from autotune import space as space_module
 from autotune.errors import UserError
 from autotune.hardware import Hardware, probe
+from autotune.reporting import Reporter
 from autotune.results import TunedConfig, speedup_range, summarise_measurements, write_config
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
 from autotune.trial.amp_check import AmpCheckSettings
-from autotune.tuner import Reporter, Tuner, TunerSettings, TuningOutcome
+from autotune.tuner import Tuner, TunerSettings, TuningOutcome
 
 __all__ = ["RunRequest", "RunPlan", "RunReport", "TuningFailed", "prepare", "execute", "redact_url"]
 

@@ -9,23 +9,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 
 from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
-from autotune.candidates import (
-    CONTENDER_FRACTION,
-    Candidate,
-    TrialRecord,
-    config_key,
-    config_params,
-    group_by_config,
-    pick_winner,
-)
+from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
 from autotune.errors import WorkloadError
 from autotune.pruning import Pruner
+from autotune.reporting import Reporter, SilentReporter
 from autotune.samplers import grid_points, make_sampler
 from autotune.space import SearchSpace
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
@@ -75,32 +68,6 @@ class TuningOutcome:
     confirmed: list[Candidate] = field(default_factory=list)
     winner_reason: str = ""
     plan: BudgetPlan | None = None  # the budget plan as the run left it
-
-
-class Reporter(Protocol):
-    """Receives progress; the CLI draws it, tests may record it."""
-
-    def trial_started(self, number: int, role: str, config: TrialConfig) -> None: ...
-
-    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None: ...
-
-    def plan_changed(self, plan: BudgetPlan) -> None: ...
-
-    def machine_measured(self, description: str, busy: bool) -> None: ...
-
-
-class _SilentReporter:
-    def trial_started(self, number: int, role: str, config: TrialConfig) -> None:
-        return None
-
-    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
-        return None
-
-    def plan_changed(self, plan: BudgetPlan) -> None:
-        return None
-
-    def machine_measured(self, description: str, busy: bool) -> None:
-        return None
 
 
 class Tuner:
@@ -158,7 +125,7 @@ class Tuner:
         self.preload_probe = preload_probe
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.rejected_precisions = dict(rejected_precisions or {})  # by the AMP check: precision -> why
-        self.workdir, self.reporter = workdir, reporter or _SilentReporter()
+        self.workdir, self.reporter = workdir, reporter or SilentReporter()
         self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
         self.global_batch_size = global_batch_size
         self.warm_start = list(warm_start)
@@ -222,9 +189,13 @@ class Tuner:
 
         A window other processes disturbed (trial/child.py's gate) is kept as it is, not retried at once into the same
         load: a disturbed leader is re-measured in confirmation, interleaved with the others."""
-        timeout_s = self.settings.trial_timeout_s
+        # --budget is a ceiling: a trial still running when it ends (a machine that got loaded) is stopped there.
+        left_s = self.budget.left_s()
+        timeout_s = self.settings.trial_timeout_s if left_s is None else min(self.settings.trial_timeout_s, left_s)
         launch_trial = self.launcher or launch  # looked up per call: tests replace trial.launch in this module
-        result = launch_trial(spec, workdir=folder, timeout_s=timeout_s, should_prune=pruner)
+        result = launch_trial(spec, workdir=folder, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
+        if result.status == "timeout" and timeout_s < self.settings.trial_timeout_s:
+            result.reason = f"stopped when --budget ran out, after {timeout_s:.0f} s"
         if result.disturbed:
             logger.warning("%s: %s", spec.config.short(), result.reason)
         if result.status != "erratic":
@@ -373,14 +344,7 @@ class Tuner:
         return group_by_config(self.records)
 
     def _leaders(self) -> list[Candidate]:
-        """The top few feasible configurations by median that could still win (candidates.CONTENDER_FRACTION), and a
-        rerun's previous winner (the drift check compares the median of its measurements, so it gets the same
-        re-measurements as the leaders)."""
-        ranked = sorted((c for c in self._candidates().values() if c.feasible), key=lambda c: -c.median)
-        contenders = [c for c in ranked if c.median >= CONTENDER_FRACTION * ranked[0].median]
-        leaders = contenders[: max(1, self.settings.confirm_top_k)]
-        previous = [c for c in ranked[len(leaders) :] if any(r.role == "previous" for r in c.records)]
-        return leaders + previous
+        return leaders(self._candidates().values(), self.settings.confirm_top_k)
 
     def _confirm(self) -> list[Candidate]:
         """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""

@@ -127,3 +127,20 @@ def test_a_seed_without_room_is_skipped_and_said_so_and_a_lone_candidate_is_not_
     assert [record.role for record in outcome.records] == ["baseline"]
     assert outcome.stopped_by == "budget"
     assert "2 skipped: no room" in plans[-1].describe()
+
+
+def test_a_trial_is_stopped_when_the_budget_runs_out_however_long_its_own_timeout(tmp_path, cpu_hardware):
+    now, timeouts = [0.0], []
+
+    def launcher(spec, *, timeout_s: float, **kwargs) -> TrialResult:
+        timeouts.append(timeout_s)
+        if len(timeouts) == 1:  # the baseline: 30 s
+            now[0] += 30.0
+            return _result(4.7, 30.0)
+        now[0] += timeout_s  # a machine that got loaded: the seed runs until it is stopped
+        return TrialResult(status="timeout", reason="no result", wall_s=timeout_s)
+
+    settings = TunerSettings(trials=2, budget_s=100.0, trial_timeout_s=300.0, prune=False)
+    outcome = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0]).run()
+    assert timeouts == [100.0, 70.0] and outcome.elapsed_s == 100.0
+    assert outcome.records[1].result.reason == "stopped when --budget ran out, after 70 s"
