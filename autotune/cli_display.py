@@ -260,7 +260,8 @@ def _print_assessment(console: Console, metrics: dict) -> None:
             f"per-trial overhead (mean of {overhead['trials']}): start and imports "
             f"{overhead.get('mean_start_s') or 0:.1f} s + setup {overhead['mean_setup_s'] or 0:.1f} s + warm-up "
             f"{overhead['mean_warmup_s'] or 0:.1f} s{scan} = {_percent(overhead.get('overhead_share_of_run'))} of the "
-            f"run; timed windows {_percent(overhead.get('timed_share_of_run'))}",
+            f"run; timed windows {_percent(overhead.get('timed_share_of_run'))}; outside the windows "
+            f"{_percent(overhead.get('untimed_share_of_trials'))} of the trials' time",
             highlight=False,
         )
     diagnosis = metrics.get("diagnosis") or {}
