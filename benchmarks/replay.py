@@ -45,6 +45,7 @@ from autotune.hardware import Hardware  # noqa: E402
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec  # noqa: E402
 from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
 from benchmarks.search_efficiency import WITHIN, slice_space_text  # noqa: E402
+from benchmarks.tables import markdown_table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECORDED_CORES = 2  # the machine the recorded runs measured on: the slice's seeds resolve "auto" threads to it
@@ -191,8 +192,7 @@ def main() -> None:
         for fraction in args.budget_fractions
     ]
     header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row[column] for column in header) + " |" for row in rows]
+    lines = markdown_table(rows, header)
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
