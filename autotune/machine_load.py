@@ -160,7 +160,7 @@ class MachineLoad:
         parts = [load] if load else []
         if self.others_cpu_fraction is not None:
             parts.append(
-                f"other processes took {self.others_cpu_fraction:.0%} of the CPU during a {self.seconds:.0f}-s "
+                f"other processes took {self.others_cpu_fraction:.0%} of the CPU during a {self.seconds:.1f}-s "
                 "calibration"
             )
         if self.kernel_spread_fraction is not None:
@@ -171,7 +171,7 @@ class MachineLoad:
         return {**asdict(self), "busy": self.busy}
 
 
-def calibrate(seconds: float = 1.5) -> MachineLoad:
+def calibrate(seconds: float = 1.0) -> MachineLoad:
     """Run a fixed compute kernel on every core for `seconds` (matrix products, in 0.1-s chunks) while sampling who
     else used the CPUs. The parent runs it before the first trial; it trains nothing and never touches a GPU."""
     import torch

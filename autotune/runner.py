@@ -279,7 +279,8 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     if outcome.winner is None:
         reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
-        raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}")
+        busy = f"; {machine.load.describe()}: tune when it is quieter" if machine.load.busy else ""
+        raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}{busy}")
     tuned = _tuned_config(plan, outcome)
     preflight.record(machine, tuned, outcome.records)
     assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=ceiling, amp=amp)

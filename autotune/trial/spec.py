@@ -129,7 +129,7 @@ class TimingConfig:
     settle_chunk_s: float = 0.5  # ... chunks of at least this long (one step when steps are longer)
     steady_tolerance_fraction: float = 0.1  # CPU, one rank: a window's first quarter this far off the rest is warm-up
     trim_transient: bool = True  # judge steadiness with hindsight where each step's time is its own (CPU, one rank)
-    min_window_steps: int = 4  # two parts of two steps: the fewest the stability gate can judge
+    min_window_steps: int = 2  # a rate needs two steps; the stability gate judges windows of four or more
     max_window_steps: int = 10_000
     min_timed_share: float = 0.75  # the window is at least this share of the trial (0: off)...
     max_window_factor: float = 6.0  # ...up to this many window_s
