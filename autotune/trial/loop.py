@@ -215,6 +215,7 @@ class _Window:
     spent_before_s: float  # process start and setup, before warm-up
     warmup: WindowMeasurement  # warm-up's seconds and steps so far
     timing: TimingConfig
+    accum_steps: int = 1  # a trimmed front ends on an optimiser step, as warm-up does
     times_s: list[float] = field(default_factory=list)
     waits_s: list[float] = field(default_factory=list)
     samples_per_step: list[int] = field(default_factory=list)
@@ -244,11 +245,14 @@ class _Window:
             return True
         work = _step_work(self.samples_per_step[self.front :], self.audio_per_step[self.front :])
         front = steady.transient_front(self.times_s[self.front :], work, timing.steady_tolerance_fraction)
+        front = min(math.ceil(front / self.accum_steps) * self.accum_steps, steps - self.accum_steps)
+        if front <= 0:
+            return True
         for moved in range(self.front, self.front + front):
             self.seconds -= self.times_s[moved]
             self.samples -= self.samples_per_step[moved]
         self.front += front
-        return front == 0
+        return False
 
     def _may_trim(self, trimmed_s: float) -> bool:
         timing = self.timing
@@ -311,7 +315,9 @@ def measure(
     step.scaler.start_window()
     on_window_start()
     cpu_before = cpu_sample()
-    steps = _Window(hindsight=hindsight, spent_before_s=spent_before_s, warmup=result, timing=timing)
+    steps = _Window(
+        hindsight=hindsight, spent_before_s=spent_before_s, warmup=result, timing=timing, accum_steps=step.accum_steps
+    )
     window_start = last = time.perf_counter()
     while True:
         batch = next(batches)

@@ -59,8 +59,10 @@ def _setup(slow_steps: int, clock: _Clock | None = None, fast_s: float = 0.005) 
     )
 
 
-def _measure(setup: TrainingSetup, timing: TimingConfig) -> WindowMeasurement:
-    config = TrialConfig(per_device_batch_size=4)
+def _measure(
+    setup: TrainingSetup, timing: TimingConfig, config: TrialConfig | None = None, spent_before_s: float = 0.0
+) -> WindowMeasurement:
+    config = config or TrialConfig(per_device_batch_size=4)
     loader = build_loader(setup, config, total_batches=200, seed=0)
     memory = PeakMemory(torch.device("cpu"))
     try:
@@ -72,6 +74,7 @@ def _measure(setup: TrainingSetup, timing: TimingConfig) -> WindowMeasurement:
             precision=PrecisionSettings(precision="fp32", device_type="cpu"),
             device=torch.device("cpu"),
             memory=memory,
+            spent_before_s=spent_before_s,
         )
     finally:
         memory.stop()
@@ -121,6 +124,15 @@ def test_hindsight_moves_a_start_up_transient_out_of_the_window_after_a_one_step
     assert result.samples == 4 * len(result.step_times_s)
 
 
+def test_a_trimmed_front_ends_on_an_optimiser_step_under_gradient_accumulation(clock):
+    timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
+    config = TrialConfig(per_device_batch_size=4, grad_accum_steps=2)
+    result = _measure(_setup(slow_steps=3, clock=clock, fast_s=0.01), timing, config)
+    # Warm-up is one optimiser step (two micro-batches); the third, slow micro-batch takes its partner with it.
+    assert (result.warmup_steps, result.trimmed_steps) == (4, 2)
+    assert max(result.step_times_s) == pytest.approx(0.01) and len(result.step_times_s) % 2 == 0
+
+
 def test_a_steady_window_is_kept_whole_after_a_single_warm_up_step(clock):
     timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
     result = _measure(_setup(slow_steps=1, clock=clock, fast_s=0.01), timing)
@@ -130,19 +142,8 @@ def test_a_steady_window_is_kept_whole_after_a_single_warm_up_step(clock):
 
 def test_the_window_is_at_least_three_times_what_the_trial_spent_reaching_it(clock):
     """min_timed_share 0.75: 3 s of process start and setup and a 1-s warm-up step ask for a 12-s window."""
-    config = TrialConfig(per_device_batch_size=4)
-    setup = _setup(slow_steps=0, clock=clock, fast_s=1.0)
-    loader = build_loader(setup, config, total_batches=200, seed=0)
-    result = measure(
-        setup,
-        iter(loader),
-        config=config,
-        timing=TimingConfig(window_s=2.0, min_window_steps=2),
-        precision=PrecisionSettings(precision="fp32", device_type="cpu"),
-        device=torch.device("cpu"),
-        memory=PeakMemory(torch.device("cpu")),
-        spent_before_s=3.0,
-    )
+    timing = TimingConfig(window_s=2.0, min_window_steps=2)
+    result = _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), timing, spent_before_s=3.0)
     assert result.warmup_steps == 1 and result.window_s == pytest.approx(12.0)
     assert result.window_s / (3.0 + result.warmup_s + result.window_s) == pytest.approx(0.75)
 
