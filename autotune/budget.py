@@ -67,7 +67,7 @@ class TrialCosts:
         # Samples per second per device barely depend on the batch within a space (per-sample cost), far more on
         # the precision: the step time a batch of this configuration should take.
         rate = statistics.median(r.result.window_samples_per_second / r.config.world_size for r in similar)
-        step_s = config.per_device_batch_size * config.grad_accum_steps / rate
+        step_s = config.per_device_batch_size / rate  # a step of the loop is one micro-batch
         scan_s = statistics.median(r.result.worst_case_s or 0.0 for r in similar)
         return expected_trial_s(step_s, self.fixed_s(records) + scan_s, self.timing)
 
