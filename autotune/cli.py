@@ -138,7 +138,7 @@ def run(
         float,
         typer.Option(
             help="Seconds of each timed window, at least: longer where a trial's start-up and warm-up ask for it "
-            "(three quarters of every trial is measured), and twice as long on a busy machine."
+            "(four fifths of every trial is measured), and twice as long on a busy machine."
         ),
     ] = 10.0,
     warmup_steps: Annotated[

@@ -19,7 +19,7 @@ behind it. So the rules are in seconds, with steps as floors:
   moves there and the window runs on. Either way, so noise trims fast and slow fronts alike and biases nothing.
 - **The window** lasts ``window_s`` and ``min_window_steps``, and long enough that the timed part is at least
   ``min_timed_share`` of the whole trial (its process start, setup and warm-up included), up to ``max_window_s``: a
-  trial that spent 10 s getting ready measures for 30, so three quarters of every trial is measurement and a short
+  trial that spent 10 s getting ready measures for 40, so four fifths of every trial is measurement and a short
   window is never mostly overhead.
 - Warm-up, trimmed fronts included, stops at ``max_warmup_s`` or ``max_warmup_steps``: a configuration that never
   settles is measured as it is, and its window's stability gate judges it.
