@@ -134,7 +134,7 @@ class TimingConfig:
     # The window is at least this share of the trial (0: off)... 0.8, not 0.75: the parent's launch and the child's
     # result and teardown (0.3-0.5 s) are outside the window too, and the trials' untimed share must stay <= 25%.
     min_timed_share: float = 0.8
-    max_window_factor: float = 6.0  # ...up to this many window_s
+    max_window_factor: float = 4.0  # ...up to this many window_s
     memory_headroom_fraction: float = 0.10
     # Throughput CV across the window's quarters above which a config is 'erratic' (trial/loop.py throughput_cv);
     # None switches the gate off.

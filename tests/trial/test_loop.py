@@ -142,7 +142,7 @@ def test_a_steady_window_is_kept_whole_after_a_single_warm_up_step(clock):
 
 def test_the_window_is_at_least_three_times_what_the_trial_spent_reaching_it(clock):
     """min_timed_share 0.75: 3 s of process start and setup and a 1-s warm-up step ask for a 12-s window."""
-    timing = TimingConfig(window_s=2.0, min_window_steps=2, min_timed_share=0.75)
+    timing = TimingConfig(window_s=2.0, min_window_steps=2, min_timed_share=0.75, max_window_factor=6.0)
     result = _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), timing, spent_before_s=3.0)
     assert result.warmup_steps == 1 and result.window_s == pytest.approx(12.0)
     assert result.window_s / (3.0 + result.warmup_s + result.window_s) == pytest.approx(0.75)

@@ -29,7 +29,7 @@ def test_warm_up_needs_its_steps_and_seconds_and_settles_only_where_asked():
 
 
 def test_the_window_is_worth_three_times_the_trials_cost_before_it_within_bounds():
-    timing = TimingConfig(window_s=10.0, min_timed_share=0.75)  # up to 60 s
+    timing = TimingConfig(window_s=10.0, min_timed_share=0.75, max_window_factor=6.0)  # up to 60 s
     assert window_target_s(2.0, timing) == 10.0  # window_s is the floor
     assert window_target_s(8.0, timing) == pytest.approx(24.0)
     assert window_target_s(100.0, timing) == 60.0  # a long setup (preloading) does not buy a 5-min window
@@ -57,7 +57,7 @@ def test_transient_front_judges_throughput_not_step_time():
 
 
 def test_expected_trial_s_follows_the_rules():
-    timing = TimingConfig(window_s=10.0, min_window_steps=4, min_timed_share=0.75)
+    timing = TimingConfig(window_s=10.0, min_window_steps=4, min_timed_share=0.75, max_window_factor=6.0)
     # A 12-s CPU step: one warm-up step (taken as 1.5), then 3 x (3 + 18) = 63 s of window, capped at 60: 5 steps.
     assert expected_trial_s(12.0, 3.0, timing) == pytest.approx(3.0 + 18.0 + 60.0)
     # A 50-ms GPU step: 20 warm-up steps for the second; the window 3 x (3 + 1.025) = 12.1 s.
