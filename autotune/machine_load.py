@@ -215,20 +215,19 @@ def calibrate(seconds: float = 1.0) -> MachineLoad:
 def adapt(settings: TunerSettings, load: MachineLoad) -> tuple[TunerSettings, list[str]]:
     """The run's settings for the machine as calibrated, and what was changed (for the output and the YAML).
 
-    A busy machine gets windows BUSY_WINDOW_FACTOR times longer (a slow stretch of someone else's job averages out
-    over more of the window) and one more confirmation round (interleaved with the other leaders, so a leader measured
-    during a loaded minute is measured again in another). Its disturbed windows are kept and re-measured rather than
-    condemned as erratic: that is the trial gate's part (trial/child.py), per window, busy or not at the start.
+    A busy machine gets windows BUSY_WINDOW_FACTOR times longer: a slow stretch of someone else's job averages out over
+    more of the window. What a busy machine does to a window is judged per window, busy or not at the start: one that
+    varied while other processes took the CPU is kept as disturbed rather than condemned as erratic (trial/child.py),
+    and a leader with a disturbed window gets one more interleaved re-measurement in confirmation (tuner.py). The
+    trial counts depend on what was measured, not on the calibration, so a run's plan does not change with the load
+    of the minute it started in.
     """
     if not load.busy:
         return settings, []
     timing = dataclasses.replace(settings.timing, window_s=settings.timing.window_s * BUSY_WINDOW_FACTOR)
-    adapted = dataclasses.replace(settings, timing=timing, confirm_repeats=settings.confirm_repeats + 1)
-    changes = [
-        f"busy: windows of at least {timing.window_s:g} s instead of {settings.timing.window_s:g}",
-        f"leaders re-measured {adapted.confirm_repeats} times, interleaved",
+    return dataclasses.replace(settings, timing=timing), [
+        f"busy: windows of at least {timing.window_s:g} s instead of {settings.timing.window_s:g}"
     ]
-    return adapted, changes
 
 
 def notes(load: MachineLoad, changes: Sequence[str], records: Sequence[TrialRecord]) -> list[str]:

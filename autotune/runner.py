@@ -232,7 +232,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     request = plan.request
     plan.workdir.mkdir(parents=True, exist_ok=True)
     data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
-    machine = preflight.measure_machine(request.settings, reporter)  # busy: longer windows, one more confirmation
+    machine = preflight.measure_machine(request.settings, reporter)  # a busy machine gets longer windows
     settings = machine.settings
 
     def make_spec(config: TrialConfig, result_path: str) -> TrialSpec:

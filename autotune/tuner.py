@@ -349,14 +349,24 @@ class Tuner:
     def _confirm(self) -> list[Candidate]:
         """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""
         leaders = self._leaders()
-        for leader in [leader for _ in range(self._rounds()) for leader in leaders]:
-            cost = self.budget.costs.of(leader.config, self.records) or 0.0
-            if not self.budget.fits(cost, keep_s=self._closing_s()):
-                logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
-                break
-            self._run_one("confirm", config_params(leader.config, self.space))
+        rounds = [leader for _ in range(self._rounds()) for leader in leaders]
+        if self._confirm_each(rounds) and rounds:
+            # One more round for the leaders with a window other processes disturbed (trial/child.py): their median
+            # then rests on more windows, from other minutes of the load.
+            by_key = self._candidates()
+            disturbed = [c for c in leaders if any(r.result.disturbed for r in by_key[config_key(c.config)].records)]
+            self._confirm_each(disturbed)
         by_key = self._candidates()
         return [by_key[config_key(leader.config)] for leader in leaders]
+
+    def _confirm_each(self, leaders: list[Candidate]) -> bool:
+        """Re-measure each in turn while it fits the budget; whether all were."""
+        for leader in leaders:
+            if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
+                logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
+                return False
+            self._run_one("confirm", config_params(leader.config, self.space))
+        return True
 
     def plan(self) -> BudgetPlan:
         """What the run intends for the rest of its budget, from the trials measured so far (budget.py)."""

@@ -144,3 +144,20 @@ def test_a_trial_is_stopped_when_the_budget_runs_out_however_long_its_own_timeou
     outcome = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0]).run()
     assert timeouts == [100.0, 70.0] and outcome.elapsed_s == 100.0
     assert outcome.records[1].result.reason == "stopped when --budget ran out, after 70 s"
+
+
+def test_a_leader_whose_window_others_disturbed_gets_one_more_interleaved_re_measurement(tmp_path, cpu_hardware):
+    now = [0.0]
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        now[0] += 20.0
+        seed_without_workers = spec.config.precision == "bf16" and spec.config.num_workers == 0
+        result = _result(15.0 if spec.config.precision == "bf16" else 5.0, 20.0)
+        result.disturbed = seed_without_workers and now[0] <= 60.0  # its first window, measured third
+        return result
+
+    settings = TunerSettings(trials=3, budget_s=1000.0, confirm_top_k=2, confirm_repeats=1, prune=False)
+    outcome = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0]).run()
+    confirms = [r.config.num_workers for r in outcome.records if r.role == "confirm"]
+    assert [r.role for r in outcome.records][:3] == ["baseline", "seed", "seed"]
+    assert sorted(confirms) == [0, 0, 1]  # one round of both seeds, and one more of the disturbed one

@@ -24,7 +24,9 @@ def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
         confirm_top_k=1,
         confirm_repeats=1,
         trial_timeout_s=15,
-        timing=TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2),
+        # Short windows (no share rule): the hanging configuration must time out at 15 s, the others must not,
+        # even on a loaded machine whose calibration doubles the windows.
+        timing=TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2, min_timed_share=0.0),
     )
     request = runner.RunRequest(
         model="tests.fixtures.faulty_workload:workload",
