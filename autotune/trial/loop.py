@@ -304,7 +304,7 @@ def measure(
     step = _Stepper(setup, forward, precision, config.grad_accum_steps, non_blocking=non_blocking)
     result = WindowMeasurement()
     # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front.
-    hindsight = timing.trim_transient and device.type != "cuda" and distributed.world_size() == 1
+    hindsight = timing.trim_transient and device.type == "cpu" and distributed.world_size() == 1
     memory.start()  # from the first step: warm-up peaks (cuDNN autotuning, allocator growth) are real peaks too
     warmup_times = _warm_up(setup, batches, step, device, result, on_progress, timing=timing, settle=not hindsight)
     _check_finite(step.losses, "warm-up")
