@@ -22,10 +22,16 @@ __all__ = [
     "config_params",
     "config_key",
     "group_by_config",
+    "leaders",
     "MIN_NOISE_FRACTION",
+    "CONTENDER_FRACTION",
 ]
 
 MIN_NOISE_FRACTION = 0.01  # leaders closer than this are tied even when repeats agreed exactly
+# A configuration whose median is below this share of the best's cannot overtake it within this machine's noise
+# (repeated windows of one configuration spread up to +-20% on a loaded 2-core CPU): confirmation does not spend
+# trials on it (re-measuring a recipe baseline three times slower than the seeds bought nothing).
+CONTENDER_FRACTION = 0.7
 # Memory counts for safety in quarters of the device's capacity: filling most of a card is a risk on longer real
 # batches, but 2.1 against 2.5 GiB of a 23.5-GiB machine is none (that difference crowned a 6% slower batch once).
 MEMORY_SAFETY_STEP = 0.25
@@ -96,6 +102,17 @@ def group_by_config(records: Iterable[TrialRecord]) -> dict[str, Candidate]:
             record
         )
     return candidates
+
+
+def leaders(candidates: Iterable[Candidate], top_k: int) -> list[Candidate]:
+    """The configurations confirmation re-measures: the top_k feasible ones by median that could still win
+    (CONTENDER_FRACTION), and a rerun's previous winner (the drift check compares the median of its measurements, so
+    it gets the same re-measurements as the leaders)."""
+    ranked = sorted((c for c in candidates if c.feasible), key=lambda c: -c.median)
+    contenders = [c for c in ranked if c.median >= CONTENDER_FRACTION * ranked[0].median]
+    top = contenders[: max(1, top_k)]
+    previous = [c for c in ranked if c not in top and any(r.role == "previous" for r in c.records)]
+    return top + previous
 
 
 def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:

@@ -137,10 +137,20 @@ def run(
         ),
     ] = None,
     sampler: Annotated[str, typer.Option(help="tpe (default), random or grid.")] = "tpe",
-    window: Annotated[float, typer.Option(help="Seconds of each timed window.")] = 10.0,
+    window: Annotated[
+        float,
+        typer.Option(
+            help="Seconds of each timed window, at least: longer where a trial's start-up and warm-up ask for it "
+            "(four fifths of every trial is measured), and twice as long on a busy machine."
+        ),
+    ] = 10.0,
     warmup_steps: Annotated[
-        int, typer.Option(help="Training steps before the timed window, at least; more until step times settle.")
-    ] = 3,
+        int,
+        typer.Option(
+            help="Training steps before the timed window, at least (and a tenth of --window); a start-up transient "
+            "found in the window afterwards is moved to warm-up."
+        ),
+    ] = 1,
     trial_timeout: Annotated[
         str, typer.Option(help="Hard limit per trial; a trial past it is killed as a hang.")
     ] = "5m",

@@ -8,11 +8,17 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from autotune.cli_output import plain
 from autotune.trial import TrialConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from rich.console import RenderableType
+
+    from autotune.budget import BudgetPlan
     from autotune.runner import RunPlan, RunReport
     from autotune.tuner import TrialRecord
 
@@ -25,13 +31,25 @@ def _rate(value: float | None) -> str:
     return f"{value:,.1f}" if value else "-"
 
 
+class _PlanProgress(Progress):
+    """rich's Progress with the budget plan above the trial bar (rich's documented way: get_renderables)."""
+
+    plan_text = ""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        if self.plan_text:
+            yield Text(self.plan_text, style="dim")
+        yield self.make_tasks_table(self.tasks)
+
+
 class RichReporter:
-    """Progress over trials with the best so far; one line per finished trial."""
+    """Progress over trials with the best so far, the budget plan live above it; one line per finished trial."""
 
     def __init__(self, console: Console, plan: RunPlan) -> None:
         settings = plan.request.settings
         self.console = console
-        self.progress = Progress(
+        self.planned = False
+        self.progress = _PlanProgress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             BarColumn(),
@@ -70,6 +88,18 @@ class RichReporter:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.progress.stop()
+
+    def plan_changed(self, plan: BudgetPlan) -> None:
+        """The plan as it stands: printed once when the run has made it (before the baseline), then kept live."""
+        if not self.planned:
+            self.console.print(plain(plan.describe()), highlight=False, soft_wrap=True)
+            self.planned = True
+        self.progress.plan_text = plan.describe()
+        self.progress.refresh()
+
+    def machine_measured(self, description: str, busy: bool) -> None:
+        style = "yellow" if busy else "dim"
+        self.console.print(f"[{style}]machine: {plain(description)}[/{style}]", highlight=False, soft_wrap=True)
 
     def trial_started(self, number: int, role: str, config: TrialConfig) -> None:
         self.progress.update(self.task, description=f"#{number} {role}: {plain(config.short())}")
@@ -136,6 +166,8 @@ def print_summary(console: Console, report: RunReport) -> None:
     _print_assessment(console, tuned.metrics)
     for note in tuned.notes:
         console.print(f"[yellow]note:[/yellow] {plain(note)}")
+    if outcome.plan is not None:
+        console.print(f"[dim]{plain(outcome.plan.describe())}[/dim]", highlight=False, soft_wrap=True)
     console.print(f"stopped by {plain(report.tuned.search['stopped_by'])} after {outcome.elapsed_s / 60:.1f} min")
     if report.written:
         console.print(f"result written to [bold]{plain(report.result_path)}[/bold]  (load with autotune.load_config)")
@@ -234,7 +266,8 @@ def _print_assessment(console: Console, metrics: dict) -> None:
             f"per-trial overhead (mean of {overhead['trials']}): start and imports "
             f"{overhead.get('mean_start_s') or 0:.1f} s + setup {overhead['mean_setup_s'] or 0:.1f} s + warm-up "
             f"{overhead['mean_warmup_s'] or 0:.1f} s{scan} = {_percent(overhead.get('overhead_share_of_run'))} of the "
-            f"run; timed windows {_percent(overhead.get('timed_share_of_run'))}",
+            f"run; timed windows {_percent(overhead.get('timed_share_of_run'))}; outside the windows "
+            f"{_percent(overhead.get('untimed_share_of_trials'))} of the trials' time",
             highlight=False,
         )
     diagnosis = metrics.get("diagnosis") or {}

@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 import os
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,16 +15,28 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import __version__, assessment, drift, history, preloading, storage, warmstart, workloads, yamlio
+from autotune import (
+    __version__,
+    assessment,
+    drift,
+    history,
+    preflight,
+    preloading,
+    storage,
+    warmstart,
+    workloads,
+    yamlio,
+)
 from autotune import space as space_module
 from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.hardware import Hardware, probe
+from autotune.reporting import Reporter
 from autotune.results import TunedConfig, speedup_range, summarise_measurements
 from autotune.run_output import check_writable, make_folders, remove_empty, write_result
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
 from autotune.trial.amp_check import AmpCheckSettings
-from autotune.tuner import STORAGE_FAILED, Reporter, Tuner, TunerSettings, TuningOutcome
+from autotune.tuner import STORAGE_FAILED, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
 
 if TYPE_CHECKING:
@@ -81,6 +94,7 @@ class RunPlan:
     warm_start: warmstart.WarmStart | None = None
     option_notes: tuple[str, ...] = ()  # what the workload says about its options (Workload.check_options)
     preparation: Preparation | None = None  # the workload's one-off data preparation, done by execute()
+    started_s: float = field(default_factory=time.monotonic)  # when the run began checking its inputs (its budget)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,6 +141,7 @@ def prepare(request: RunRequest) -> RunPlan:
 
     Nothing is created until every input passed: a refused run leaves no folder, database or file behind.
     """
+    started_s = time.monotonic()
     check_request(request)
     settings = request.settings
     workload = workloads.get(request.model)
@@ -191,6 +206,7 @@ def prepare(request: RunRequest) -> RunPlan:
         world_size=world_size,
         warm_start=warm,
         option_notes=option_notes,
+        started_s=started_s,
     )
 
 
@@ -216,10 +232,12 @@ def resolve_world_size(request: RunRequest, hardware: Hardware) -> int:
 
 def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     """Run the study and write the result YAML atomically."""
-    request, settings = plan.request, plan.request.settings
+    request = plan.request
     plan.workdir.mkdir(parents=True, exist_ok=True)
     data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
-    plan.preparation = prepare_data(plan)
+    plan.preparation = prepare_data(plan)  # before the trials; its time comes off --budget (preflight)
+    machine = preflight.measure_machine(request.settings, reporter)  # a busy machine gets longer windows
+    settings = machine.settings
 
     def make_spec(config: TrialConfig, result_path: str) -> TrialSpec:
         return TrialSpec(
@@ -235,12 +253,8 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         )
 
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
-    amp = assessment.check_precisions(plan, make_spec, request.amp_check)
-    search_settings = assessment.budget_left(settings, amp)
-    if plan.preparation is not None and plan.preparation.seconds and search_settings.budget_s is not None:
-        # --budget is the whole run's wall clock: the one-off preparation comes off it, as the AMP check does.
-        left_s = max(1.0, search_settings.budget_s - plan.preparation.seconds)
-        search_settings = dataclasses.replace(search_settings, budget_s=left_s)
+    machine = preflight.check_precisions(machine, plan, make_spec)  # the trials get what is left of the budget
+    search_settings, amp = machine.settings, machine.amp
     tuner = Tuner(
         study=study,
         space=plan.space,
@@ -256,6 +270,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         rejected_precisions=amp.rejected() if amp else None,
         preload_probe=preloading.preload_probe(plan),
         closing_trials=1 if request.compute_ceiling else 0,
+        before=machine.stages,
     )
     outcome = tuner.run()
     ceiling = None
@@ -273,8 +288,10 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     if outcome.winner is None:
         reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
-        raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}")
+        busy = f"; {machine.load.describe()}: tune when it is quieter" if machine.load.busy else ""
+        raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}{busy}")
     tuned = _tuned_config(plan, outcome)
+    preflight.record(machine, tuned, outcome.records)
     assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=ceiling, amp=amp)
     again = drift.remeasured(outcome)
     verdict = drift.judge(
@@ -424,4 +441,5 @@ def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
         "stopped_by": outcome.stopped_by,
         "elapsed_s": round(outcome.elapsed_s, 1),
         "timing": settings.timing.to_dict(),
+        "budget_plan": outcome.plan.to_dict() if outcome.plan else None,
     }

@@ -5,19 +5,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 
 from autotune import storage
-from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, pick_winner
+from autotune.budget import Budget, BudgetPlan, PlanState, Stage
+from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
 from autotune.errors import WorkloadError
+from autotune.pruning import Pruner
+from autotune.reporting import Reporter, SilentReporter
+from autotune.samplers import grid_points, make_sampler
 from autotune.space import SearchSpace
 from autotune.space_fit import smaller_batch
 from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
@@ -56,35 +58,6 @@ class TunerSettings:
     prune_warmup_fraction: float = 0.25  # ...or, from its warm-up steps, projected below this share
 
 
-class _Pruner:
-    """Decides from a running trial's progress whether it is hopeless against the best so far.
-
-    Warm-up steps are slower than steady state, so their projection is held to a lower bar; a window is judged only
-    after a quarter of it has run, so one slow step cannot condemn a configuration.
-    """
-
-    def __init__(self, best: TrialRecord | None, settings: TunerSettings) -> None:
-        self.best_rate = best.value if best else None
-        self.settings = settings
-        self.last_rate = 0.0
-
-    def __call__(self, progress: dict[str, Any]) -> str | None:
-        rate, phase = float(progress.get("samples_per_second") or 0.0), progress.get("phase")
-        self.last_rate = rate
-        if not self.best_rate:
-            return None
-        if phase == "warmup":
-            bar = self.settings.prune_warmup_fraction
-        elif phase == "window" and progress.get("elapsed_s", 0.0) >= 0.25 * self.settings.timing.window_s:
-            bar = self.settings.prune_window_fraction
-        else:
-            return None
-        if rate < bar * self.best_rate:
-            best = self.best_rate
-            return f"pruned: {rate:.1f} samples/s during {phase}, below {bar:.0%} of the best so far ({best:.1f})"
-        return None
-
-
 @dataclass(kw_only=True, slots=True)
 class TuningOutcome:
     """What a run found."""
@@ -97,37 +70,7 @@ class TuningOutcome:
     confirmed: list[Candidate] = field(default_factory=list)
     winner_reason: str = ""
     failure: str = ""  # with stopped_by STORAGE_FAILED: what failed (a full disk, a database gone)
-
-
-class Reporter(Protocol):
-    """Receives progress; the CLI draws it, tests may record it."""
-
-    def trial_started(self, number: int, role: str, config: TrialConfig) -> None: ...
-
-    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None: ...
-
-
-class _SilentReporter:
-    def trial_started(self, number: int, role: str, config: TrialConfig) -> None:
-        return None
-
-    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
-        return None
-
-
-def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
-    """TPE suits tens of trials over a mixed, conditional space; random and grid serve comparisons."""
-    if name == "tpe":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group=True is marked experimental
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "grid":
-        # The grid is walked by enqueuing its points (Tuner._grid_points); GridSampler's study.stop() only works
-        # inside study.optimize, and our ask-and-tell loop lives outside it.
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"unknown sampler {name!r}")
+    plan: BudgetPlan | None = None  # the budget plan as the run left it
 
 
 class Tuner:
@@ -157,6 +100,8 @@ class Tuner:
         clock: seconds, for the budget.
         closing_trials: trials the run measures after this search within the same budget (the runner's compute-only
             ceiling of the winner): time for them is kept free, as for confirmation.
+        before: stages the run went through before the trials (the AMP check), with the seconds they took, for the
+            plan; settings.budget_s is what is left of the run's budget after them.
     """
 
     def __init__(
@@ -178,11 +123,12 @@ class Tuner:
         launcher: Callable[..., TrialResult] | None = None,
         clock: Callable[[], float] = time.monotonic,
         closing_trials: int = 0,
+        before: tuple[Stage, ...] = (),
     ) -> None:
         self.preload_probe = preload_probe
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.rejected_precisions = dict(rejected_precisions or {})  # by the AMP check: precision -> why
-        self.workdir, self.reporter = workdir, reporter or _SilentReporter()
+        self.workdir, self.reporter = workdir, reporter or SilentReporter()
         self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
         self.global_batch_size = global_batch_size
         self.warm_start = list(warm_start)
@@ -192,11 +138,19 @@ class Tuner:
         seeds = [seed for seed in space.seeds if seed.get("precision") not in self.rejected_precisions]
         self.seeds = [("seed", dict(seed)) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
-        self.launcher, self.clock, self.closing_trials = launcher, clock, closing_trials
-        self._started = clock()
+        self.launcher, self.closing_trials, self.before = launcher, closing_trials, before
+        spent_before_s = sum(stage.spent_s for stage in before)
+        self.budget = Budget(
+            settings.budget_s,
+            settings.timing,
+            clock=clock,
+            spent_before_s=spent_before_s,
+            closing_trials=closing_trials,
+        )
+        self.skipped: list[str] = []  # seeds there was no room for
 
     def elapsed_s(self) -> float:
-        return self.clock() - self._started
+        return self.budget.elapsed_s()
 
     def _config(self, params: dict[str, Any]) -> TrialConfig:
         config = TrialConfig.from_params(params, world_size=self.world_size, extra_knobs=self.extra_knobs)
@@ -213,7 +167,7 @@ class Tuner:
             config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
             self.reporter.trial_started(trial.number, role, config)
             folder = self.workdir / f"trial-{trial.number:04d}"
-            pruner = _Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
+            pruner = Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
             if config.precision in self.rejected_precisions:  # infeasible without launching: the AMP check said so
                 result = TrialResult(status="precision", reason=self.rejected_precisions[config.precision])
@@ -234,15 +188,28 @@ class Tuner:
             self.reporter.trial_finished(record, self.best())
         if result.feasible:
             shutil.rmtree(folder, ignore_errors=True)
+        self._plan_changed()
         return record
 
-    def _launch(self, spec: TrialSpec, folder: Path, pruner: _Pruner | None) -> TrialResult:
+    def _launch(self, spec: TrialSpec, folder: Path, pruner: Pruner | None) -> TrialResult:
         """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
-        condemns it (a passing load on a shared machine must not; a configuration that stalls does it again)."""
-        timeout_s = self.settings.trial_timeout_s
+        condemns it (a passing load on a shared machine must not; a configuration that stalls does it again).
+
+        A window other processes disturbed (trial/child.py's gate) is kept as it is, not retried at once into the same
+        load: a disturbed leader is re-measured in confirmation, interleaved with the others."""
+        # --budget is a ceiling: a trial still running when it ends (a machine that got loaded) is stopped there.
+        left_s = self.budget.left_s()
+        timeout_s = self.settings.trial_timeout_s if left_s is None else min(self.settings.trial_timeout_s, left_s)
         launch_trial = self.launcher or launch  # looked up per call: tests replace trial.launch in this module
-        result = launch_trial(spec, workdir=folder, timeout_s=timeout_s, should_prune=pruner)
+        result = launch_trial(spec, workdir=folder, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
+        if result.status == "timeout" and timeout_s < self.settings.trial_timeout_s:
+            result.reason = f"stopped when --budget ran out, after {timeout_s:.0f} s"
+        if result.disturbed:
+            logger.warning("%s: %s", spec.config.short(), result.reason)
         if result.status != "erratic":
+            return result
+        if not self.budget.fits(result.wall_s or 0.0, keep_s=self._closing_s()):
+            result.reason += "; no room left in --budget to measure it again"
             return result
         logger.warning("%s: %s; measuring it once more", spec.config.short(), result.reason)
         retry_spec = dataclasses.replace(spec, result_path=str(folder / "retry" / "result.json"))
@@ -252,7 +219,7 @@ class Tuner:
             retry.reason = f"{retry.reason}, and CV {result.throughput_cv:.2f} in the first window"
         return retry
 
-    def _tell(self, trial: optuna.Trial, record: TrialRecord, pruner: _Pruner | None) -> None:
+    def _tell(self, trial: optuna.Trial, record: TrialRecord, pruner: Pruner | None) -> None:
         """Record the trial in the study. If another run has meanwhile failed it as stale (this run's heartbeat went
         unheard, e.g. the database was unreachable), the study keeps that verdict; this run keeps its measurement."""
         result = record.result
@@ -283,27 +250,23 @@ class Tuner:
         feasible = [record for record in self.records if record.result.feasible]
         return max(feasible, key=lambda record: record.value, default=None)
 
-    def _trial_s(self, records: list[TrialRecord] | None = None) -> float:
-        """The median wall time of a trial so far (of these records, when given): what the next one will take."""
-        walls = [
-            record.result.wall_s for record in (self.records if records is None else records) if record.result.wall_s
-        ]
-        return statistics.median(walls) if walls else 0.0
+    def _closing_s(self) -> float:
+        return self.budget.closing_s(self.records, self.best())
 
     def _reserve_s(self) -> float:
-        """Time to keep for confirmation: the median trial's wall time per re-measurement, at most a quarter of
-        the budget (a tight budget is better spent finding candidates than re-measuring one)."""
-        wanted = self._trial_s() * self.settings.confirm_top_k * self.settings.confirm_repeats
-        return min(wanted, 0.25 * self.settings.budget_s) if self.settings.budget_s else wanted
+        return self.budget.reserve_s(self._candidates().values(), self._leaders(), self._rounds())
 
-    def _out_of_budget(self, spare_trials: int = 0) -> bool:
-        """Another trial (and spare_trials more) would not end before confirmation's reserve and the closing
-        trials. The budget is a ceiling (a job's time limit on a cluster), not the last moment to start a trial."""
-        budget = self.settings.budget_s
-        if budget is None:
-            return False
-        trials_s = (1 + spare_trials + self.closing_trials) * self._trial_s()
-        return self.elapsed_s() + self._reserve_s() + trials_s > budget
+    def _rounds(self) -> int:
+        return self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0
+
+    def _queued_s(self, params: dict[str, Any]) -> float:
+        return self.budget.queued_s(self._config({**self.space.fixed, **params}), self.records)
+
+    def _search_fits(self, spare_trials: int = 0) -> bool:
+        """Another search trial (and spare_trials more) should end before the room kept for confirmation and the
+        closing trials. The budget is a ceiling (a job's time limit on a cluster), not the last moment to start."""
+        cost = (1 + spare_trials) * self.budget.costs.search_trial_s(self.records)
+        return self.budget.fits(cost, keep_s=self._reserve_s() + self._closing_s())
 
     def _preload_point(self) -> dict[str, Any] | None:
         """The best configuration so far with its audio preloaded, where the probe says it is worth a trial."""
@@ -346,27 +309,36 @@ class Tuner:
             confirmed=confirmed,
             winner_reason=winner_reason,
             failure=failure,
+            plan=self.plan(),
         )
 
     def _search(self) -> str:
         """The baseline, then the warm start (or a cold study's seeds), then the sampler's (or the grid's) points;
-        returns what stopped it."""
+        returns what stopped it. A queued trial needs room only for itself and the closing trials: it comes before
+        confirmation, which is kept room for only once there is something to compare (budget.py)."""
+        self._plan_changed()
         baseline = self._run_one("baseline", dict(self.space.baseline))
         if self.strict_baseline and baseline.result.status == "error":
             # An exception (not OOM, not a signal) in the recipe's own configuration is the workload's bug.
             log = self.workdir / f"trial-{baseline.number:04d}" / "trial.log"
             raise WorkloadError(f"the workload failed its first training step: {baseline.result.reason} (log: {log})")
-        grid = self._grid_points() if self.settings.sampler == "grid" else None
+        grid = grid_points(self.space, self.settings.seed) if self.settings.sampler == "grid" else None
+        queue = self.warm_start or self.seeds
         launched, unlaunched = 1, 0
         while launched < self.settings.trials:
-            if self._out_of_budget():
-                return "budget"
-            last = launched == self.settings.trials - 1 or self._out_of_budget(spare_trials=1)
-            if last and (point := self._preload_point()) is not None:
-                record = self._run_one("preload", point)  # the search's last trial: the best so far, preloaded
-            elif self.warm_start or self.seeds:
-                record = self._run_one(*(self.warm_start or self.seeds).pop(0))
+            if queue:
+                role, params = queue.pop(0)
+                if not self.budget.fits(self._queued_s(params), keep_s=self._closing_s()):
+                    self._skip(role, params)
+                    continue
+                record = self._run_one(role, params)
                 self._back_off(record)
+            elif not self._search_fits():
+                return "budget"
+            elif (launched == self.settings.trials - 1 or not self._search_fits(spare_trials=1)) and (
+                point := self._preload_point()
+            ) is not None:
+                record = self._run_one("preload", point)  # the search's last trial: the best so far, preloaded
             elif grid is not None and not grid:
                 return "grid exhausted"
             else:
@@ -389,36 +361,56 @@ class Tuner:
         if smaller is not None and config_key(self._config(smaller)) not in measured:
             self.seeds.insert(0, ("seed", smaller))
 
-    def _grid_points(self) -> list[dict[str, Any]]:
-        """Every configuration of a finite space, in a seeded random order (so a cut-short grid is still a fair
-        sample)."""
-        import random
-
-        points = self.space.points()
-        random.Random(self.settings.seed).shuffle(points)
-        return points
+    def _skip(self, role: str, params: dict[str, Any]) -> None:
+        config = self._config({**self.space.fixed, **params})
+        left = self.budget.left_s() or 0.0
+        why = f"{role} {config.short()} skipped: no room left in --budget ({left:.0f} s left)"
+        logger.warning(why)
+        self.skipped.append(why)
+        self._plan_changed()
 
     def _candidates(self) -> dict[str, Candidate]:
         return group_by_config(self.records)
 
     def _leaders(self) -> list[Candidate]:
-        """The top few feasible configurations by median, and a rerun's previous winner (the drift check compares
-        the median of its measurements, so it gets the same re-measurements as the leaders)."""
-        ranked = sorted((c for c in self._candidates().values() if c.feasible), key=lambda c: -c.median)
-        leaders = ranked[: max(1, self.settings.confirm_top_k)]
-        previous = [c for c in ranked[len(leaders) :] if any(r.role == "previous" for r in c.records)]
-        return leaders + previous
+        return leaders(self._candidates().values(), self.settings.confirm_top_k)
 
     def _confirm(self) -> list[Candidate]:
         """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""
         leaders = self._leaders()
-        budget = self.settings.budget_s
-        rounds = self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0
-        for leader in [leader for _ in range(rounds) for leader in leaders]:
-            needed_s = self._trial_s(leader.records) + self.closing_trials * self._trial_s()
-            if budget is not None and self.elapsed_s() + needed_s > budget:
-                logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
-                break
-            self._run_one("confirm", config_params(leader.config, self.space))
+        rounds = [leader for _ in range(self._rounds()) for leader in leaders]
+        if self._confirm_each(rounds) and rounds:
+            # One more round for the leaders with a window other processes disturbed (trial/child.py): their median
+            # then rests on more windows, from other minutes of the load.
+            by_key = self._candidates()
+            disturbed = [c for c in leaders if any(r.result.disturbed for r in by_key[config_key(c.config)].records)]
+            self._confirm_each(disturbed)
         by_key = self._candidates()
         return [by_key[config_key(leader.config)] for leader in leaders]
+
+    def _confirm_each(self, leaders: list[Candidate]) -> bool:
+        """Re-measure each in turn while it fits the budget; whether all were."""
+        for leader in leaders:
+            if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
+                logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
+                return False
+            self._run_one("confirm", config_params(leader.config, self.space))
+        return True
+
+    def plan(self) -> BudgetPlan:
+        """What the run intends for the rest of its budget, from the trials measured so far (budget.py)."""
+        queue = self.warm_start or self.seeds
+        comparable = self.budget.comparable(self._candidates().values())
+        counted = sum(r.role != "confirm" and r.result.status != "precision" for r in self.records)
+        state = PlanState(
+            queued_s=tuple(self._queued_s(params) for _, params in queue),
+            skipped=len(self.skipped),
+            confirmations=len(self._leaders()) * self._rounds() if comparable else 0,
+            searches_left=max(0, self.settings.trials - counted - len(queue)),
+            reserve_s=self._reserve_s(),
+            closing_s=self._closing_s(),
+        )
+        return self.budget.plan(self.records, state, self.before)
+
+    def _plan_changed(self) -> None:
+        self.reporter.plan_changed(self.plan())

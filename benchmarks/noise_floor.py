@@ -12,11 +12,13 @@ regret cannot be resolved below it.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 
+from autotune.machine_load import cpu_sample, others_fraction
 from autotune.models.campplus import CAMPPlus
 
 FRAMES_PER_SECOND = 100  # 10-ms fbank hop
@@ -48,6 +50,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--chunks", type=float, nargs="+", default=[3.0, 10.0], help="chunk lengths in seconds")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -55,6 +58,7 @@ def main() -> None:
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
     features = torch.randn(args.batch, FRAMES_PER_SECOND, 80)
     marks: list[tuple[float, int]] = []
+    before = cpu_sample()  # who else used the CPUs meanwhile: a busy machine widens every spread below
     samples, start = 0, time.perf_counter()
     while (now := time.perf_counter()) - start < args.seconds:
         if now - start >= FIRST_CHUNK_S:
@@ -65,8 +69,11 @@ def main() -> None:
         optimiser.step()
         optimiser.zero_grad(set_to_none=True)
         samples += args.batch
+    others = others_fraction(before, cpu_sample())
     print(f"CAM++ bs={args.batch} bf16, {args.threads} intra-op threads, {args.seconds:.0f} s:")
-    for chunk_s in (3.0, 10.0):
+    busy = f"{others:.0%}" if others is not None else "unknown"
+    print(f"  other processes took {busy} of the CPU meanwhile; load average {os.getloadavg()[0]:.1f}")
+    for chunk_s in args.chunks:
         print(f"  {chunk_s:.0f}-s chunks: {_describe(_chunks(marks, chunk_s))}")
 
 

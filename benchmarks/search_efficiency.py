@@ -31,16 +31,20 @@ import json
 import random
 import re
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune import runner
-from autotune.data.synth import generate_corpus
-from autotune.space import space_path
-from autotune.trial import TimingConfig, TrialConfig
-from autotune.tuner import TrialRecord, TunerSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
+
+from autotune import runner  # noqa: E402
+from autotune.data.synth import generate_corpus  # noqa: E402
+from autotune.space import space_path  # noqa: E402
+from autotune.trial import TimingConfig, TrialConfig  # noqa: E402
+from autotune.tuner import TrialRecord, TunerSettings  # noqa: E402
+from benchmarks.tables import markdown_table  # noqa: E402
 
 SPACE = """\
 workload: cam++
@@ -266,8 +270,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
     header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(row[column]) for column in header) + " |" for row in rows]
+    lines = markdown_table(rows, header)
     lines += [
         "",
         f"Reference: median of {REMEASURE} interleaved re-measurements of the grid's top {GRID_TOP} and every pick;"

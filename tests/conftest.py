@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,11 @@ import pytest
 
 from autotune.hardware import GpuInfo, Hardware
 from tests.fixtures.fake_nvml import install_nvml  # noqa: F401 - a fixture for test_hardware and test_gpus
+
+# Test modules that check our code against SpeechBrain's import it into this process, and its allow_tf32 quirk would
+# then turn TF32 on for every later test (the doctor reads torch's untouched defaults). Tests of the quirk itself run
+# speechbrain in subprocesses with an environment of their own.
+os.environ.setdefault("SB_DISABLE_QUIRKS", "allow_tf32")
 
 
 def make_cpu(cores: int = 2) -> Hardware:
@@ -42,6 +48,17 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         folder = tmp_path_factory.mktemp("autotune-cache")
         patch.setenv("AUTOTUNE_CACHE_DIR", str(folder))
         yield folder
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads() -> Iterator[None]:
+    """A test that sets torch's intra-op threads (as a CPU trial does) leaves the next test the count it found."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture

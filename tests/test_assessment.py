@@ -45,6 +45,7 @@ def test_overhead_per_trial_and_share_of_the_run():
     assert overhead["mean_start_s"] == 2.5 and overhead["mean_worst_case_s"] == 0.5
     assert overhead["mean_trial_wall_s"] == 14.0
     assert overhead["overhead_share_of_run"] == pytest.approx(16.5 / 25) and overhead["timed_share_of_run"] == 0.4
+    assert overhead["untimed_share_of_trials"] == pytest.approx(1 - 10.0 / 28.0, abs=1e-4)  # issue 18's measure
 
 
 def _measured(number: int, config: TrialConfig, status: str, rate: float = 0.0) -> TrialRecord:

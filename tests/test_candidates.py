@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.candidates import Candidate, TrialRecord, pick_winner
+from autotune.candidates import Candidate, TrialRecord, leaders, pick_winner
 from autotune.trial import TrialConfig, TrialResult
 
 
@@ -56,3 +56,13 @@ def test_memory_counts_for_safety_in_quarters_of_the_devices_capacity():
     roomy = _candidate([98, 97, 99], peak=35 * gib, capacity=80 * gib, batch=256)
     winner, reason = pick_winner([full, roomy])
     assert winner is roomy and "safer (less of the device's memory)" in reason
+
+
+def test_confirmation_re_measures_only_contenders_and_a_reruns_previous_winner():
+    """Issue 18: a recipe baseline a third as fast as the seeds was re-measured in confirmation; it cannot win."""
+    best, close, far = _candidate([14.0]), _candidate([12.0], workers=1), _candidate([4.7], workers=0, batch=64)
+    assert leaders([far, close, best], top_k=3) == [best, close]
+    assert leaders([far, close, best], top_k=1) == [best]
+    previous = _candidate([4.0], batch=16)
+    previous.records[0].role = "previous"
+    assert leaders([far, close, best, previous], top_k=3) == [best, close, previous]  # the drift check needs it

@@ -1,4 +1,4 @@
-"""The run summary's assessment lines, drawn from a result's metrics."""
+"""What a run shows: the summary's assessment lines, drawn from a result's metrics, and the live budget plan."""
 
 from __future__ import annotations
 
@@ -30,3 +30,35 @@ def test_the_measurement_noise_is_shown_when_something_was_measured_twice():
         in _shown({"noise": noise})
     )
     assert "measurement noise" not in _shown({"noise": {"configurations": 0}})
+
+
+def test_the_budget_plan_is_drawn_live_above_the_trial_bar():
+    from rich.console import Group
+    from rich.progress import TextColumn
+
+    from autotune.budget import BudgetPlan, Stage
+    from autotune.cli_display import _PlanProgress
+
+    plan = BudgetPlan(
+        budget_s=300.0,
+        elapsed_s=95.0,
+        stages=(
+            Stage(name="AMP check", done=1, spent_s=36.0),
+            Stage(name="baseline", done=1, spent_s=45.0),
+            Stage(name="seeds", done=1, planned=1, spent_s=14.0, expected_s=20.0),
+            Stage(name="search", planned=4, expected_s=80.0),
+            Stage(name="confirmation", note="once two configurations are measured"),
+        ),
+    )
+    text = plan.describe()
+    assert text == (
+        "plan: 1.6 of 5.0 min: AMP check 1 done | baseline 1 done | seeds 1/2, ~20 s more | search 0/4, ~80 s more | "
+        "confirmation once two configurations are measured"
+    )
+    progress = _PlanProgress(TextColumn("{task.description}"), console=Console(file=io.StringIO()))
+    progress.add_task("#2 seed: bs=32 w=0 bf16", total=3)
+    progress.plan_text = text
+    console = Console(file=io.StringIO(), width=250)
+    console.print(Group(*progress.get_renderables()))
+    drawn = console.file.getvalue()  # type: ignore[attr-defined]
+    assert drawn.index("plan: 1.6 of 5.0 min") < drawn.index("#2 seed")

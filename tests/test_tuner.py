@@ -10,6 +10,7 @@ import pytest
 from autotune import load_config, runner
 from autotune.trial import TimingConfig
 from autotune.tuner import TunerSettings
+from tests.fixtures.tuners import cam_tuner as _cam_tuner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -23,7 +24,9 @@ def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
         confirm_top_k=1,
         confirm_repeats=1,
         trial_timeout_s=15,
-        timing=TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2),
+        # Short windows (no share rule): the hanging configuration must time out at 15 s, the others must not,
+        # even on a loaded machine whose calibration doubles the windows.
+        timing=TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2, min_timed_share=0.0),
     )
     request = runner.RunRequest(
         model="tests.fixtures.faulty_workload:workload",
@@ -51,25 +54,6 @@ def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
     assert load_config(report.result_path).config.per_device_batch_size == 5
     logs = sorted(report.plan.workdir.glob("trial-*/trial.log"))
     assert len(logs) == 5
-
-
-def test_pruner_compares_running_rate_with_the_best_so_far():
-    from autotune.trial import TrialConfig, TrialResult
-    from autotune.tuner import TrialRecord, TunerSettings, _Pruner
-
-    best = TrialRecord(
-        number=0,
-        role="baseline",
-        config=TrialConfig(per_device_batch_size=8),
-        result=TrialResult(status="ok", samples_per_second=100.0),
-    )
-    pruner = _Pruner(best, TunerSettings(timing=TimingConfig(window_s=10.0)))
-    assert pruner({"phase": "warmup", "samples_per_second": 30.0, "elapsed_s": 1.0}) is None
-    assert "below 25%" in pruner({"phase": "warmup", "samples_per_second": 20.0, "elapsed_s": 1.0})
-    assert pruner({"phase": "window", "samples_per_second": 10.0, "elapsed_s": 1.0}) is None  # too early to judge
-    assert "below 50%" in pruner({"phase": "window", "samples_per_second": 40.0, "elapsed_s": 3.0})
-    assert pruner({"phase": "window", "samples_per_second": 60.0, "elapsed_s": 3.0}) is None
-    assert _Pruner(None, TunerSettings())({"phase": "window", "samples_per_second": 0.1, "elapsed_s": 9.0}) is None
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])  # Ctrl-C; a batch job's time limit or `kill`
@@ -129,36 +113,6 @@ def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_do
     # The seed equal to the baseline is not measured twice.
     assert run(3)[:2] == [("baseline", 5), ("seed", 7)]
     assert all(role != "seed" for role, _ in run(2))  # the study has trials now: no seeds
-
-
-def _cam_tuner(tmp_path, hardware, settings: TunerSettings | None = None, *, study=None, **kwargs):
-    """A Tuner over the cam++ space on this hardware, for tests that replace autotune.tuner.launch."""
-    from autotune import space
-    from autotune.trial import TrialSpec
-    from autotune.tuner import Tuner, make_sampler
-
-    def make_spec(config, path: str) -> TrialSpec:
-        return TrialSpec(
-            workload="cam++",
-            workload_options={},
-            data_file="",
-            config=config,
-            timing=TimingConfig(),
-            device_type="cpu",
-            result_path=path,
-        )
-
-    settings = settings or TunerSettings()
-    cam = space.load(space.space_path("cam++"), hardware)
-    sampler = make_sampler(settings.sampler, cam, settings.seed)  # seeded, as the runner opens its studies
-    return Tuner(
-        study=study or optuna.create_study(direction="maximize", sampler=sampler),
-        space=cam,
-        make_spec=make_spec,
-        settings=settings,
-        workdir=tmp_path,
-        **kwargs,
-    )
 
 
 def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_path, monkeypatch, cpu_hardware):
@@ -302,6 +256,24 @@ def test_an_erratic_window_is_measured_once_more_and_only_a_second_one_condemns(
     assert len(result_paths) == 2 and result_paths[0] != result_paths[1]  # a retry never reads the first's result
     if status == "erratic":
         assert "CV 0.40" in record.result.reason and "CV 0.60 in the first window" in record.result.reason
+
+
+def test_a_window_other_processes_disturbed_is_kept_and_not_retried_into_the_same_load(
+    tmp_path, monkeypatch, cpu_hardware
+):
+    from autotune.trial import TrialResult, TrialSpec
+
+    launched: list[str] = []
+
+    def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
+        launched.append(spec.result_path)
+        return TrialResult(
+            status="ok", samples_per_second=9.0, throughput_cv=0.5, others_cpu_fraction=0.6, disturbed=True, wall_s=10.0
+        )
+
+    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    record = _cam_tuner(tmp_path, cpu_hardware)._run_one("seed", {"per_device_batch_size": 32, "num_workers": 0})
+    assert record.result.feasible and record.result.disturbed and len(launched) == 1
 
 
 def test_the_last_search_trial_measures_the_best_so_far_with_its_audio_preloaded(tmp_path, monkeypatch, cpu_hardware):

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 import traceback
 from typing import Any
 
+from autotune.machine_load import BUSY_OTHERS_FRACTION
 from autotune.trial.distributed import RankInfo
 from autotune.trial.scaler import skip_gate_reason
-from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
+from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec
 
 __all__ = ["run_trial", "classify_exception"]
 
@@ -112,6 +114,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
             device=device,
             memory=memory,
             forward=forward,
+            spent_before_s=_spent_since_launch(started),
             on_window_start=telemetry.start if telemetry else lambda: None,
             on_progress=progress or (lambda phase, rate, elapsed_s: None),
         )
@@ -133,6 +136,12 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     distributed.stop()
     combined = combine_rank_summaries(summaries, device_type=device.type)
     return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict(), "fp32_math": math}
+
+
+def _spent_since_launch(started: float) -> float:
+    """Seconds since the parent launched this process (start, imports, setup): the window is measured against them."""
+    launched_at = os.environ.get(LAUNCHED_AT_ENV)
+    return max(0.0, time.time() - float(launched_at)) if launched_at else time.perf_counter() - started
 
 
 class EpochAccountingError(RuntimeError):
@@ -193,6 +202,7 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
         gpu_utilization_percent=mean("gpu_utilization_percent"),
         gpu_power_watts=mean("gpu_power_watts"),
     )
+    combined["others_cpu_fraction"] = _others_across_ranks(summaries)
     held = [item.get("worst_case_optimizer_state_held") for item in summaries]
     combined["worst_case_optimizer_state_held"] = all(held) if None not in held else None  # every rank's, not any
     if device_type != "cuda":
@@ -200,6 +210,16 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
     else:
         combined["memory_capacity_bytes"] = min(item["memory_capacity_bytes"] for item in summaries)
     return combined
+
+
+def _others_across_ranks(summaries: list[dict[str, Any]]) -> float | None:
+    """Other processes' share of the CPUs during the shared window: every rank's process tree is ours, not other."""
+    busy = [item.get("window_cpu_busy_s") for item in summaries]
+    own = [item.get("window_cpu_own_s") for item in summaries]
+    capacity = [item.get("window_cpu_capacity_s") for item in summaries]
+    if None in busy or None in own or None in capacity or not max(capacity):
+        return None
+    return min(1.0, max(0.0, (max(busy) - sum(own)) / max(capacity)))
 
 
 class ProgressWriter:
@@ -245,6 +265,16 @@ def _gate(result: TrialResult, spec: TrialSpec) -> TrialResult:
             return result
     limit = timing.max_throughput_cv
     if limit is not None and result.throughput_cv is not None and result.throughput_cv > limit:
+        others = result.others_cpu_fraction
+        if others is not None and others >= BUSY_OTHERS_FRACTION:
+            # Someone else's job, not the configuration: kept as a measurement, flagged, and the tuner re-measures it
+            # later among the leaders instead of condemning it (or retrying it at once, into the same load).
+            result.disturbed = True
+            result.reason = (
+                f"throughput varied across the window (CV {result.throughput_cv:.2f} over its quarters) while other "
+                f"processes took {others:.0%} of the CPU: disturbed, not erratic"
+            )
+            return result
         result.status = "erratic"
         result.reason = (
             f"throughput varies too much across the window (CV {result.throughput_cv:.2f} over its quarters > "

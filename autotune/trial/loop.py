@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from autotune.trial import distributed
+from autotune.machine_load import CpuSample, cpu_sample, others_fraction
+from autotune.trial import distributed, steady
 from autotune.trial.distributed import Forward, RankInfo
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
@@ -46,12 +47,8 @@ class WindowMeasurement:
     step_samples: list[int] = field(default_factory=list)
     step_audio_s: list[float] = field(default_factory=list)
     scaler_skip_fraction: float | None = None  # fp16: optimiser steps GradScaler skipped in the window
-
-    def _step_work(self) -> list[float]:
-        """Work per step for the stability measure: seconds of audio where the workload counts them (utterances of
-        different lengths are different work), else samples."""
-        audio = self.step_audio_s
-        return audio if audio and len(audio) == len(self.step_samples) and min(audio) > 0 else list(self.step_samples)
+    trimmed_steps: int = 0  # window steps that turned out to be warm-up (hindsight; counted in warmup_steps)
+    cpu: tuple[CpuSample, CpuSample] | None = None  # at the window's edges: who else used the CPUs meanwhile
 
     def summary(self, dataset_size: int, config: TrialConfig) -> dict[str, Any]:
         """Throughput and step-time statistics; the objective amortises loader start-up over an epoch."""
@@ -69,7 +66,7 @@ class WindowMeasurement:
             "step_time_median_s": statistics.median(times),
             "step_time_p90_s": times[min(len(times) - 1, math.ceil(0.9 * len(times)) - 1)],
             "step_time_cv": statistics.pstdev(times) / mean if mean > 0 else 0.0,
-            "throughput_cv": throughput_cv(self.step_times_s, self._step_work()),
+            "throughput_cv": throughput_cv(self.step_times_s, _step_work(self.step_samples, self.step_audio_s)),
             "data_wait_fraction": self.data_wait_s / self.window_s,
             "window_steps": len(times),
             "window_s": self.window_s,
@@ -77,7 +74,31 @@ class WindowMeasurement:
             "warmup_steps": self.warmup_steps,
             "loader_start_s": self.loader_start_s,
             "scaler_skip_fraction": self.scaler_skip_fraction,
+            "trimmed_steps": self.trimmed_steps,
+            **_cpu_share(self.cpu),
         }
+
+
+def _step_work(samples: list[int], audio_s: list[float]) -> list[float] | list[int]:
+    """Work per step for the stability measures: seconds of audio where the workload counts them (utterances of
+    different lengths are different work), else samples."""
+    return audio_s if audio_s and len(audio_s) == len(samples) and min(audio_s) > 0 else list(samples)
+
+
+def _cpu_share(cpu: tuple[CpuSample, CpuSample] | None) -> dict[str, Any]:
+    """Other processes' share of the CPUs during the window, and the raw seconds that several ranks' shares are
+    combined from (trial/child.py combine_rank_summaries: each rank's own tree is "other" to the rest)."""
+    if cpu is None:
+        return {"others_cpu_fraction": None}
+    before, after = cpu
+    busy = None if before.busy_s is None or after.busy_s is None else after.busy_s - before.busy_s
+    own = None if before.own_s is None or after.own_s is None else after.own_s - before.own_s
+    return {
+        "others_cpu_fraction": others_fraction(before, after),
+        "window_cpu_busy_s": busy,
+        "window_cpu_own_s": own,
+        "window_cpu_capacity_s": (after.at_s - before.at_s) * after.cpus,
+    }
 
 
 MIN_STABILITY_PART_S = 1.0  # shorter parts measure the OS scheduler on a shared machine, not the configuration
@@ -146,8 +167,17 @@ class _Stepper:
     """Training steps as the user's loop runs them: autocast forward, scaled backward, and an optimiser step every
     grad_accum_steps micro-batches (gradients all-reduced only on that last micro-batch under DDP)."""
 
-    def __init__(self, setup: TrainingSetup, forward: Forward, precision: PrecisionSettings, accum_steps: int):
+    def __init__(
+        self,
+        setup: TrainingSetup,
+        forward: Forward,
+        precision: PrecisionSettings,
+        accum_steps: int,
+        *,
+        non_blocking: bool = False,
+    ):
         self.setup, self.forward, self.precision, self.accum_steps = setup, forward, precision, max(1, accum_steps)
+        self.non_blocking = non_blocking  # host-to-device copies of pinned batches (CUDA)
         self.scaler = SkipCountingScaler(precision.grad_scaler())
         self.micro_batches = 0
         self.losses: list[torch.Tensor] = []
@@ -177,10 +207,73 @@ def _check_finite(losses: list[torch.Tensor], phase: str) -> None:
     losses.clear()
 
 
-def _settled(step_times_s: list[float], tolerance_fraction: float) -> bool:
-    """The last two warm-up steps took about the same time: start-up costs are behind us."""
-    last, before = step_times_s[-1], step_times_s[-2] if len(step_times_s) > 1 else float("inf")
-    return max(last, before) <= (1.0 + tolerance_fraction) * min(last, before)
+@dataclass(kw_only=True, slots=True)
+class _Window:
+    """The timed window's steps as they come, and where steady state starts in them (hindsight, trial/steady.py)."""
+
+    hindsight: bool
+    spent_before_s: float  # process start and setup, before warm-up
+    warmup: WindowMeasurement  # warm-up's seconds and steps so far
+    timing: TimingConfig
+    accum_steps: int = 1  # a trimmed front ends on an optimiser step, as warm-up does
+    times_s: list[float] = field(default_factory=list)
+    waits_s: list[float] = field(default_factory=list)
+    samples_per_step: list[int] = field(default_factory=list)
+    audio_per_step: list[float] = field(default_factory=list)
+    front: int = 0  # steps before this index turned out to be warm-up
+    seconds: float = 0.0  # of the steps from front on
+    samples: int = 0
+
+    def add(self, step_s: float, wait_s: float, samples: int, audio_s: float) -> None:
+        self.times_s.append(step_s)
+        self.waits_s.append(wait_s)
+        self.samples_per_step.append(samples)
+        self.audio_per_step.append(audio_s)
+        self.seconds += step_s
+        self.samples += samples
+
+    def done(self) -> bool:
+        """Long enough by the rules, and (with hindsight) steady from its front on; else the front moves on."""
+        steps, timing = len(self.times_s) - self.front, self.timing
+        if steps >= timing.max_window_steps:
+            return True
+        trimmed_s = sum(self.times_s[: self.front])
+        target_s = steady.window_target_s(self.spent_before_s + self.warmup.warmup_s + trimmed_s, timing)
+        if steps < timing.min_window_steps or self.seconds < target_s:
+            return False
+        if not self.hindsight or not self._may_trim(trimmed_s):
+            return True
+        work = _step_work(self.samples_per_step[self.front :], self.audio_per_step[self.front :])
+        front = steady.transient_front(self.times_s[self.front :], work, timing.steady_tolerance_fraction)
+        front = min(math.ceil(front / self.accum_steps) * self.accum_steps, steps - self.accum_steps)
+        if front <= 0:
+            return True
+        for moved in range(self.front, self.front + front):
+            self.seconds -= self.times_s[moved]
+            self.samples -= self.samples_per_step[moved]
+        self.front += front
+        return False
+
+    def _may_trim(self, trimmed_s: float) -> bool:
+        timing = self.timing
+        steps = self.warmup.warmup_steps + self.front
+        return steps < timing.max_warmup_steps and self.warmup.warmup_s + trimmed_s < timing.max_warmup_s
+
+    def fill(self, result: WindowMeasurement, elapsed_s: float, cpu: tuple[CpuSample, CpuSample]) -> None:
+        """The window's figures into result; a trimmed front goes to warm-up."""
+        front = self.front
+        trimmed_s = sum(self.times_s[:front])
+        result.warmup_s += trimmed_s
+        result.warmup_steps += front
+        result.trimmed_steps = front
+        result.window_s = elapsed_s - trimmed_s
+        result.step_times_s = self.times_s[front:]
+        result.step_samples = self.samples_per_step[front:]
+        result.step_audio_s = self.audio_per_step[front:]
+        result.samples = sum(result.step_samples)
+        result.audio_s = sum(result.step_audio_s)
+        result.data_wait_s = sum(self.waits_s[front:])
+        result.cpu = cpu
 
 
 def measure(
@@ -193,20 +286,80 @@ def measure(
     device: torch.device,
     memory: PeakMemory,
     forward: Forward | None = None,
+    spent_before_s: float = 0.0,
     on_window_start: Callable[[], None] = lambda: None,
     on_progress: Callable[[str, float, float], None] = lambda phase, rate, elapsed_s: None,
 ) -> WindowMeasurement:
     """Warm up, then time a window of full training steps (data wait, host-to-device copy, forward, backward, step).
 
-    On one device the window runs for timing.window_s seconds. Across ranks every rank must run the same number of
-    steps (DDP's all-reduce would wait forever for a rank that stopped), so warm-up ends when all ranks have settled,
-    and the window's step count is fixed in advance from the slowest rank's warm-up; ranks meet at both edges.
+    The rules are trial/steady.py's: warm-up and window in seconds with steps as floors, the window long enough to be
+    at least timing.min_timed_share of the trial (spent_before_s: what the trial spent before this call, its process
+    start and setup). On one CPU rank steadiness is judged with hindsight: the window trims a front that ran at
+    another rate than the rest. Across ranks every rank must run the same number of steps (DDP's all-reduce would
+    wait forever for a rank that stopped), so warm-up ends when all ranks have settled, and the window's step count
+    is fixed in advance from the slowest rank's warm-up; ranks meet at both edges.
     """
     forward = forward or Forward(setup.model, setup.loss_fn, device)
-    step = _Stepper(setup, forward, precision, config.grad_accum_steps)
     non_blocking = config.pin_memory and device.type == "cuda"
+    step = _Stepper(setup, forward, precision, config.grad_accum_steps, non_blocking=non_blocking)
     result = WindowMeasurement()
+    # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front.
+    hindsight = timing.trim_transient and device.type == "cpu" and distributed.world_size() == 1
     memory.start()  # from the first step: warm-up peaks (cuDNN autotuning, allocator growth) are real peaks too
+    warmup_times = _warm_up(setup, batches, step, device, result, on_progress, timing=timing, settle=not hindsight)
+    _check_finite(step.losses, "warm-up")
+    window_steps = _agreed_window_steps(
+        warmup_times, spent_before_s + result.warmup_s, timing, step.accum_steps, device
+    )
+    distributed.barrier(device)
+    step.scaler.start_window()
+    on_window_start()
+    cpu_before = cpu_sample()
+    steps = _Window(
+        hindsight=hindsight, spent_before_s=spent_before_s, warmup=result, timing=timing, accum_steps=step.accum_steps
+    )
+    window_start = last = time.perf_counter()
+    while True:
+        batch = next(batches)
+        fetched = time.perf_counter()
+        step(setup.batch_to_device(batch, device, non_blocking))
+        now = time.perf_counter()
+        steps.add(now - last, fetched - last, setup.samples_in(batch), setup.audio_seconds_in(batch))
+        last = now
+        # With hindsight the window's first step, and its first quarter, may still turn out to be warm-up: the pruner
+        # holds them to the warm-up bar (they are what the second and later warm-up steps were before).
+        early = len(steps.times_s) < 2 or now - window_start < 0.25 * timing.window_s
+        phase = "warmup" if hindsight and early else "window"
+        on_progress(phase, steps.samples / max(steps.seconds, 1e-9), now - window_start)
+        if window_steps is not None:
+            window_done = len(steps.times_s) >= window_steps
+        else:
+            window_done = step.at_step_boundary and steps.done()
+        if window_done:
+            break
+    _synchronize(device)
+    distributed.barrier(device)
+    elapsed_s = time.perf_counter() - window_start
+    steps.fill(result, elapsed_s, (cpu_before, cpu_sample()))
+    _check_finite(step.losses, "the timed window")
+    result.scaler_skip_fraction = step.scaler.window_skip_fraction()
+    memory.sample()
+    return result
+
+
+def _warm_up(
+    setup: TrainingSetup,
+    batches: Iterator[Any],
+    step: _Stepper,
+    device: torch.device,
+    result: WindowMeasurement,
+    on_progress: Callable[[str, float, float], None],
+    *,
+    timing: TimingConfig,
+    settle: bool,
+) -> list[float]:
+    """Warm-up steps, each synchronised (its time must be its own), until steady.warmup_done agrees on every rank."""
+    non_blocking = step.non_blocking
     started = time.perf_counter()
     warmup_times: list[float] = []
     while True:
@@ -215,59 +368,27 @@ def measure(
         if not warmup_times:
             result.loader_start_s = time.perf_counter() - started
         step(setup.batch_to_device(batch, device, non_blocking))
-        _synchronize(device)  # warm-up only: each step's time must be its own to tell when they settle
+        _synchronize(device)
         warmup_times.append(time.perf_counter() - step_started)
         if len(warmup_times) > 1:  # the first step carries start-up costs; later ones project the rate
             on_progress("warmup", setup.samples_in(batch) / warmup_times[-1], time.perf_counter() - started)
-        if len(warmup_times) >= timing.warmup_steps and step.at_step_boundary:
-            done = len(warmup_times) >= timing.max_warmup_steps or _settled(warmup_times, timing.warmup_settle_fraction)
+        if step.at_step_boundary:
+            done = steady.warmup_done(warmup_times, timing, require_settled=settle)
             if distributed.all_agree(done, device):  # every rank warms up for the same number of steps
                 break
-    _check_finite(step.losses, "warm-up")
     result.warmup_s = time.perf_counter() - started
     result.warmup_steps = len(warmup_times)
-    window_steps = _agreed_window_steps(warmup_times, timing, step.accum_steps, device)
-    distributed.barrier(device)
-    step.scaler.start_window()
-    on_window_start()
-    window_start = last = time.perf_counter()
-    while True:
-        batch = next(batches)
-        fetched = time.perf_counter()
-        result.data_wait_s += fetched - last
-        step(setup.batch_to_device(batch, device, non_blocking))
-        result.step_samples.append(setup.samples_in(batch))
-        result.step_audio_s.append(setup.audio_seconds_in(batch))
-        result.samples += result.step_samples[-1]
-        result.audio_s += result.step_audio_s[-1]
-        now = time.perf_counter()
-        result.step_times_s.append(now - last)
-        last = now
-        steps = len(result.step_times_s)
-        on_progress("window", result.samples / (now - window_start), now - window_start)
-        if window_steps is not None:
-            window_done = steps >= window_steps
-        else:
-            timed_out = now - window_start >= timing.window_s and steps >= timing.min_window_steps
-            window_done = step.at_step_boundary and (timed_out or steps >= timing.max_window_steps)
-        if window_done:
-            break
-    _synchronize(device)
-    distributed.barrier(device)
-    result.window_s = time.perf_counter() - window_start
-    _check_finite(step.losses, "the timed window")
-    result.scaler_skip_fraction = step.scaler.window_skip_fraction()
-    memory.sample()
-    return result
+    return warmup_times
 
 
 def _agreed_window_steps(
-    warmup_times: list[float], timing: TimingConfig, accum_steps: int, device: torch.device
+    warmup_times: list[float], spent_before_s: float, timing: TimingConfig, accum_steps: int, device: torch.device
 ) -> int | None:
     """Across ranks, the window's step count (the same on every rank); None on one device (the window is timed)."""
     if distributed.world_size() == 1:
         return None
     settled_step_s = distributed.max_over_ranks(statistics.median(warmup_times[-2:]), device)
-    steps = math.ceil(timing.window_s / max(settled_step_s, 1e-6))
+    target_s = distributed.max_over_ranks(steady.window_target_s(spent_before_s, timing), device)
+    steps = math.ceil(target_s / max(settled_step_s, 1e-6))
     steps = min(max(steps, timing.min_window_steps), timing.max_window_steps)
     return math.ceil(steps / accum_steps) * accum_steps

@@ -15,19 +15,11 @@ from pathlib import Path
 
 import torch
 
+from autotune.machine_load import process_tree
+
 __all__ = ["PeakMemory", "process_tree_rss_bytes", "available_memory_bytes"]
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _children(pid: int) -> list[int]:
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            children += [int(child) for child in task.read_text().split()]
-        except (OSError, ValueError):
-            continue  # the task ended while we looked
-    return children
 
 
 def _rss_bytes(pid: int) -> int:
@@ -43,15 +35,7 @@ def process_tree_rss_bytes(pid: int | None = None) -> int:
     Shared pages (torch's libraries mapped into each forked worker) are counted once per process, as the kernel's
     RSS does, so this is an upper bound of what the tree really holds.
     """
-    pending, total, seen = [pid or os.getpid()], 0, set()
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        total += _rss_bytes(current)
-        pending += _children(current)
-    return total
+    return sum(_rss_bytes(member) for member in process_tree(pid))
 
 
 def available_memory_bytes() -> int:

@@ -118,20 +118,41 @@ class TrialConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimingConfig:
-    """How long a trial warms up and measures."""
+    """How long a trial warms up and measures: seconds, with steps as floors (trial/steady.py explains the rules)."""
 
-    warmup_steps: int = 3  # at least this many; more until two consecutive steps agree (adaptive warm-up)
-    max_warmup_steps: int = 12
-    warmup_settle_fraction: float = 0.2
-    window_s: float = 10.0
-    min_window_steps: int = 5
+    window_s: float = 10.0  # the timed window, at least; the scale of the whole measurement (below)
+    warmup_steps: int = 1  # at least this many (the first step carries start-up), lasting min_warmup_s
+    min_warmup_fraction: float = 0.1  # of window_s
+    max_warmup_factor: float = 3.0  # warm-up, trimmed window fronts included, stops at this many window_s...
+    max_warmup_steps: int = 1000  # ...or this many steps
+    warmup_settle_fraction: float = 0.2  # CUDA / several ranks: consecutive chunks of warm-up steps agree this well
+    settle_chunk_s: float = 0.5  # ... chunks of at least this long (one step when steps are longer)
+    steady_tolerance_fraction: float = 0.1  # CPU, one rank: a window's first quarter this far off the rest is warm-up
+    trim_transient: bool = True  # judge steadiness with hindsight where each step's time is its own (CPU, one rank)
+    min_window_steps: int = 2  # a rate needs two steps; the stability gate judges windows of four or more
     max_window_steps: int = 10_000
+    # The window is at least this share of the trial (0: off)... 0.8, not 0.75: the parent's launch and the child's
+    # result and teardown (0.3-0.5 s) are outside the window too, and the trials' untimed share must stay <= 25%.
+    min_timed_share: float = 0.8
+    max_window_factor: float = 4.0  # ...up to this many window_s
     memory_headroom_fraction: float = 0.10
     # Throughput CV across the window's quarters above which a config is 'erratic' (trial/loop.py throughput_cv);
     # None switches the gate off.
     max_throughput_cv: float | None = ERRATIC_THROUGHPUT_CV
     max_scaler_skip_fraction: float | None = 0.05  # fp16: share of window steps GradScaler may skip (after calibration)
     worst_case_scan: bool = True  # train on the workload's most expensive batches before warm-up (trial/worst_case.py)
+
+    @property
+    def min_warmup_s(self) -> float:
+        return self.min_warmup_fraction * self.window_s
+
+    @property
+    def max_warmup_s(self) -> float:
+        return self.max_warmup_factor * self.window_s
+
+    @property
+    def max_window_s(self) -> float:
+        return max(self.window_s, self.max_window_factor * self.window_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -212,6 +233,11 @@ class TrialResult:
     # On CUDA, how float32 matmuls and cuDNN convolutions ran ({"matmul": "ieee"|"tf32", "cudnn_conv": ...}), read
     # after the precision's flags were set: fp32-default's maths depends on this torch's defaults. None on a CPU.
     fp32_math: dict[str, str] | None = None
+    trimmed_steps: int = 0  # window steps found to be warm-up with hindsight (trial/steady.py); in warmup_steps
+    others_cpu_fraction: float | None = None  # share of the CPUs other processes took during the window (0: none)
+    # The window was erratic while other processes took at least machine_load.BUSY_OTHERS_FRACTION of the CPU: kept
+    # (status ok) and re-measured with the leaders, not condemned for someone else's job.
+    disturbed: bool = False
     log_tail: str = ""
 
     @property

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.trial.loop import WindowMeasurement, _settled, build_loader, measure
+from autotune.trial.loop import WindowMeasurement, build_loader, measure
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TimingConfig, TrialConfig
@@ -59,8 +59,10 @@ def _setup(slow_steps: int, clock: _Clock | None = None, fast_s: float = 0.005) 
     )
 
 
-def _measure(setup: TrainingSetup, timing: TimingConfig) -> WindowMeasurement:
-    config = TrialConfig(per_device_batch_size=4)
+def _measure(
+    setup: TrainingSetup, timing: TimingConfig, config: TrialConfig | None = None, spent_before_s: float = 0.0
+) -> WindowMeasurement:
+    config = config or TrialConfig(per_device_batch_size=4)
     loader = build_loader(setup, config, total_batches=200, seed=0)
     memory = PeakMemory(torch.device("cpu"))
     try:
@@ -72,33 +74,78 @@ def _measure(setup: TrainingSetup, timing: TimingConfig) -> WindowMeasurement:
             precision=PrecisionSettings(precision="fp32", device_type="cpu"),
             device=torch.device("cpu"),
             memory=memory,
+            spent_before_s=spent_before_s,
         )
     finally:
         memory.stop()
 
 
+# The forward rule (CUDA, several ranks: warm-up until consecutive steps agree), pinned on a CPU: no hindsight, no
+# warm-up time limits, one step per settle chunk, a window of window_s.
+FORWARD = {
+    "trim_transient": False,
+    "min_warmup_fraction": 0.0,
+    "max_warmup_factor": 1e6,  # no cap in seconds: max_warmup_steps only
+    "settle_chunk_s": 0.0,
+    "min_timed_share": 0.0,
+}
+
+
 def test_warm_up_goes_on_until_step_times_settle(clock):
-    timing = TimingConfig(warmup_steps=2, max_warmup_steps=12, window_s=0.1, min_window_steps=3)
+    timing = TimingConfig(warmup_steps=2, max_warmup_steps=12, window_s=0.1, min_window_steps=3, **FORWARD)
     result = _measure(_setup(slow_steps=5, clock=clock), timing)
     assert result.warmup_steps == 7  # the five shrinking steps, then two that agree
     assert max(result.step_times_s) == pytest.approx(0.005)  # nothing of the start-up leaked into the window
 
 
-def test_warm_up_is_bounded(clock):
-    timing = TimingConfig(warmup_steps=2, max_warmup_steps=4, window_s=0.1, min_window_steps=3)
+@pytest.mark.parametrize(
+    "rules", [FORWARD, {"min_timed_share": 0.0, "max_warmup_factor": 1e6}], ids=["forward", "hindsight"]
+)
+def test_warm_up_is_bounded(clock, rules):
+    timing = TimingConfig(warmup_steps=2, max_warmup_steps=4, window_s=0.1, min_window_steps=3, **rules)
     assert _measure(_setup(slow_steps=50, clock=clock), timing).warmup_steps == 4
 
 
 def test_window_counts_samples_steps_and_audio():
-    result = _measure(_setup(slow_steps=0), TimingConfig(warmup_steps=1, window_s=0.2, min_window_steps=5))
+    timing = TimingConfig(warmup_steps=1, min_warmup_fraction=0.0, window_s=0.2, min_window_steps=5)
+    result = _measure(_setup(slow_steps=0), timing)
     steps = len(result.step_times_s)
     assert steps >= 5 and result.samples == 4 * steps and result.audio_s == 12.0 * steps
     assert result.window_s >= 0.2 and 0.0 <= result.data_wait_s < result.window_s
 
 
-@pytest.mark.parametrize(("times", "settled"), [([1.0, 0.5, 0.52], True), ([1.0, 0.5], False), ([0.5], False)])
-def test_settled(times, settled):
-    assert _settled(times, 0.2) is settled
+def test_hindsight_moves_a_start_up_transient_out_of_the_window_after_a_one_step_warm_up(clock):
+    """One CPU rank: warm-up is one step; the window's slow front is found afterwards and becomes warm-up."""
+    timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
+    result = _measure(_setup(slow_steps=5, clock=clock, fast_s=0.01), timing)
+    assert result.trimmed_steps > 0 and result.warmup_steps == 1 + result.trimmed_steps
+    assert max(result.step_times_s) == pytest.approx(0.01)  # nothing of the start-up is left in the window
+    assert result.window_s == pytest.approx(sum(result.step_times_s)) and result.window_s >= 0.2
+    assert result.samples == 4 * len(result.step_times_s)
+
+
+def test_a_trimmed_front_ends_on_an_optimiser_step_under_gradient_accumulation(clock):
+    timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
+    config = TrialConfig(per_device_batch_size=4, grad_accum_steps=2)
+    result = _measure(_setup(slow_steps=3, clock=clock, fast_s=0.01), timing, config)
+    # Warm-up is one optimiser step (two micro-batches); the third, slow micro-batch takes its partner with it.
+    assert (result.warmup_steps, result.trimmed_steps) == (4, 2)
+    assert max(result.step_times_s) == pytest.approx(0.01) and len(result.step_times_s) % 2 == 0
+
+
+def test_a_steady_window_is_kept_whole_after_a_single_warm_up_step(clock):
+    timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
+    result = _measure(_setup(slow_steps=1, clock=clock, fast_s=0.01), timing)
+    assert (result.warmup_steps, result.trimmed_steps) == (1, 0)
+    assert len(result.step_times_s) == 20 and result.window_s == pytest.approx(0.2)
+
+
+def test_the_window_is_at_least_three_times_what_the_trial_spent_reaching_it(clock):
+    """min_timed_share 0.75: 3 s of process start and setup and a 1-s warm-up step ask for a 12-s window."""
+    timing = TimingConfig(window_s=2.0, min_window_steps=2, min_timed_share=0.75, max_window_factor=6.0)
+    result = _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), timing, spent_before_s=3.0)
+    assert result.warmup_steps == 1 and result.window_s == pytest.approx(12.0)
+    assert result.window_s / (3.0 + result.warmup_s + result.window_s) == pytest.approx(0.75)
 
 
 def test_objective_charges_worker_start_once_per_epoch_without_persistent_workers():

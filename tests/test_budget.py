@@ -1,0 +1,163 @@
+"""The budget plan: what each trial should cost, what the run keeps room for, and the issue-18 runs replayed on a clock
+through the real Tuner."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.budget import CONFIRM_SHARE, Budget, TrialCosts
+from autotune.candidates import Candidate, TrialRecord
+from autotune.trial import TimingConfig, TrialConfig, TrialResult
+from autotune.trial.steady import expected_trial_s
+from autotune.tuner import TunerSettings
+from tests.fixtures.tuners import cam_tuner
+
+FP32_64 = TrialConfig(per_device_batch_size=64, num_workers=2, prefetch_factor=2, precision="fp32", intra_op_threads=2)
+BF16_32 = TrialConfig(per_device_batch_size=32, precision="bf16", intra_op_threads=2)
+
+
+def _result(rate: float, wall_s: float) -> TrialResult:
+    """A measured trial: a fifth of its wall time warm-up, seven tenths window."""
+    return TrialResult(
+        status="ok",
+        samples_per_second=rate,
+        window_samples_per_second=rate,
+        wall_s=wall_s,
+        warmup_s=0.2 * wall_s,
+        window_s=0.7 * wall_s,
+    )
+
+
+def _record(number: int, config: TrialConfig, rate: float, wall_s: float, role: str = "search") -> TrialRecord:
+    return TrialRecord(number=number, role=role, config=config, result=_result(rate, wall_s))
+
+
+def test_a_configuration_costs_its_own_wall_time_once_measured_and_a_prediction_before():
+    costs = TrialCosts(TimingConfig())
+    baseline = _record(0, FP32_64, 4.7, 128.0, role="baseline")
+    assert costs.of(FP32_64, [baseline]) == 128.0
+    assert costs.of(BF16_32, []) is None  # nothing measured: no prediction
+    # No bf16 measured yet: the fp32 rate predicts a 6.8-s step for 32 samples, and the rules give its trial.
+    unseen = costs.of(BF16_32, [baseline])
+    assert unseen is not None and 30.0 < unseen < 128.0
+    seed = _record(1, BF16_32, 14.0, 25.0, role="seed")
+    other_bf16 = TrialConfig(per_device_batch_size=16, precision="bf16", intra_op_threads=2)
+    fixed_s = costs.fixed_s([baseline, seed])
+    assert fixed_s == pytest.approx((0.1 * 128 + 0.1 * 25) / 2)  # wall less warm-up and window, median
+    # bf16's own rate: a 1.14-s step for 16 samples.
+    assert costs.of(other_bf16, [baseline, seed]) == pytest.approx(expected_trial_s(16 / 14.0, fixed_s, TimingConfig()))
+
+
+def test_a_search_trial_costs_what_the_non_baseline_trials_did():
+    costs = TrialCosts(TimingConfig())
+    baseline = _record(0, FP32_64, 4.7, 128.0, role="baseline")
+    assert costs.search_trial_s([baseline]) == 128.0  # nothing else measured yet
+    seeds = [_record(1, BF16_32, 14.0, 25.0, "seed"), _record(2, FP32_64, 4.0, 30.0, "seed")]
+    assert costs.search_trial_s([baseline, *seeds]) == 27.5
+
+
+def test_confirmation_is_kept_room_for_only_once_two_configurations_can_be_compared():
+    budget = Budget(400.0, TimingConfig(), clock=lambda: 0.0)
+    lone = Candidate(config=FP32_64, records=[_record(0, FP32_64, 4.7, 128.0)])
+    assert budget.reserve_s([lone], [lone], repeats=2) == 0.0
+    seed = Candidate(config=BF16_32, records=[_record(1, BF16_32, 14.0, 20.0)])
+    assert budget.reserve_s([lone, seed], [seed], repeats=2) == 40.0  # the leaders' own walls x repeats
+    assert budget.reserve_s([lone, seed], [seed, lone], repeats=2) == CONFIRM_SHARE * 400.0  # at most a quarter
+
+
+def _issue_run(tmp_path, hardware, budget_s: float, baseline_s: float, trial_s: float):
+    """The real Tuner over CAM++'s CPU space on a clock: the recipe baseline (fp32, batch 64) at 4.7 samples/s and
+    baseline_s a trial, every bf16 configuration near 14 samples/s, every other one at 8; trial_s a trial."""
+    now = [0.0]
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        config = spec.config
+        baseline = config.precision == "fp32" and config.per_device_batch_size == 64 and config.num_workers == 2
+        wall = baseline_s if baseline else trial_s
+        rate = 4.7 if baseline else 14.0 + config.per_device_batch_size / 64 if config.precision == "bf16" else 8.0
+        now[0] += wall
+        return _result(rate, wall)
+
+    plans = []
+
+    class Reporter:
+        def trial_started(self, *args) -> None: ...
+
+        def trial_finished(self, *args) -> None: ...
+
+        def machine_measured(self, *args) -> None: ...
+
+        def plan_changed(self, plan) -> None:
+            plans.append(plan)
+
+    settings = TunerSettings(trials=24, budget_s=budget_s, prune=False)
+    tuner = cam_tuner(
+        tmp_path, hardware, settings, launcher=launcher, clock=lambda: now[0], closing_trials=1, reporter=Reporter()
+    )
+    return tuner.run(), plans
+
+
+def test_the_eight_minute_run_of_issue_18_measures_its_seeds_and_confirms_leaders_not_the_lone_baseline(
+    tmp_path, cpu_hardware
+):
+    """Issue 18: with --budget 8m, 40 s of AMP check and a 128-s baseline, the run stopped after the baseline and
+    re-measured it twice (the median trial, the baseline's, did not fit twice with the reserve). Now both seeds
+    run first, the search fills the time, and the leaders are confirmed."""
+    outcome, plans = _issue_run(tmp_path, cpu_hardware, budget_s=440.0, baseline_s=128.0, trial_s=25.0)
+    roles = [record.role for record in outcome.records]
+    assert roles[:3] == ["baseline", "seed", "seed"]
+    assert roles.count("search") >= 3 and roles[-1] == "confirm"
+    confirmed = [record for record in outcome.records if record.role == "confirm"]
+    assert all(record.config.precision == "bf16" for record in confirmed)  # never the 3x slower baseline
+    assert outcome.winner.config.precision == "bf16"
+    # The ceiling's room is kept, and the budget is used: no room was left for one more 25-s trial.
+    assert outcome.elapsed_s + 25.0 <= 440.0 and outcome.elapsed_s + 2 * 25.0 > 440.0
+    first, last = plans[0], plans[-1]
+    assert [stage.name for stage in first.stages] == ["baseline", "seeds", "search", "confirmation", "ceiling"]
+    assert (first.stages[1].done, first.stages[1].planned) == (0, 2)  # the plan before the first trial
+    assert last.stages[1].done == 2 and last.stages[3].done == len(confirmed)
+
+
+def test_a_seed_without_room_is_skipped_and_said_so_and_a_lone_candidate_is_not_re_measured_for_nothing(
+    tmp_path, cpu_hardware
+):
+    """A budget the baseline nearly fills: the seeds need room for the ceiling too, so they are skipped, and the
+    baseline is re-measured only if that still fits."""
+    outcome, plans = _issue_run(tmp_path, cpu_hardware, budget_s=150.0, baseline_s=128.0, trial_s=25.0)
+    assert [record.role for record in outcome.records] == ["baseline"]
+    assert outcome.stopped_by == "budget"
+    assert "2 skipped: no room" in plans[-1].describe()
+
+
+def test_a_trial_is_stopped_when_the_budget_runs_out_however_long_its_own_timeout(tmp_path, cpu_hardware):
+    now, timeouts = [0.0], []
+
+    def launcher(spec, *, timeout_s: float, **kwargs) -> TrialResult:
+        timeouts.append(timeout_s)
+        if len(timeouts) == 1:  # the baseline: 30 s
+            now[0] += 30.0
+            return _result(4.7, 30.0)
+        now[0] += timeout_s  # a machine that got loaded: the seed runs until it is stopped
+        return TrialResult(status="timeout", reason="no result", wall_s=timeout_s)
+
+    settings = TunerSettings(trials=2, budget_s=100.0, trial_timeout_s=300.0, prune=False)
+    outcome = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0]).run()
+    assert timeouts == [100.0, 70.0] and outcome.elapsed_s == 100.0
+    assert outcome.records[1].result.reason == "stopped when --budget ran out, after 70 s"
+
+
+def test_a_leader_whose_window_others_disturbed_gets_one_more_interleaved_re_measurement(tmp_path, cpu_hardware):
+    now = [0.0]
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        now[0] += 20.0
+        seed_without_workers = spec.config.precision == "bf16" and spec.config.num_workers == 0
+        result = _result(15.0 if spec.config.precision == "bf16" else 5.0, 20.0)
+        result.disturbed = seed_without_workers and now[0] <= 60.0  # its first window, measured third
+        return result
+
+    settings = TunerSettings(trials=3, budget_s=1000.0, confirm_top_k=2, confirm_repeats=1, prune=False)
+    outcome = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0]).run()
+    confirms = [r.config.num_workers for r in outcome.records if r.role == "confirm"]
+    assert [r.role for r in outcome.records][:3] == ["baseline", "seed", "seed"]
+    assert sorted(confirms) == [0, 0, 1]  # one round of both seeds, and one more of the disturbed one

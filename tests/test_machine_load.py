@@ -1,0 +1,70 @@
+"""Who else uses the CPUs: /proc figures, the calibration with a real busy neighbour, what a busy machine changes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autotune import machine_load
+from autotune.machine_load import CpuSample, MachineLoad, adapt, calibrate, cpu_sample, others_fraction, process_tree
+from autotune.trial import TimingConfig
+from autotune.tuner import TunerSettings
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def test_others_share_is_the_cpus_busy_time_less_ours():
+    before = CpuSample(at_s=0.0, cpus=2, busy_s=100.0, own_s=10.0)
+    after = CpuSample(at_s=10.0, cpus=2, busy_s=115.0, own_s=19.0)
+    assert others_fraction(before, after) == pytest.approx((15.0 - 9.0) / 20.0)
+    assert others_fraction(before, after, own_s=15.0) == 0.0  # several ranks' trees: all of the busy time is ours
+    assert others_fraction(before, CpuSample(at_s=10.0, cpus=2, busy_s=None, own_s=19.0)) is None
+
+
+@linux_only
+def test_our_process_tree_and_its_cpu_time_are_read_from_proc():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in process_tree()
+        before = cpu_sample()
+        end = time.process_time() + 0.3
+        while time.process_time() < end:  # burn some CPU ourselves
+            pass
+        after = cpu_sample()
+        assert after.own_s - before.own_s >= 0.2 and after.busy_s - before.busy_s >= 0.2
+    finally:
+        child.kill()
+        child.wait()
+
+
+@linux_only
+def test_the_calibration_sees_a_neighbour_burning_a_core(tmp_path):
+    """A process outside our tree (its parent shell exits, so it is re-parented) spinning on one core is 'others'."""
+    spin = "import time; end = time.time() + 20\nwhile time.time() < end: pass"
+    pid_file = tmp_path / "spinner.pid"
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{spin}" >/dev/null 2>&1 & echo $! > {pid_file}'], check=True)
+    pid = int(pid_file.read_text())
+    try:
+        assert pid not in process_tree()
+        time.sleep(0.3)
+        load = calibrate(seconds=1.0)
+        assert load.others_cpu_fraction is not None and load.others_cpu_fraction >= 0.2
+        assert load.busy and "other processes took" in load.describe()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_busy_machine_gets_longer_windows():
+    busy = MachineLoad(cores=2, load_average=3.1, others_cpu_fraction=0.45, kernel_spread_fraction=0.2, seconds=1.5)
+    quiet = MachineLoad(cores=2, load_average=0.1, others_cpu_fraction=0.01, kernel_spread_fraction=0.02, seconds=1.5)
+    settings = TunerSettings(timing=TimingConfig(window_s=10.0), confirm_repeats=2)
+    assert adapt(settings, quiet) == (settings, [])
+    adapted, changes = adapt(settings, busy)
+    assert adapted.timing.window_s == 10.0 * machine_load.BUSY_WINDOW_FACTOR and adapted.confirm_repeats == 2
+    assert "windows of at least 20 s" in changes[0]
+    assert busy.to_dict()["busy"] and not quiet.to_dict()["busy"]
