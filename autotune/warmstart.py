@@ -203,7 +203,11 @@ def _ranked_configs(study: optuna.Study) -> list[tuple[TrialConfig, float, int]]
         result, config = trial.user_attrs.get("result") or {}, trial.user_attrs.get("config")
         if result.get("status") != "ok" or not config or not trial.value:
             continue
-        parsed = TrialConfig.from_dict(config)
+        try:
+            parsed = TrialConfig.from_dict(config)
+        except (TypeError, ValueError) as error:  # written by an autotune whose knobs differ: not comparable
+            logger.warning("the warm start leaves out trial %d of the study: %s", trial.number, error)
+            continue
         measured.setdefault(_key(parsed), []).append((trial.value, trial.number, parsed))
     ranked = [
         (runs[0][2], statistics.median(value for value, _, _ in runs), max(runs)[1]) for runs in measured.values()

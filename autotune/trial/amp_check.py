@@ -44,7 +44,7 @@ from autotune.trial.amp_curves import (
     compare_curves,
     judge,
 )
-from autotune.trial.spec import TrialSpec
+from autotune.trial.spec import TrialSpec, from_fields
 
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
@@ -112,7 +112,7 @@ class AmpCheckResult:
     def from_dict(cls, data: dict[str, Any]) -> AmpCheckResult:
         data = dict(data)
         data["verdicts"] = [PrecisionVerdict(**verdict) for verdict in data.get("verdicts") or []]
-        return cls(**{key: value for key, value in data.items() if key in cls.__dataclass_fields__})
+        return from_fields(cls, data)
 
     def report(self) -> dict[str, Any]:
         """What the result YAML keeps: the verdicts with their deviations, and both curves, rounded."""

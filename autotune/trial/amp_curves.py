@@ -46,7 +46,9 @@ class AmpCheckSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AmpCheckSettings:
-        return cls(**{key: value for key, value in data.items() if key in cls.__dataclass_fields__})
+        from autotune.trial.spec import from_fields
+
+        return from_fields(cls, data)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -169,6 +169,10 @@ def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) 
     return accounting
 
 
+# A rank's raw figures that the trial's are combined from (throughput, other processes' CPU share): no result field.
+_RANK_ONLY = ("samples", "audio_s", "window_cpu_busy_s", "window_cpu_own_s", "window_cpu_capacity_s")
+
+
 def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str) -> dict[str, Any]:
     """One trial's figures from every rank's: throughput summed over the shared window, the worst rank elsewhere.
 
@@ -177,7 +181,7 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
     memory is per device on a GPU (the fullest one) and summed on a CPU (the ranks share the machine's RAM).
     """
     if len(summaries) == 1:
-        return {key: value for key, value in summaries[0].items() if key not in ("samples", "audio_s")}
+        return {key: value for key, value in summaries[0].items() if key not in _RANK_ONLY}
     per_rank = [item["samples"] / item["window_s"] for item in summaries]
 
     def largest(key: str) -> Any:
@@ -192,7 +196,7 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
     window_rate = sum(item["samples"] for item in summaries) / window_s
     # Each rank's objective already amortises its loader start-up over its share of an epoch; keep the worst.
     epoch_factor = min(item["samples_per_second"] / item["window_samples_per_second"] for item in summaries)
-    combined = {key: largest(key) for key in summaries[0] if key not in ("samples", "audio_s")}
+    combined = {key: largest(key) for key in summaries[0] if key not in _RANK_ONLY}
     combined.update(
         samples_per_second=window_rate * epoch_factor,
         window_samples_per_second=window_rate,
