@@ -11,7 +11,9 @@ from typing import Any
 
 from autotune import yamlio
 from autotune.errors import OutputError, UserError, describe_os_error
+from autotune.trial.dataloader import dataloader_kwargs, dynamic_batching
 from autotune.trial.precision import PrecisionSettings
+from autotune.trial.process import apply_process_settings
 from autotune.trial.spec import TrialConfig, TrialResult
 
 __all__ = ["TunedConfig", "summarise_measurements", "speedup_range", "load_config", "write_config"]
@@ -109,39 +111,25 @@ class TunedConfig:
     @property
     def dynamic_batching(self) -> bool:
         """Tuned with WeNet-style dynamic batches (a frame budget per batch, not a sample count)."""
-        return self.config.extra.get("batch_type") == "dynamic"
+        return dynamic_batching(self.config)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch).
 
-        With dynamic batching the dataset pipeline forms the batches (WeNet's DataLoader(batch_size=None)): then
-        batch_size is None and the frame budget is in the result's batch section (max_frames_in_batch).
+        The very arguments the trials measured with (trial/dataloader.py builds both). With dynamic batching the
+        dataset pipeline forms the batches (WeNet's DataLoader(batch_size=None)): then batch_size is None and the
+        frame budget is in the result's batch section (max_frames_in_batch).
         """
-        config = self.config
-        kwargs: dict[str, Any] = {
-            "batch_size": None if self.dynamic_batching else config.per_device_batch_size,
-            "num_workers": config.num_workers,
-            "pin_memory": config.pin_memory,
-        }
-        if not self.dynamic_batching:
-            kwargs["drop_last"] = True
-        if config.num_workers > 0:
-            if config.prefetch_factor is not None:  # unset: DataLoader's own default, and the YAML reads back equal
-                kwargs["prefetch_factor"] = config.prefetch_factor
-            kwargs["persistent_workers"] = config.persistent_workers
-        return kwargs
+        return dataloader_kwargs(self.config)
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         """torch.autocast for bf16/fp16 on this result's device type; a no-op context for fp32/tf32."""
         return self.precision.autocast()
 
     def apply_backend_flags(self) -> str:
-        """Set TF32 explicitly (both of torch's APIs where it has two, precision.py) and cudnn.benchmark."""
-        if self.config.intra_op_threads is not None:
-            import torch
-
-            torch.set_num_threads(self.config.intra_op_threads)
-        return self.precision.apply_backend_flags()
+        """Set TF32 explicitly (both of torch's APIs where it has two, precision.py), cudnn.benchmark and the intra-op
+        threads, as the trials set them (trial/process.py)."""
+        return apply_process_settings(self.config, self.precision)
 
     def grad_scaler(self) -> Any:
         return self.precision.grad_scaler()

@@ -50,40 +50,25 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
 
 
 def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
-    import torch
-
-    from autotune import workloads, yamlio
-    from autotune.data import DataSource
     from autotune.trial import distributed
     from autotune.trial.compute_only import in_memory_batches
+    from autotune.trial.dataloader import build_loader
     from autotune.trial.flops import count_flops_per_sample
-    from autotune.trial.loop import build_loader, measure
+    from autotune.trial.loop import measure
     from autotune.trial.memory import PeakMemory
-    from autotune.trial.precision import PrecisionSettings, fp32_math
+    from autotune.trial.precision import fp32_math
+    from autotune.trial.process import TrialProcess, apply_process_settings
     from autotune.trial.worst_case import WorstCaseScan, scan_worst_case
-    from autotune.workloads.base import WorkloadContext
 
     config, timing = spec.config, spec.timing
-    if config.intra_op_threads is not None:
-        torch.set_num_threads(config.intra_op_threads)
-    torch.manual_seed(spec.seed)
-    device = torch.device("cuda", rank.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    process = TrialProcess.open(spec, rank)
+    device = process.device
+    precision = process.precision(config)
+    apply_process_settings(config, precision)  # threads and backend flags, as load_config's apply_backend_flags()
     distributed.start(rank, device, spec.collective_timeout_s)
-    precision = PrecisionSettings(
-        precision=config.precision, device_type=device.type, cudnn_benchmark=config.cudnn_benchmark
-    )
-    precision.apply_backend_flags()
     # The float32 maths this trial ran (fp32-default: whatever this torch defaults to); TF32 exists only on CUDA.
     math = fp32_math() if device.type == "cuda" else None
-    workload = workloads.get(spec.workload)
-    data = DataSource.from_dict(yamlio.read_json(spec.data_file))
-    context = WorkloadContext(
-        data=data, config=config, options={**workload.options, **spec.workload_options}, device=device
-    )
-    setup = workload.build(context)
-    setup.model.to(device).train()
+    setup = process.build(config)
     accounting = _check_epoch_accounting(setup, config, rank, spec.seed)
     # Warm-up and window each may run on to the next optimiser-step boundary: room for that too.
     warmup_batches = max(timing.warmup_steps, timing.max_warmup_steps) + config.grad_accum_steps
