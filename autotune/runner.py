@@ -30,8 +30,9 @@ from autotune import (
 from autotune import space as space_module
 from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.hardware import Hardware, probe
+from autotune.measurements import NOT_MEASURED, Measurements, speedup_range, summarise_measurements
 from autotune.reporting import Reporter
-from autotune.results import TunedConfig, speedup_range, summarise_measurements
+from autotune.results import TunedConfig
 from autotune.run_output import check_writable, make_folders, remove_empty, write_result
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
@@ -334,19 +335,21 @@ def prepare_data(plan: RunPlan) -> Preparation | None:
 def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     assert outcome.winner is not None
     winner = summarise_measurements([r.result for r in outcome.winner.records])
-    baseline = summarise_measurements([r.result for r in outcome.baseline.records]) if outcome.baseline else {}
+    baseline = (
+        summarise_measurements([r.result for r in outcome.baseline.records]) if outcome.baseline else NOT_MEASURED
+    )
     speedup = None
-    if baseline.get("status") == "ok":
-        speedup = round(winner["samples_per_second"] / baseline["samples_per_second"], 3)
+    if baseline.ok and winner.samples_per_second and baseline.samples_per_second:
+        speedup = round(winner.samples_per_second / baseline.samples_per_second, 3)
     notes = [f"baseline adapted to this machine: {note}" for note in plan.space.baseline_notes]
     if plan.data.synthetic:
         notes.append("measured on autotune's synthetic default corpus; rerun with --data on your own list to be sure")
     notes.extend(plan.option_notes)
-    if baseline.get("status") not in (None, "ok"):
-        notes.append(f"the recipe baseline could not be used here: {baseline['status']}: {baseline.get('reason', '')}")
+    if baseline is not NOT_MEASURED and not baseline.ok:
+        notes.append(f"the recipe baseline could not be used here: {baseline.status}: {baseline.reason}")
     if outcome.winner_reason and outcome.winner_reason != "fastest by median":
         notes.append(outcome.winner_reason)
-    if winner["measurements"] < 2:
+    if winner.measurements < 2:
         notes.append("the winner rests on a single measurement (budget too small for confirmation)")
     lr_note = learning_rate_advice(plan, outcome)
     if lr_note:
@@ -364,8 +367,8 @@ def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         device_type=plan.hardware.device_type,
         metrics={
             "objective": "samples_per_second",
-            "winner": winner,
-            "baseline": baseline,
+            "winner": winner.to_dict(),
+            "baseline": baseline.to_dict(),
             "speedup": speedup,
             "speedup_range": speedup_range(winner, baseline),
             "epoch": predict_epoch(plan, winner, baseline),
@@ -398,7 +401,7 @@ def learning_rate_advice(plan: RunPlan, outcome: TuningOutcome) -> str | None:
     )
 
 
-def predict_epoch(plan: RunPlan, winner: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+def predict_epoch(plan: RunPlan, winner: Measurements, baseline: Measurements) -> dict[str, Any]:
     """Minutes per epoch for baseline and winner, as users think in epochs, on the devices a trial used.
 
     The epoch is --epoch-hours of audio (divided by the audio each sample carries, as measured), --epoch-samples,
@@ -408,12 +411,12 @@ def predict_epoch(plan: RunPlan, winner: dict[str, Any], baseline: dict[str, Any
     samples = request.epoch_samples or plan.data.describe()["n_utterances_total"]
     source = "--epoch-samples" if request.epoch_samples else "the data list (one sample per entry)"
 
-    def minutes(metrics: dict[str, Any]) -> float | None:
-        if metrics.get("status") != "ok":
+    def minutes(measured: Measurements) -> float | None:
+        if not measured.ok:
             return None
-        if request.epoch_hours is not None and metrics.get("audio_seconds_per_second"):
-            return round(request.epoch_hours * 3600.0 / metrics["audio_seconds_per_second"] / 60.0, 1)
-        rate = metrics.get("samples_per_second")
+        if request.epoch_hours is not None and measured.audio_seconds_per_second:
+            return round(request.epoch_hours * 3600.0 / measured.audio_seconds_per_second / 60.0, 1)
+        rate = measured.samples_per_second
         return round(samples / rate / 60.0, 1) if rate else None
 
     prediction: dict[str, Any] = {"samples": samples, "samples_from": source}
