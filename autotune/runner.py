@@ -269,7 +269,12 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         strict_baseline=":" in request.model,
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
         rejected_precisions=amp.rejected() if amp else None,
-        preload_probe=preloading.preload_probe(plan),
+        preload_probe=preloading.preload_probe(
+            model=request.model,
+            data=plan.data.describe(),
+            world_size=plan.world_size,
+            memory_bytes=plan.hardware.memory_bytes,
+        ),
         closing_trials=1 if request.compute_ceiling else 0,
         before=machine.stages,
     )
@@ -291,9 +296,18 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
         busy = f"; {machine.load.describe()}: tune when it is quieter" if machine.load.busy else ""
         raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}{busy}")
-    tuned = _tuned_config(plan, outcome)
-    preflight.record(machine, tuned, outcome.records)
-    assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=ceiling, amp=amp)
+    tuned = preflight.record(machine, _tuned_config(plan, outcome), outcome.records)
+    assessed = assessment.assess(
+        tuned.winner,
+        tuned.config,
+        hardware=plan.hardware,
+        data=plan.data.describe(),
+        space=plan.space,
+        outcome=outcome,
+        ceiling=ceiling,
+        amp=amp,
+    )
+    tuned = assessed.applied_to(tuned)
     again = drift.remeasured(outcome)
     verdict = drift.judge(
         previous=plan.warm_start.previous if plan.warm_start else None,
