@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from autotune import knobs
+
 __all__ = [
     "LAUNCHED_AT_ENV",
     "PROGRESS_SUFFIX",
@@ -53,7 +55,10 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialConfig:
-    """One point of the search: DataLoader, precision and thread settings for one training device."""
+    """One point of the search: DataLoader, precision and thread settings for one training device.
+
+    One field per knob declared in autotune/knobs.py (tests/test_knobs.py holds them equal), plus the workload's own.
+    """
 
     per_device_batch_size: int
     num_workers: int = 0
@@ -87,6 +92,10 @@ class TrialConfig:
         extra = {key: value for key, value in params.items() if key in extra_knobs}
         return _from_dict(cls, {**core, "world_size": world_size, "extra": extra})
 
+    def knob_values(self) -> dict[str, Any]:
+        """The declared knobs' values by name (knobs.NAMES; the workload's own are in `extra`)."""
+        return {name: getattr(self, name) for name in knobs.NAMES}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -95,25 +104,10 @@ class TrialConfig:
         return _from_dict(cls, data)
 
     def short(self) -> str:
-        """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16'."""
-        parts = [f"bs={self.per_device_batch_size}", f"w={self.num_workers}"]
-        if self.prefetch_factor is not None:
-            parts.append(f"pf={self.prefetch_factor}")
-        if self.pin_memory:
-            parts.append("pin")
-        if self.persistent_workers:
-            parts.append("persist")
-        parts.append(self.precision)
-        if self.intra_op_threads is not None:
-            parts.append(f"thr={self.intra_op_threads}")
-        if self.world_size > 1:
-            parts.append(f"x{self.world_size}dev")
-        if self.grad_accum_steps > 1:
-            parts.append(f"accum={self.grad_accum_steps}")
-        if self.preload_audio:
-            parts.append("preload")
-        parts += [f"{key}={value}" for key, value in self.extra.items()]
-        return " ".join(parts)
+        """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16': each knob's word (knobs.py), then the
+        workload's knobs."""
+        words = knobs.trial_words(self.knob_values())
+        return " ".join(words + [f"{key}={value}" for key, value in self.extra.items()])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,93 @@
+"""The knob declarations: everything a knob needs is there, and what derives from them is what was written by hand.
+
+Adding a knob to autotune/knobs.py without its TrialConfig field fails here; the result file, the trial table and
+the export targets have their own checks below (docs/adding-a-knob.md lists them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from autotune import knobs, space
+from autotune.trial.spec import TrialConfig
+
+WORKLOAD_FIELD = "extra"
+
+
+def test_names_are_unique_and_sections_known() -> None:
+    assert len(set(knobs.NAMES)) == len(knobs.NAMES)
+    for knob in knobs.KNOBS:
+        assert knob.section in knobs.RESULT_SECTIONS, knob.name
+        assert knob.type in (int, bool, str), knob.name
+        assert knob.minimum is None or knob.type is int, knob.name
+    keys = [(knob.section, knob.result_key) for knob in knobs.KNOBS]
+    assert len(set(keys)) == len(keys)
+
+
+def test_trial_config_has_one_typed_field_per_knob() -> None:
+    fields = {field.name: field for field in dataclasses.fields(TrialConfig)}
+    assert set(fields) == {*knobs.NAMES, WORKLOAD_FIELD}
+    for knob in knobs.KNOBS:
+        assert knob.type.__name__ in str(fields[knob.name].type), knob.name
+
+
+@pytest.mark.parametrize("knob", knobs.KNOBS, ids=lambda knob: knob.name)
+def test_every_knob_has_a_word_or_says_why_not(knob: knobs.Knob) -> None:
+    """A knob's word is its own (one knob's word is never another's), or None by an explicit choice."""
+    value = _changed(knob)
+    word = knob.word(value)
+    if word is None:
+        assert knob.word.__doc__, f"{knob.name} is left out of the trial line without saying why"
+    else:
+        assert word and " " not in word
+
+
+def test_trial_line_is_unchanged_by_the_declarations() -> None:
+    """The words TrialConfig.short() wrote by hand before the declarations (recorded benchmark runs key by them)."""
+    plain = TrialConfig(per_device_batch_size=64, num_workers=0)
+    full = TrialConfig(
+        per_device_batch_size=32,
+        num_workers=4,
+        prefetch_factor=2,
+        pin_memory=True,
+        persistent_workers=True,
+        precision="bf16",
+        cudnn_benchmark=False,
+        intra_op_threads=3,
+        world_size=2,
+        grad_accum_steps=4,
+        preload_audio=True,
+        extra={"batch_type": "dynamic", "max_frames_in_batch": 12000},
+    )
+    assert plain.short() == "bs=64 w=0 fp32"
+    assert full.short() == (
+        "bs=32 w=4 pf=2 pin persist bf16 thr=3 x2dev accum=4 preload batch_type=dynamic max_frames_in_batch=12000"
+    )
+
+
+def test_space_parameters_derive_from_the_declarations() -> None:
+    assert space.CORE_PARAMS == {
+        "per_device_batch_size": int,
+        "num_workers": int,
+        "prefetch_factor": int,
+        "pin_memory": bool,
+        "persistent_workers": bool,
+        "precision": str,
+        "intra_op_threads": int,
+        "cudnn_benchmark": bool,
+    }
+    assert space.MINIMUM == {"per_device_batch_size": 1, "num_workers": 0, "prefetch_factor": 1, "intra_op_threads": 1}
+    assert space.RECIPE_SETTINGS == {"grad_accum_steps": int}
+
+
+def _changed(knob: knobs.Knob) -> Any:
+    """A value of the knob other than TrialConfig's default (and valid with workers)."""
+    if knob.choices:
+        return knob.choices[-1]
+    if knob.type is bool:
+        default = {field.name: field.default for field in dataclasses.fields(TrialConfig)}[knob.name]
+        return not default
+    return 3
