@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import optuna
+import pandas as pd
 import pytest
 
-from autotune import knobs, space
+from autotune import knobs, report, report_plots, space
+from autotune.results import TunedConfig
 from autotune.trial.spec import TrialConfig
 
 WORKLOAD_FIELD = "extra"
@@ -91,3 +94,64 @@ def _changed(knob: knobs.Knob) -> Any:
         default = {field.name: field.default for field in dataclasses.fields(TrialConfig)}[knob.name]
         return not default
     return 3
+
+
+def _everything_changed(**changes: Any) -> TrialConfig:
+    """A configuration with every knob away from its default (workers on, so that the loader's knobs all apply)."""
+    values = {knob.name: _changed(knob) for knob in knobs.KNOBS}
+    return TrialConfig(**{**values, **changes})
+
+
+def _tuned(config: TrialConfig) -> TunedConfig:
+    return TunedConfig(
+        workload={"name": "cam++"},
+        config=config,
+        device_type="cuda",
+        metrics={},
+        hardware={},
+        data={},
+        search={},
+        created="2026-11-24T00:00:00+00:00",
+        autotune_version="0.1.0",
+    )
+
+
+@pytest.mark.parametrize("knob", knobs.KNOBS, ids=lambda knob: knob.name)
+def test_every_knob_is_written_in_its_result_section_and_read_back(knob: knobs.Knob) -> None:
+    default = TrialConfig(per_device_batch_size=8, num_workers=2)
+    for config in (default, _everything_changed(), dataclasses.replace(default, **{knob.name: _changed(knob)})):
+        written = _tuned(config).to_dict()
+        assert written[knob.section].get(knob.result_key) == getattr(config, knob.name), knob.name
+        assert TunedConfig.from_dict(written).config == config
+
+
+@pytest.mark.parametrize("knob", knobs.KNOBS, ids=lambda knob: knob.name)
+def test_a_result_without_a_knob_fails_only_when_every_result_has_it(knob: knobs.Knob) -> None:
+    written = _tuned(_everything_changed()).to_dict()
+    del written[knob.section][knob.result_key]
+    if knob.required:
+        with pytest.raises(KeyError):
+            TunedConfig.from_dict(written)
+    else:  # an older result: the knob reads TrialConfig's default
+        read = TunedConfig.from_dict(written).config
+        assert getattr(read, knob.name) == getattr(TrialConfig(per_device_batch_size=1), knob.name)
+
+
+def test_every_knob_has_a_typed_column_in_the_trial_table_and_csv() -> None:
+    """Every knob is a column (workload knobs follow the declared ones), filled from the trial's stored config."""
+    for knob in knobs.KNOBS:
+        assert report.TRIAL_COLUMNS[knob.name] == knob.column_dtype
+    assert report_plots.KNOBS == knobs.NAMES
+    config = _everything_changed(extra={"batch_type": "dynamic", "max_frames_in_batch": 12000})
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={"config": config.to_dict(), "role": "search"}))
+    old = {key: value for key, value in config.to_dict().items() if key != "preload_audio"}  # before preloading
+    study.add_trial(optuna.trial.create_trial(value=2.0, user_attrs={"config": old, "role": "search"}))
+    frame = report.trials_frame(study)
+    assert list(frame.columns) == [*report.TRIAL_COLUMNS, "batch_type", "max_frames_in_batch"]
+    assert str(frame["max_frames_in_batch"].dtype) == "Int64" and str(frame["batch_type"].dtype) == "string"
+    row = frame.iloc[0]
+    for knob in knobs.KNOBS:
+        assert row[knob.name] == getattr(config, knob.name), knob.name
+    assert row["max_frames_in_batch"] == 12000 and row["batch_type"] == "dynamic"
+    assert pd.isna(frame.iloc[1]["preload_audio"])
