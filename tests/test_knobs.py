@@ -14,8 +14,11 @@ import pandas as pd
 import pytest
 
 from autotune import knobs, report, report_plots, space
+from autotune.exports import TARGETS, ExportContext, export
+from autotune.exports.base import TARGET_KNOBS
 from autotune.results import TunedConfig
 from autotune.trial.spec import TrialConfig
+from tests.exports.common import MODEL_FOR
 
 WORKLOAD_FIELD = "extra"
 
@@ -155,3 +158,25 @@ def test_every_knob_has_a_typed_column_in_the_trial_table_and_csv() -> None:
         assert row[knob.name] == getattr(config, knob.name), knob.name
     assert row["max_frames_in_batch"] == 12000 and row["batch_type"] == "dynamic"
     assert pd.isna(frame.iloc[1]["preload_audio"])
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_every_export_target_says_how_it_takes_every_knob(target: str) -> None:
+    """A target's table names every knob: what carries it, or the note saying it cannot, and that note is given for
+    a tuned value the target does not run."""
+    table = TARGET_KNOBS[target]
+    assert list(table) == list(knobs.NAMES), f"{target}'s knob table misses {set(knobs.NAMES) - set(table)}"
+    model, task = MODEL_FOR[target]
+    results = [
+        dataclasses.replace(_tuned(config), workload={"name": model, "task": task})
+        for config in (TrialConfig(per_device_batch_size=8, num_workers=2), _everything_changed())
+    ]
+    for name, entry in table.items():
+        assert entry.how or entry.notes is not None, f"{target} says nothing of {name}"
+        if not entry.how:
+            said = [entry.notes_for(ExportContext(tuned=tuned, world_size=1)) for tuned in results]
+            assert any(said), f"{target} cannot carry {name} but never says so"
+    for tuned in results:
+        notes = export(tuned, target).notes
+        for entry in table.values():
+            assert set(entry.notes_for(ExportContext(tuned=tuned, world_size=tuned.config.world_size))) <= set(notes)
