@@ -195,7 +195,7 @@ def _winner_html(tuned: TunedConfig) -> str:
         **config.knob_values(),
         "global_batch_size": config.global_batch_size,
         **{f"DataLoader {key}": value for key, value in tuned.dataloader_kwargs().items()},
-        **{f"workload {key}": value for key, value in config.extra.items()},
+        **{f"workload {key}": value for key, value in config.workload_knobs.items()},
     }
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items())
     return f'<h2>Winning configuration</h2><table class="winner-config">{cells}</table>'

@@ -109,7 +109,7 @@ class TunedConfig:
     @property
     def dynamic_batching(self) -> bool:
         """Tuned with WeNet-style dynamic batches (a frame budget per batch, not a sample count)."""
-        return self.config.extra.get("batch_type") == "dynamic"
+        return self.config.workload_knobs.get("batch_type") == "dynamic"
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch).
@@ -149,7 +149,7 @@ class TunedConfig:
     def _batching(self) -> dict[str, Any]:
         if not self.dynamic_batching:
             return {}
-        frames = self.config.extra.get("max_frames_in_batch")
+        frames = self.config.workload_knobs.get("max_frames_in_batch")
         return {
             "batch_type": "dynamic",
             "max_frames_in_batch": frames,
@@ -186,7 +186,7 @@ class TunedConfig:
             "workload": self.workload,
             "device_type": self.device_type,
             **self._knob_sections(),
-            "workload_knobs": dict(self.config.extra),
+            "workload_knobs": dict(self.config.workload_knobs),
             "metrics": self.metrics,
             "notes": list(self.notes),
             "hardware": self.hardware,
@@ -196,7 +196,7 @@ class TunedConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TunedConfig:
-        config = TrialConfig(**knobs.read_result(data), extra=dict(data.get("workload_knobs") or {}))
+        config = TrialConfig(**knobs.read_result(data), workload_knobs=dict(data.get("workload_knobs") or {}))
         return cls(
             workload=data["workload"],
             config=config,

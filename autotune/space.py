@@ -201,7 +201,7 @@ def load(
     path: str | Path,
     hardware: Hardware,
     *,
-    extra_knobs: tuple[str, ...] = (),
+    workload_knobs: tuple[str, ...] = (),
     world_size: int = 1,
     global_batch_size: int | None = None,
 ) -> SearchSpace:
@@ -210,7 +210,7 @@ def load(
     return from_dict(
         data,
         hardware,
-        extra_knobs=extra_knobs,
+        workload_knobs=workload_knobs,
         origin=str(path),
         world_size=world_size,
         global_batch_size=global_batch_size,
@@ -221,7 +221,7 @@ def from_dict(
     data: dict[str, Any],
     hardware: Hardware,
     *,
-    extra_knobs: tuple[str, ...] = (),
+    workload_knobs: tuple[str, ...] = (),
     origin: str = "search space",
     world_size: int = 1,
     global_batch_size: int | None = None,
@@ -231,7 +231,7 @@ def from_dict(
     Args:
         data: the parsed YAML mapping.
         hardware: the machine; drops options it does not support and resolves `auto`.
-        extra_knobs: knob names the workload adds to the core ones.
+        workload_knobs: knob names the workload adds to the core ones.
         origin: where the mapping came from, named in error messages.
         world_size: devices (ranks) per trial: `auto` becomes one rank's share of the cores, and a global recipe
             batch is divided among them.
@@ -248,7 +248,7 @@ def from_dict(
             raise SpaceError(f"{origin}: '{key}' must be text, got {type(data[key]).__name__}")
     device_type = hardware.device_type
     merged = _merge_device_section(data, device_type, origin)
-    known = {**CORE_PARAMS, **{name: object for name in extra_knobs}}
+    known = {**CORE_PARAMS, **{name: object for name in workload_knobs}}
     raw_params = merged.get("params")
     if not isinstance(raw_params, dict) or not raw_params:
         raise SpaceError(f"{origin}: 'params' must be a non-empty mapping of parameter name to distribution")

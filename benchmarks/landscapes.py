@@ -150,20 +150,20 @@ class Landscape:
         return space.load(
             space.space_path(self.workload),
             self.machine.hardware(),
-            extra_knobs=self.knobs,
+            workload_knobs=self.knobs,
             world_size=self.machine.devices,
         )
 
     def config(self, params: dict[str, Any]) -> TrialConfig:
-        return TrialConfig.from_params(params, world_size=self.machine.devices, extra_knobs=self.knobs)
+        return TrialConfig.from_params(params, world_size=self.machine.devices, workload_knobs=self.knobs)
 
     def _batch(self, config: TrialConfig) -> tuple[float, float, float]:
         """(samples per step, work units per step, units of the worst-case batch); units are samples or frames."""
         if not self.variable_shapes:
             batch = float(config.per_device_batch_size)
             return batch, batch, batch
-        if config.extra.get("batch_type") == "dynamic":
-            frames = float(config.extra["max_frames_in_batch"])
+        if config.workload_knobs.get("batch_type") == "dynamic":
+            frames = float(config.workload_knobs["max_frames_in_batch"])
             return frames / (self.frames_per_sample * self.padding), frames, frames
         batch = float(config.per_device_batch_size)
         return batch, batch * self.frames_per_sample * self.padding, batch * self.longest_frames

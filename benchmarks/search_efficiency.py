@@ -87,7 +87,7 @@ class MethodRun:
 
 
 def _key(config: TrialConfig) -> str:
-    return json.dumps({k: v for k, v in config.to_dict().items() if k != "extra"}, sort_keys=True)
+    return json.dumps({k: v for k, v in config.to_dict().items() if k != "workload_knobs"}, sort_keys=True)
 
 
 def _run(

@@ -93,7 +93,7 @@ def grid_space(name: str) -> space.SearchSpace:
         }
     data = {key: value for key, value in data.items() if key not in ("cpu", "cuda")} | {"params": params}
     return space.from_dict(
-        data, landscape.machine.hardware(), extra_knobs=landscape.knobs, world_size=landscape.machine.devices
+        data, landscape.machine.hardware(), workload_knobs=landscape.knobs, world_size=landscape.machine.devices
     )
 
 
@@ -221,7 +221,7 @@ def search(name: str, method: str, budget_fraction: float, seed: int, variant: V
             settings=settings,
             workdir=Path(workdir),
             world_size=landscape.machine.devices,
-            extra_knobs=landscape.knobs,
+            workload_knobs=landscape.knobs,
             launcher=simulator,
             clock=simulator.clock,
         )

@@ -20,7 +20,7 @@ from autotune.results import TunedConfig
 from autotune.trial.spec import TrialConfig
 from tests.exports.common import MODEL_FOR
 
-WORKLOAD_FIELD = "extra"
+WORKLOAD_FIELD = "workload_knobs"
 
 
 def test_names_are_unique_and_sections_known() -> None:
@@ -66,7 +66,7 @@ def test_trial_line_is_unchanged_by_the_declarations() -> None:
         world_size=2,
         grad_accum_steps=4,
         preload_audio=True,
-        extra={"batch_type": "dynamic", "max_frames_in_batch": 12000},
+        workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 12000},
     )
     assert plain.short() == "bs=64 w=0 fp32"
     assert full.short() == (
@@ -145,7 +145,7 @@ def test_every_knob_has_a_typed_column_in_the_trial_table_and_csv() -> None:
     for knob in knobs.KNOBS:
         assert report.TRIAL_COLUMNS[knob.name] == knob.column_dtype
     assert report_plots.KNOBS == knobs.NAMES
-    config = _everything_changed(extra={"batch_type": "dynamic", "max_frames_in_batch": 12000})
+    config = _everything_changed(workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 12000})
     study = optuna.create_study(direction="maximize")
     study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={"config": config.to_dict(), "role": "search"}))
     old = {key: value for key, value in config.to_dict().items() if key != "preload_audio"}  # before preloading
@@ -180,3 +180,13 @@ def test_every_export_target_says_how_it_takes_every_knob(target: str) -> None:
         notes = export(tuned, target).notes
         for entry in table.values():
             assert set(entry.notes_for(ExportContext(tuned=tuned, world_size=tuned.config.world_size))) <= set(notes)
+
+
+def test_workload_knobs_keep_their_earlier_name_for_readers_and_stored_trials() -> None:
+    """`extra` was the workload knobs' name: users' code may read it, and studies of earlier runs stored it."""
+    config = TrialConfig(per_device_batch_size=4, num_workers=1, workload_knobs={"batch_type": "dynamic"})
+    assert config.extra is config.workload_knobs
+    stored = {key: value for key, value in config.to_dict().items() if key != "workload_knobs"}
+    stored["extra"] = {"batch_type": "dynamic"}
+    assert TrialConfig.from_dict(stored) == config
+    assert knobs.flat_values(stored)["batch_type"] == "dynamic"

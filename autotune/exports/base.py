@@ -111,9 +111,9 @@ class ExportContext:
     @property
     def max_frames_in_batch(self) -> int | None:
         """The dynamic-batching budget (frames per device batch) when the result was tuned with one."""
-        if self.config.extra.get("batch_type", "dynamic") != "dynamic":  # a static winner of a space with both
+        if self.config.workload_knobs.get("batch_type", "dynamic") != "dynamic":  # a static winner of a space with both
             return None
-        frames = self.config.extra.get("max_frames_in_batch")
+        frames = self.config.workload_knobs.get("max_frames_in_batch")
         return int(frames) if frames else None
 
     def loader_extras(self) -> dict[str, Any]:

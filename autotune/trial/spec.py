@@ -71,7 +71,7 @@ class TrialConfig:
     world_size: int = 1
     grad_accum_steps: int = 1
     preload_audio: bool = False  # decode the corpus into RAM once, before the DataLoader starts (data/preload.py)
-    extra: dict[str, Any] = field(default_factory=dict)  # workload-specific knobs
+    workload_knobs: dict[str, Any] = field(default_factory=dict)  # the workload's own knobs (Workload.knobs)
 
     def __post_init__(self) -> None:
         # DataLoader rejects these without workers; normalising here keeps equal configs equal.
@@ -85,15 +85,20 @@ class TrialConfig:
 
     @classmethod
     def from_params(
-        cls, params: dict[str, Any], *, world_size: int = 1, extra_knobs: tuple[str, ...] = ()
+        cls, params: dict[str, Any], *, world_size: int = 1, workload_knobs: tuple[str, ...] = ()
     ) -> TrialConfig:
-        """Build from the flat parameter dict a search space suggests."""
-        core = {key: value for key, value in params.items() if key not in extra_knobs}
-        extra = {key: value for key, value in params.items() if key in extra_knobs}
-        return _from_dict(cls, {**core, "world_size": world_size, "extra": extra})
+        """Build from the flat parameter dict a search space suggests; `workload_knobs` names the workload's own."""
+        core = {key: value for key, value in params.items() if key not in workload_knobs}
+        own = {key: value for key, value in params.items() if key in workload_knobs}
+        return _from_dict(cls, {**core, "world_size": world_size, "workload_knobs": own})
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The workload's knobs under their earlier name, for code written against older results (load_config)."""
+        return self.workload_knobs
 
     def knob_values(self) -> dict[str, Any]:
-        """The declared knobs' values by name (knobs.NAMES; the workload's own are in `extra`)."""
+        """The declared knobs' values by name (knobs.NAMES; the workload's own are in `workload_knobs`)."""
         return {name: getattr(self, name) for name in knobs.NAMES}
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,13 +106,15 @@ class TrialConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+        if "extra" in data:  # a configuration stored before the workload's knobs had their name (a trial's attribute)
+            data = {**{key: value for key, value in data.items() if key != "extra"}, "workload_knobs": data["extra"]}
         return _from_dict(cls, data)
 
     def short(self) -> str:
         """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16': each knob's word (knobs.py), then the
         workload's knobs."""
         words = knobs.trial_words(self.knob_values())
-        return " ".join(words + [f"{key}={value}" for key, value in self.extra.items()])
+        return " ".join(words + [f"{key}={value}" for key, value in self.workload_knobs.items()])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,7 +27,9 @@ def test_parameter_count_is_the_published_one(name):
 @pytest.mark.parametrize("name", ALL, ids=ALL)
 def test_search_space_loads_on_this_machine(name):
     workload = workloads.get(name)
-    loaded = space.load(space.space_path(workload.space_file or name), probe("cpu"), extra_knobs=tuple(workload.knobs))
+    loaded = space.load(
+        space.space_path(workload.space_file or name), probe("cpu"), workload_knobs=tuple(workload.knobs)
+    )
     assert loaded.params and loaded.baseline["per_device_batch_size"] >= 1
 
 
