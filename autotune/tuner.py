@@ -22,7 +22,7 @@ from autotune.reporting import Reporter, SilentReporter
 from autotune.samplers import grid_points, make_sampler
 from autotune.space import SearchSpace
 from autotune.space_fit import smaller_batch
-from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch
 
 __all__ = [
     "TunerSettings",
@@ -52,7 +52,7 @@ class TunerSettings:
     confirm_top_k: int = 3
     confirm_repeats: int = 2
     trial_timeout_s: float = 300.0
-    timing: TimingConfig = field(default_factory=TimingConfig)
+    timing: TimingSettings = field(default_factory=TimingSettings)
     prune: bool = True
     prune_window_fraction: float = 0.5  # stop a search trial running below this share of the best so far...
     prune_warmup_fraction: float = 0.25  # ...or, from its warm-up steps, projected below this share

@@ -194,7 +194,7 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
 
     from autotune import load_config, runner
     from autotune.cli_display import print_summary
-    from autotune.trial import TimingConfig
+    from autotune.trial import TimingSettings
     from autotune.trial.amp_check import AmpCheckSettings
 
     space_file = tmp_path / "space.yaml"
@@ -209,7 +209,7 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
         results_dir=str(tmp_path / "results"),
         device="cpu",
         settings=TunerSettings(
-            trials=2, sampler="grid", prune=False, confirm_top_k=0, timing=TimingConfig(warmup_steps=1, window_s=0.2)
+            trials=2, sampler="grid", prune=False, confirm_top_k=0, timing=TimingSettings(warmup_steps=1, window_s=0.2)
         ),
         warm_start=False,
         amp_check=AmpCheckSettings(steps=4, batch_size=12, batches=2, smoothing_steps=2, timeout_s=120),

@@ -11,7 +11,7 @@ __all__ = [
     "LAUNCHED_AT_ENV",
     "PROGRESS_SUFFIX",
     "TrialConfig",
-    "TimingConfig",
+    "TimingSettings",
     "TrialSpec",
     "TrialResult",
     "STATUSES",
@@ -118,8 +118,12 @@ class TrialConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TimingConfig:
-    """How long a trial warms up and measures: seconds, with steps as floors (trial/steady.py explains the rules)."""
+class TimingSettings:
+    """How long a trial warms up and measures: seconds, with steps as floors (trial/steady.py explains the rules).
+
+    Settings, as TunerSettings and AmpCheckSettings: the same for every trial of a run. A *Config is a configuration:
+    TrialConfig the point a trial measures, TunedConfig the one a run hands over.
+    """
 
     window_s: float = 10.0  # the timed window, at least; the scale of the whole measurement (below)
     warmup_steps: int = 1  # at least this many (the first step carries start-up), lasting min_warmup_s
@@ -159,7 +163,7 @@ class TimingConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TimingConfig:
+    def from_dict(cls, data: dict[str, Any]) -> TimingSettings:
         return _from_dict(cls, data)
 
 
@@ -171,7 +175,7 @@ class TrialSpec:
     workload_options: dict[str, Any]
     data_file: str  # JSON of DataSource.to_dict(), written once per run
     config: TrialConfig
-    timing: TimingConfig
+    timing: TimingSettings
     device_type: str  # "cuda" | "cpu"
     result_path: str
     seed: int = 0
@@ -188,7 +192,7 @@ class TrialSpec:
     def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
         data = dict(data)
         data["config"] = TrialConfig.from_dict(data["config"])
-        data["timing"] = TimingConfig.from_dict(data["timing"])
+        data["timing"] = TimingSettings.from_dict(data["timing"])
         return _from_dict(cls, data)
 
 

@@ -15,7 +15,7 @@ import torch
 from autotune import workloads, yamlio
 from autotune.data import generate_corpus
 from autotune.errors import DataError
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 from autotune.trial.loop import build_loader
 from autotune.workloads.asr import warmup_lr
 from autotune.workloads.base import WorkloadContext
@@ -109,7 +109,7 @@ def test_trains_in_a_trial_subprocess(corpus: Path, tmp_path: Path, workers: int
         workload_options={"model": SMALL_MODEL},
         data_file=str(data_file),
         config=TrialConfig(per_device_batch_size=2, num_workers=workers, workload_knobs=extra),
-        timing=TimingConfig(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),  # 2 steps
+        timing=TimingSettings(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),  # 2 steps
         device_type="cpu",
         result_path=str(tmp_path / "trial" / "result.json"),
     )
