@@ -190,3 +190,10 @@ def test_workload_knobs_keep_their_earlier_name_for_readers_and_stored_trials() 
     stored["extra"] = {"batch_type": "dynamic"}
     assert TrialConfig.from_dict(stored) == config
     assert knobs.flat_values(stored)["batch_type"] == "dynamic"
+
+
+@pytest.mark.parametrize("knob", [k for k in knobs.KNOBS if k.applies == "dataloader"], ids=lambda knob: knob.name)
+def test_every_dataloader_knob_reaches_the_loader_users_build(knob: knobs.Knob) -> None:
+    base = TrialConfig(per_device_batch_size=8, num_workers=2)
+    changed = dataclasses.replace(base, **{knob.name: _changed(knob)})
+    assert _tuned(changed).dataloader_kwargs() != _tuned(base).dataloader_kwargs()

@@ -203,7 +203,7 @@ def _precision_notes(context: ExportContext) -> list[str]:
     return ["fp32-default is ESPnet's use_tf32 false: it leaves torch's TF32 defaults as they are"]
 
 
-KNOBS = knob_table(
+KNOB_TABLE = knob_table(
     "espnet",
     {
         "per_device_batch_size": takes("--batch_size, the total across GPUs (each gets rank::world_size)"),

@@ -122,7 +122,7 @@ def _precision_notes(context: ExportContext) -> list[str]:
 
 
 _LOADER = takes("DataLoader(...) in the snippet")
-KNOBS = knob_table(
+KNOB_TABLE = knob_table(
     "lightning",
     {
         "per_device_batch_size": takes("DataLoader(batch_size=...), per process under DDP"),

@@ -165,7 +165,7 @@ def _precision_notes(context: ExportContext) -> list[str]:
 
 
 _LOADER_BLOCK = takes("the --dataloader block (a YAML flow mapping replacing the recipe's)")
-KNOBS = knob_table(
+KNOB_TABLE = knob_table(
     "3d-speaker",
     {
         "per_device_batch_size": takes("--batch_size, the global batch (train.py divides it by the world size)"),

@@ -160,7 +160,7 @@ def _precision_notes(context: ExportContext) -> list[str]:
 
 
 _LOADER_OPTIONS = takes("--dataloader_options (merged into the recipe's, per process)")
-KNOBS = knob_table(
+KNOB_TABLE = knob_table(
     "speechbrain",
     {
         "per_device_batch_size": _LOADER_OPTIONS,

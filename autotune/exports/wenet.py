@@ -159,7 +159,7 @@ def _precision_notes(context: ExportContext) -> list[str]:
     return [env_note] if env_note else []
 
 
-KNOBS = knob_table(
+KNOB_TABLE = knob_table(
     "wenet",
     {
         "per_device_batch_size": takes('--override_config "dataset_conf.batch_conf.batch_size N" (per GPU)'),
