@@ -75,7 +75,7 @@ class RichReporter:
         console.print(f"study: {plain(plan.study_name)}  ({plain(plan.storage_url.split('://')[0])})", highlight=False)
         for line in plan.warm_start.describe() if plan.warm_start else ():
             console.print(plain(line), highlight=False, soft_wrap=True)
-        baseline = TrialConfig.from_params(plan.space.baseline, extra_knobs=tuple(plan.workload.knobs)).short()
+        baseline = TrialConfig.from_params(plan.space.baseline, workload_knobs=tuple(plan.workload.knobs)).short()
         console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
         for note in plan.space.baseline_notes:
             console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotune.diagnosis import DiagnosisSettings, decoded_audio_bytes
+from autotune.workloads.registry import is_plugin
 
 if TYPE_CHECKING:
     from autotune.tuner import TrialRecord, TuningOutcome
@@ -38,7 +39,7 @@ def preload_probe(
         model: the run's --model; data: its data (DataSource.describe()); world_size: ranks per trial;
         memory_bytes: the machine's RAM.
     """
-    if ":" in model:
+    if is_plugin(model):
         return None
     decoded = decoded_audio_bytes(data)
     if decoded is None or decoded * world_size > settings.preload_memory_fraction * memory_bytes:

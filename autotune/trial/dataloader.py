@@ -26,7 +26,7 @@ BATCHING_KWARGS = ("batch_size", "drop_last")  # what a trial's batch sampler do
 
 def dynamic_batching(config: TrialConfig) -> bool:
     """Batches formed by a padded-frame budget (WeNet's batch_type dynamic), not by a sample count."""
-    return config.extra.get("batch_type") == "dynamic"
+    return config.workload_knobs.get("batch_type") == "dynamic"
 
 
 def dataloader_kwargs(config: TrialConfig) -> dict[str, Any]:

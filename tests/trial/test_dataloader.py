@@ -23,7 +23,7 @@ CONFIGS = {
     "workers-default-prefetch": TrialConfig(per_device_batch_size=4, num_workers=2),
     "workers": TrialConfig(per_device_batch_size=4, num_workers=2, prefetch_factor=3, persistent_workers=True),
     "dynamic": TrialConfig(
-        per_device_batch_size=4, num_workers=1, extra={"batch_type": "dynamic", "max_frames_in_batch": 100}
+        per_device_batch_size=4, num_workers=1, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 100}
     ),
 }
 WORKER_OPTIONS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")

@@ -9,14 +9,14 @@ import pytest
 
 import autotune
 from autotune.trial.amp_curves import AmpCheckSettings
-from autotune.trial.spec import STATUSES, TimingConfig, TrialConfig, TrialResult, TrialSpec
+from autotune.trial.spec import STATUSES, TimingSettings, TrialConfig, TrialResult, TrialSpec
 
 SPEC = TrialSpec(
     workload="cam++",
     workload_options={"num_classes": 4},
     data_file="data.json",
-    config=TrialConfig(per_device_batch_size=8, num_workers=2, extra={"crop_seconds": 2.0}),
-    timing=TimingConfig(window_s=2.0),
+    config=TrialConfig(per_device_batch_size=8, num_workers=2, workload_knobs={"crop_seconds": 2.0}),
+    timing=TimingSettings(window_s=2.0),
     device_type="cpu",
     result_path="result.json",
 )
@@ -32,7 +32,7 @@ def test_specs_and_results_read_back_equal() -> None:
     ("read", "data", "key"),
     [
         (TrialConfig.from_dict, {"per_device_batch_size": 8, "num_wokers": 2}, "num_wokers"),
-        (TimingConfig.from_dict, {"window_s": 2.0, "warmup_step": 3}, "warmup_step"),
+        (TimingSettings.from_dict, {"window_s": 2.0, "warmup_step": 3}, "warmup_step"),
         (TrialSpec.from_dict, {**SPEC.to_dict(), "seeds": 3}, "seeds"),
         (TrialSpec.from_dict, {**SPEC.to_dict(), "config": {**SPEC.config.to_dict(), "precison": "bf16"}}, "precison"),
         (TrialResult.from_dict, {"status": "ok", "samples_per_secnd": 3.0}, "samples_per_secnd"),
@@ -49,8 +49,10 @@ def test_a_misspelled_key_is_an_error_naming_it(read, data, key) -> None:
 def test_a_search_point_with_a_knob_nobody_declared_is_an_error() -> None:
     with pytest.raises(ValueError, match="'crop_seconds'"):
         TrialConfig.from_params({"per_device_batch_size": 8, "crop_seconds": 2.0})  # a workload knob, undeclared
-    config = TrialConfig.from_params({"per_device_batch_size": 8, "crop_seconds": 2.0}, extra_knobs=("crop_seconds",))
-    assert config.extra == {"crop_seconds": 2.0}
+    config = TrialConfig.from_params(
+        {"per_device_batch_size": 8, "crop_seconds": 2.0}, workload_knobs=("crop_seconds",)
+    )
+    assert config.workload_knobs == {"crop_seconds": 2.0}
 
 
 def test_a_status_no_one_declared_is_refused() -> None:
