@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli_output import plain
+from autotune.measurements import NOT_MEASURED, Measurements
 from autotune.trial import TrialConfig
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class RichReporter:
 def print_summary(console: Console, report: RunReport) -> None:
     """Baseline vs winner, the top trials, the failures with reasons, and where the YAML went."""
     tuned, outcome = report.tuned, report.outcome
-    winner, baseline = tuned.metrics["winner"], tuned.metrics["baseline"]
+    winner, baseline = tuned.winner, tuned.baseline
     table = Table(title="baseline (recipe) vs winner", show_lines=False)
     for column in ("", "winner", "baseline"):
         table.add_column(column)
@@ -136,12 +137,10 @@ def print_summary(console: Console, report: RunReport) -> None:
         ("data_wait_fraction", "data-wait fraction"),
         ("measurements", "measurements"),
     ):
-        table.add_row(label, _fmt(winner.get(key)), _fmt(baseline.get(key, baseline.get("status"))))
-    table.add_row("peak memory GiB", _gib(winner.get("peak_memory_bytes")), _gib(baseline.get("peak_memory_bytes")))
-    if winner.get("gpu_utilization_percent") is not None:
-        table.add_row(
-            "GPU utilisation %", _fmt(winner["gpu_utilization_percent"]), _fmt(baseline.get("gpu_utilization_percent"))
-        )
+        table.add_row(label, _fmt(getattr(winner, key)), _fmt(_baseline_figure(baseline, key)))
+    table.add_row("peak memory GiB", _gib(winner.peak_memory_bytes), _gib(baseline.peak_memory_bytes))
+    if winner.gpu_utilization_percent is not None:
+        table.add_row("GPU utilisation %", _fmt(winner.gpu_utilization_percent), _fmt(baseline.gpu_utilization_percent))
     table.add_row("trial setup s / wall s", _overhead(winner), _overhead(baseline))
     console.print(table)
     speedup = tuned.metrics.get("speedup")
@@ -215,9 +214,16 @@ def _fmt(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _overhead(metrics: dict) -> str:
+def _baseline_figure(baseline: Measurements, name: str) -> object:
+    """The baseline's figure; where it could not be measured, why (its status); nothing where the run had none."""
+    if baseline.ok:
+        return getattr(baseline, name)
+    return None if baseline is NOT_MEASURED else baseline.status
+
+
+def _overhead(measured: Measurements) -> str:
     """Model, data and loader build against the whole trial (process start and imports are in metrics.overhead)."""
-    setup, wall = metrics.get("setup_s"), metrics.get("trial_wall_s")
+    setup, wall = measured.setup_s, measured.trial_wall_s
     return f"{setup:.1f} / {wall:.1f}" if setup is not None and wall else "-"
 
 
