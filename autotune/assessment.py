@@ -314,7 +314,7 @@ def assess(
     if preload_note:
         notes.append(preload_note)
     metrics["diagnosis"] = diagnose(
-        winner.to_dict(),
+        winner,
         config=config,
         hardware=hardware,
         data=data,
