@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
     from autotune.budget import BudgetPlan
     from autotune.runner import RunPlan, RunReport
-    from autotune.tuner import TrialRecord
+    from autotune.tuner import TrialRecord, TunerSettings
 
-__all__ = ["RichReporter", "print_summary"]
+__all__ = ["RichReporter", "print_plan", "print_summary"]
 
 _STATUS_STYLE = {"ok": "green", "pruned": "dim", "oom": "red", "timeout": "red", "signal": "red", "error": "red"}
 
@@ -43,11 +43,35 @@ class _PlanProgress(Progress):
         yield self.make_tasks_table(self.tasks)
 
 
+def print_plan(console: Console, plan: RunPlan) -> None:
+    """What the run is about to do, before its first trial: the workload on this machine, the devices per trial, the
+    data, the study, the warm start, the space's baseline and the notes on how it was adapted."""
+    data = plan.data.describe()
+    synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
+    console.print(f"[bold]autotune[/bold] {plain(plan.workload.name)} on {plain(plan.hardware.describe())}")
+    if plan.world_size > 1:
+        unit = "GPUs (NCCL)" if plan.hardware.device_type == "cuda" else "processes (gloo)"
+        fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
+        console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{fixed}")
+    console.print(
+        f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
+        f"{data['total_audio_hours']} h{synthetic}"
+    )
+    console.print(f"study: {plain(plan.study_name)}  ({plain(plan.storage_url.split('://')[0])})", highlight=False)
+    for line in plan.warm_start.describe() if plan.warm_start else ():
+        console.print(plain(line), highlight=False, soft_wrap=True)
+    baseline = TrialConfig.from_params(plan.space.baseline, workload_knobs=tuple(plan.workload.knobs)).short()
+    console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
+    for note in plan.space.baseline_notes:
+        console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")
+    for note in plan.option_notes:
+        console.print(f"  [dim]{plain(note)}[/dim]", highlight=False, soft_wrap=True)
+
+
 class RichReporter:
     """Progress over trials with the best so far, the budget plan live above it; one line per finished trial."""
 
-    def __init__(self, console: Console, plan: RunPlan) -> None:
-        settings = plan.request.settings
+    def __init__(self, console: Console, settings: TunerSettings) -> None:
         self.console = console
         self.planned = False
         self.progress = _PlanProgress(
@@ -62,26 +86,6 @@ class RichReporter:
         self.task = self.progress.add_task(
             "starting", total=settings.trials + settings.confirm_top_k * settings.confirm_repeats
         )
-        data = plan.data.describe()
-        synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
-        console.print(f"[bold]autotune[/bold] {plain(plan.workload.name)} on {plain(plan.hardware.describe())}")
-        if plan.world_size > 1:
-            unit = "GPUs (NCCL)" if plan.hardware.device_type == "cuda" else "processes (gloo)"
-            fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
-            console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{fixed}")
-        console.print(
-            f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
-            f"{data['total_audio_hours']} h{synthetic}"
-        )
-        console.print(f"study: {plain(plan.study_name)}  ({plain(plan.storage_url.split('://')[0])})", highlight=False)
-        for line in plan.warm_start.describe() if plan.warm_start else ():
-            console.print(plain(line), highlight=False, soft_wrap=True)
-        baseline = TrialConfig.from_params(plan.space.baseline, workload_knobs=tuple(plan.workload.knobs)).short()
-        console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
-        for note in plan.space.baseline_notes:
-            console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")
-        for note in plan.option_notes:
-            console.print(f"  [dim]{plain(note)}[/dim]", highlight=False, soft_wrap=True)
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
