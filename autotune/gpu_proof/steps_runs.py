@@ -114,7 +114,7 @@ def oom_study(context: StepContext) -> Proven:
 
 
 def result_figures(result: Path) -> dict[str, Any]:
-    """The README's figures from a result YAML: baseline vs winner, speedup, fraction of peak, what won."""
+    """The figures benchmarks/README.md reports from a result YAML: baseline vs winner, speedup, peak share, winner."""
     import yaml
 
     written = yaml.safe_load(result.read_text())
