@@ -205,7 +205,7 @@ def _noise_note(noise: dict[str, Any]) -> str | None:
 
 def _batch_of(config: TrialConfig, knob: str) -> int | None:
     """The configuration's value of the knob that sets the batch; None where that knob does not set its batch."""
-    dynamic = config.extra.get(DYNAMIC_BATCH_KNOB)
+    dynamic = config.workload_knobs.get(DYNAMIC_BATCH_KNOB)
     if knob == DYNAMIC_BATCH_KNOB:
         return dynamic
     return None if dynamic is not None else config.per_device_batch_size
@@ -225,7 +225,7 @@ def _largest_offered(space: SearchSpace, knob: str) -> int | None:
 def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConfig) -> LargerBatches:
     """What the run measured above the winner's batch at the winner's precision and intra-op threads
     (diagnosis.LargerBatches): a larger batch measured on one thread says nothing about it on two."""
-    knob = DYNAMIC_BATCH_KNOB if DYNAMIC_BATCH_KNOB in config.extra else "per_device_batch_size"
+    knob = DYNAMIC_BATCH_KNOB if DYNAMIC_BATCH_KNOB in config.workload_knobs else "per_device_batch_size"
     winner_value = _batch_of(config, knob) or 0
     above = group_by_config(
         record

@@ -29,7 +29,7 @@ from autotune.candidates import Candidate, TrialRecord, config_key
 from autotune.trial.steady import expected_trial_s
 
 if TYPE_CHECKING:
-    from autotune.trial import TimingConfig, TrialConfig
+    from autotune.trial import TimingSettings, TrialConfig
 
 __all__ = ["CONFIRM_SHARE", "PRIOR_FIXED_S", "Stage", "BudgetPlan", "PlanState", "TrialCosts", "Budget"]
 
@@ -41,7 +41,7 @@ _NOT_ESTIMATES = ("baseline", "preload")  # roles whose wall time says little ab
 class TrialCosts:
     """Estimated wall seconds of a trial, from the trials measured so far."""
 
-    def __init__(self, timing: TimingConfig) -> None:
+    def __init__(self, timing: TimingSettings) -> None:
         self.timing = timing
 
     def fixed_s(self, records: Sequence[TrialRecord]) -> float:
@@ -154,7 +154,7 @@ class Budget:
     def __init__(
         self,
         budget_s: float | None,
-        timing: TimingConfig,
+        timing: TimingSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
         spent_before_s: float = 0.0,

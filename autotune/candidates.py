@@ -144,8 +144,10 @@ def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:
 
 def config_params(config: TrialConfig, space: SearchSpace) -> dict[str, Any]:
     """The search-space parameters that reproduce a configuration (for a fixed trial)."""
-    params = {k: v for k, v in config.to_dict().items() if k not in ("world_size", "grad_accum_steps", "extra")}
-    params.update(config.extra)
+    params = {
+        k: v for k, v in config.to_dict().items() if k not in ("world_size", "grad_accum_steps", "workload_knobs")
+    }
+    params.update(config.workload_knobs)
     fitted = _space_params(params, space)
     # Preloading is no search dimension (the tuner's preload probe tries it), but it is part of the configuration.
     return {**fitted, "preload_audio": True} if config.preload_audio else fitted

@@ -214,12 +214,12 @@ def run(
     _setup_logging(verbose)
     from autotune import runner
     from autotune.cli_display import RichReporter, print_summary
-    from autotune.trial import TimingConfig
+    from autotune.trial import TimingSettings
     from autotune.trial.amp_check import AmpCheckSettings
     from autotune.tuner import TunerSettings
 
     try:
-        timing = TimingConfig(
+        timing = TimingSettings(
             warmup_steps=warmup_steps,
             window_s=window,
             memory_headroom_fraction=headroom,

@@ -114,7 +114,8 @@ def _append_line(path: Path, line: str) -> None:
 
 
 def _history_path(results_dir: str | os.PathLike[str], model: str) -> Path:
-    name = workloads.get(model).name if ":" in model else model  # a plugin's results live under its own name
+    # A plugin's results live under its own name.
+    name = workloads.get(model).name if workloads.is_plugin(model) else model
     return Path(results_dir) / re.sub(r"[^A-Za-z0-9+._-]", "_", name) / HISTORY_FILE  # as `autotune run` names it
 
 

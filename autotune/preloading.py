@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotune.diagnosis import DiagnosisSettings, decoded_audio_bytes
+from autotune.workloads.registry import is_plugin
 
 if TYPE_CHECKING:
     from autotune.runner import RunPlan
@@ -31,7 +32,7 @@ def preload_probe(
     process holds its own copy), and the workload must be one of autotune's own (a plugin's dataset may not read
     TrialConfig.preload_audio, and the trial would measure nothing).
     """
-    if ":" in plan.request.model:
+    if is_plugin(plan.request.model):
         return None
     decoded = decoded_audio_bytes(plan.data.describe())
     if decoded is None or decoded * plan.world_size > settings.preload_memory_fraction * plan.hardware.memory_bytes:

@@ -13,8 +13,9 @@ from typing import Any
 import optuna
 import pandas as pd
 
+from autotune import knobs
 from autotune.errors import UserError
-from autotune.report_plots import GIB, KNOBS, Marks, hardware_line, make_plots
+from autotune.report_plots import GIB, Marks, hardware_line, make_plots
 from autotune.results import TunedConfig, load_config
 from autotune.storage import JOURNAL_PREFIX, open_storage, redact_url
 from autotune.yamlio import atomic_write_text
@@ -32,7 +33,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Column name -> pandas dtype. Nullable dtypes, because a trial that failed before measuring has no result.
+# Column name -> pandas dtype. Nullable dtypes, because a trial that failed before measuring has no result. One column
+# per declared knob (knobs.py); a workload's own knobs follow these columns (trials_frame).
 TRIAL_COLUMNS: dict[str, str] = {
     "number": "int64",
     "state": "string",
@@ -42,13 +44,7 @@ TRIAL_COLUMNS: dict[str, str] = {
     "samples_per_second": "float64",
     "data_wait_fraction": "float64",
     "peak_memory_gib": "float64",
-    "per_device_batch_size": "Int64",
-    "num_workers": "Int64",
-    "prefetch_factor": "Int64",
-    "pin_memory": "boolean",
-    "persistent_workers": "boolean",
-    "precision": "string",
-    "intra_op_threads": "Int64",
+    **{knob.name: knob.column_dtype for knob in knobs.KNOBS},
     "wall_s": "float64",
 }
 
@@ -98,11 +94,21 @@ def load_study(tuned: TunedConfig, storage: str | None) -> optuna.Study:
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per finished trial (running and waiting ones are left out), with the columns of TRIAL_COLUMNS."""
+    """One row per finished trial (running and waiting ones are left out), with the columns of TRIAL_COLUMNS, then
+    one per workload knob the trials ran with (e.g. max_frames_in_batch), its dtype inferred (nullable)."""
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    rows = [_trial_row(trial) for trial in study.get_trials(deepcopy=False, states=states)]
-    frame = pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
-    return frame.astype(TRIAL_COLUMNS).sort_values("number", ignore_index=True)
+    trials = study.get_trials(deepcopy=False, states=states)
+    rows = [_trial_row(trial) for trial in trials]
+    workload_knobs = list(dict.fromkeys(name for trial in trials for name in _workload_knobs(trial)))
+    frame = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *workload_knobs]).astype(TRIAL_COLUMNS)
+    if workload_knobs:
+        frame[workload_knobs] = frame[workload_knobs].convert_dtypes()
+    return frame.sort_values("number", ignore_index=True)
+
+
+def _workload_knobs(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    config = trial.user_attrs.get("config") or {}
+    return {name: value for name, value in knobs.flat_values(config).items() if name not in knobs.NAMES}
 
 
 def _trial_row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
@@ -121,7 +127,7 @@ def _trial_row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "samples_per_second": result.get("samples_per_second"),
         "data_wait_fraction": result.get("data_wait_fraction"),
         "peak_memory_gib": peak / GIB if peak is not None else None,
-        **{knob: config.get(knob) for knob in KNOBS},
+        **knobs.flat_values(config),
         "wall_s": wall,
     }
 
@@ -186,13 +192,10 @@ def _winner_html(tuned: TunedConfig) -> str:
     config = tuned.config
     rows = {
         "configuration": config.short(),
-        "per_device_batch_size": config.per_device_batch_size,
+        **config.knob_values(),
         "global_batch_size": config.global_batch_size,
-        "precision": config.precision,
         **{f"DataLoader {key}": value for key, value in tuned.dataloader_kwargs().items()},
-        "intra_op_threads": config.intra_op_threads,
-        "cudnn_benchmark": config.cudnn_benchmark,
-        **{f"workload {key}": value for key, value in config.extra.items()},
+        **{f"workload {key}": value for key, value in config.workload_knobs.items()},
     }
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items())
     return f'<h2>Winning configuration</h2><table class="winner-config">{cells}</table>'

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from autotune import knobs
 from autotune.errors import UserError
 from autotune.results import TunedConfig
 from autotune.yamlio import atomic_write_bytes
@@ -18,15 +19,7 @@ __all__ = ["GIB", "KNOBS", "Marks", "hardware_line", "make_plots"]
 
 logger = logging.getLogger(__name__)
 
-KNOBS = (
-    "per_device_batch_size",
-    "num_workers",
-    "prefetch_factor",
-    "pin_memory",
-    "persistent_workers",
-    "precision",
-    "intra_op_threads",
-)
+KNOBS = knobs.NAMES  # the trial table's knob columns; a workload's own knobs follow them
 _PRECISION_COLOURS = {
     "fp32": "#1f77b4",
     "fp32-default": "#aec7e8",
@@ -96,10 +89,11 @@ def _is_ok(frame: pd.DataFrame) -> pd.Series:
 
 
 def _matches(frame: pd.DataFrame, config: dict[str, Any]) -> pd.Series:
-    """Rows whose knobs equal the configuration's (missing equals missing)."""
+    """Rows whose knobs, the workload's own included, equal the configuration's (missing equals missing)."""
     mask = pd.Series(True, index=frame.index)
-    for knob in KNOBS:
-        value, column = config.get(knob), frame[knob]
+    values = knobs.flat_values(config)
+    for knob in [name for name in frame.columns if name in values]:
+        value, column = values[knob], frame[knob]
         mask &= column.isna() if value is None else column.eq(value).fillna(False).astype(bool)
     return mask
 

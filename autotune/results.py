@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import yamlio
+from autotune import knobs, yamlio
 from autotune.errors import OutputError, UserError, describe_os_error
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TrialConfig, TrialResult
@@ -109,7 +109,7 @@ class TunedConfig:
     @property
     def dynamic_batching(self) -> bool:
         """Tuned with WeNet-style dynamic batches (a frame budget per batch, not a sample count)."""
-        return self.config.extra.get("batch_type") == "dynamic"
+        return self.config.workload_knobs.get("batch_type") == "dynamic"
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch).
@@ -149,47 +149,44 @@ class TunedConfig:
     def _batching(self) -> dict[str, Any]:
         if not self.dynamic_batching:
             return {}
-        frames = self.config.extra.get("max_frames_in_batch")
+        frames = self.config.workload_knobs.get("max_frames_in_batch")
         return {
             "batch_type": "dynamic",
             "max_frames_in_batch": frames,
             "note": "dynamic batches: a padded-frame budget per device batch; per_device_batch_size is unused",
         }
 
-    def _audio(self) -> dict[str, Any]:
+    def _audio_note(self) -> dict[str, Any]:
         if not self.config.preload_audio:
-            return {"preload_decoded": False}
+            return {}
         return {
-            "preload_decoded": True,
             "note": "decode every utterance once into RAM (16-bit PCM) before the DataLoader starts, and crop from "
             "there: autotune.data.preload.PreloadedAudio does it for autotune's datasets; see metrics.preload",
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def _knob_sections(self) -> dict[str, dict[str, Any]]:
+        """Each knob under its section (knobs.py), with what derives from the knobs beside them. The dataloader section
+        is what DataLoader is given (dataloader_kwargs): its knobs as torch accepts them, and read back from there."""
         config = self.config
+        sections = knobs.result_sections(config.knob_values())
+        sections["batch"] |= {"global_batch_size": config.global_batch_size, **self._batching()}
+        sections["dataloader"] = self.dataloader_kwargs()
+        sections["precision"] |= {
+            "amp_dtype": self.precision.amp_dtype_name,
+            "tf32": self.precision.tf32,
+            "grad_scaler": self.precision.uses_grad_scaler,
+        }
+        sections["audio"] |= self._audio_note()
+        return sections
+
+    def to_dict(self) -> dict[str, Any]:
         return {
             "autotune_version": self.autotune_version,
             "created": self.created,
             "workload": self.workload,
             "device_type": self.device_type,
-            "batch": {
-                "per_device_batch_size": config.per_device_batch_size,
-                "world_size": config.world_size,
-                "grad_accum_steps": config.grad_accum_steps,
-                "global_batch_size": config.global_batch_size,
-                **self._batching(),
-            },
-            "dataloader": self.dataloader_kwargs(),
-            "precision": {
-                "name": config.precision,
-                "amp_dtype": self.precision.amp_dtype_name,
-                "tf32": self.precision.tf32,
-                "cudnn_benchmark": config.cudnn_benchmark,
-                "grad_scaler": self.precision.uses_grad_scaler,
-            },
-            "threads": {"intra_op_threads": config.intra_op_threads},
-            "audio": self._audio(),
-            "workload_knobs": dict(config.extra),
+            **self._knob_sections(),
+            "workload_knobs": dict(self.config.workload_knobs),
             "metrics": self.metrics,
             "notes": list(self.notes),
             "hardware": self.hardware,
@@ -199,21 +196,7 @@ class TunedConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TunedConfig:
-        loader, batch, precision = data["dataloader"], data["batch"], data["precision"]
-        config = TrialConfig(
-            per_device_batch_size=batch["per_device_batch_size"],
-            num_workers=loader["num_workers"],
-            prefetch_factor=loader.get("prefetch_factor"),
-            pin_memory=loader["pin_memory"],
-            persistent_workers=loader.get("persistent_workers", False),
-            precision=precision["name"],
-            cudnn_benchmark=precision["cudnn_benchmark"],
-            intra_op_threads=(data.get("threads") or {}).get("intra_op_threads"),
-            world_size=batch["world_size"],
-            grad_accum_steps=batch["grad_accum_steps"],
-            preload_audio=bool((data.get("audio") or {}).get("preload_decoded", False)),
-            extra=dict(data.get("workload_knobs") or {}),
-        )
+        config = TrialConfig(**knobs.read_result(data), workload_knobs=dict(data.get("workload_knobs") or {}))
         return cls(
             workload=data["workload"],
             config=config,

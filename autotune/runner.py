@@ -152,7 +152,7 @@ def prepare(request: RunRequest) -> RunPlan:
     space = space_module.load(
         space_file,
         hardware,
-        extra_knobs=tuple(workload.knobs),
+        workload_knobs=tuple(workload.knobs),
         world_size=world_size,
         global_batch_size=request.global_batch,
     )
@@ -264,8 +264,8 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         reporter=reporter,
         world_size=plan.world_size,
         global_batch_size=request.global_batch,
-        extra_knobs=tuple(plan.workload.knobs),
-        strict_baseline=":" in request.model,
+        workload_knobs=tuple(plan.workload.knobs),
+        strict_baseline=workloads.is_plugin(request.model),
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
         rejected_precisions=amp.rejected() if amp else None,
         preload_probe=preloading.preload_probe(plan),

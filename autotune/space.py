@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
+from autotune import knobs
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
 from autotune.space_files import SPACES_DIR, read, resolve
@@ -63,24 +64,17 @@ __all__ = [
     "space_path",
 ]
 
-# Every knob the trial runner understands, with its type; a workload may add its own (Workload.knobs).
-CORE_PARAMS: dict[str, type] = {
-    "per_device_batch_size": int,
-    "num_workers": int,
-    "prefetch_factor": int,
-    "pin_memory": bool,
-    "persistent_workers": bool,
-    "precision": str,
-    "intra_op_threads": int,
-    "cudnn_benchmark": bool,
-}
+# Every knob a space may search, with its type; a workload may add its own (Workload.knobs). Declared in knobs.py.
+CORE_PARAMS: dict[str, type] = {knob.name: knob.type for knob in knobs.KNOBS if knob.space == "searched"}
 # The least value a count knob may take: a batch of one, no workers, one thread.
-MINIMUM: dict[str, int] = {"per_device_batch_size": 1, "num_workers": 0, "prefetch_factor": 1, "intra_op_threads": 1}
+MINIMUM: dict[str, int] = {
+    knob.name: knob.minimum for knob in knobs.KNOBS if knob.space == "searched" and knob.minimum is not None
+}
 # A grid (and the configurations it enumerates) is built in memory: an int range past this is a mistake, not a grid.
 MAX_GRID_VALUES = 10_000
 MAX_GRID_POINTS = 100_000
 # Recipe settings a space may fix (in `fixed`, so for every configuration, the baseline included) but not search.
-RECIPE_SETTINGS: dict[str, type] = {"grad_accum_steps": int}
+RECIPE_SETTINGS: dict[str, type] = {knob.name: knob.type for knob in knobs.KNOBS if knob.space == "fixed"}
 _TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
 _DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
 
@@ -211,7 +205,7 @@ def load(
     path: str | Path,
     hardware: Hardware,
     *,
-    extra_knobs: tuple[str, ...] = (),
+    workload_knobs: tuple[str, ...] = (),
     world_size: int = 1,
     global_batch_size: int | None = None,
 ) -> SearchSpace:
@@ -220,7 +214,7 @@ def load(
     return from_dict(
         read(path),
         hardware,
-        extra_knobs=extra_knobs,
+        workload_knobs=workload_knobs,
         origin=str(path),
         world_size=world_size,
         global_batch_size=global_batch_size,
@@ -231,7 +225,7 @@ def from_dict(
     data: dict[str, Any],
     hardware: Hardware,
     *,
-    extra_knobs: tuple[str, ...] = (),
+    workload_knobs: tuple[str, ...] = (),
     origin: str = "search space",
     world_size: int = 1,
     global_batch_size: int | None = None,
@@ -242,7 +236,7 @@ def from_dict(
         data: the parsed YAML mapping; an `extends` in it names a built-in space or a .yaml file relative to the
             current folder (autotune.space_files).
         hardware: the machine; drops options it does not support and resolves `auto`.
-        extra_knobs: knob names the workload adds to the core ones.
+        workload_knobs: knob names the workload adds to the core ones.
         origin: where the mapping came from, named in error messages.
         world_size: devices (ranks) per trial: `auto` becomes one rank's share of the cores, and a global recipe
             batch is divided among them.
@@ -260,7 +254,7 @@ def from_dict(
             raise SpaceError(f"{origin}: '{key}' must be text, got {type(data[key]).__name__}")
     device_type = hardware.device_type
     merged = _merge_device_section(data, device_type, origin)
-    known = {**CORE_PARAMS, **{name: object for name in extra_knobs}}
+    known = {**CORE_PARAMS, **{name: object for name in workload_knobs}}
     raw_params = merged.get("params")
     if not isinstance(raw_params, dict) or not raw_params:
         raise SpaceError(f"{origin}: 'params' must be a non-empty mapping of parameter name to distribution")
@@ -364,8 +358,9 @@ def check_value(name: str, value: Any, where: str, *, auto: bool = False) -> Non
         raise SpaceError(f"{where}: {value!r} is not a single finite number, word or true/false")
     if expected is not None and not _is_type(value, expected):
         raise SpaceError(f"{where}: {value!r} is not a {expected.__name__}")
-    if name == "precision" and value not in PRECISIONS:
-        raise SpaceError(f"{where}: unknown precision {value!r}; use {', '.join(PRECISIONS)}")
+    choices = knobs.get(name).choices if name in CORE_PARAMS else ()
+    if choices and value not in choices:
+        raise SpaceError(f"{where}: unknown {name} {value!r}; use {', '.join(choices)}")
     if name in MINIMUM and value < MINIMUM[name]:
         raise SpaceError(f"{where}: {value!r} is below the least {name} ({MINIMUM[name]})")
 

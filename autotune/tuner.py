@@ -22,7 +22,7 @@ from autotune.reporting import Reporter, SilentReporter
 from autotune.samplers import grid_points, make_sampler
 from autotune.space import SearchSpace
 from autotune.space_fit import smaller_batch
-from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch
 
 __all__ = [
     "TunerSettings",
@@ -52,7 +52,7 @@ class TunerSettings:
     confirm_top_k: int = 3
     confirm_repeats: int = 2
     trial_timeout_s: float = 300.0
-    timing: TimingConfig = field(default_factory=TimingConfig)
+    timing: TimingSettings = field(default_factory=TimingSettings)
     prune: bool = True
     prune_window_fraction: float = 0.5  # stop a search trial running below this share of the best so far...
     prune_warmup_fraction: float = 0.25  # ...or, from its warm-up steps, projected below this share
@@ -86,7 +86,7 @@ class Tuner:
         world_size: devices per trial.
         global_batch_size: held fixed (--global-batch): each config accumulates gradients over
             global_batch_size / (per-device batch x world_size) micro-batches; None = no accumulation.
-        extra_knobs: workload knobs among the space's parameters.
+        workload_knobs: workload knobs among the space's parameters.
         strict_baseline: stop with a WorkloadError when the baseline raises (plugins: a bug, not a configuration).
         warm_start: (role, parameters) to measure right after the baseline, before the search: a rerun's previous
             winner (role "previous", always among the confirmed) and its best neighbours (role "warm").
@@ -115,7 +115,7 @@ class Tuner:
         reporter: Reporter | None = None,
         world_size: int = 1,
         global_batch_size: int | None = None,
-        extra_knobs: tuple[str, ...] = (),
+        workload_knobs: tuple[str, ...] = (),
         strict_baseline: bool = False,
         warm_start: tuple[tuple[str, dict[str, Any]], ...] = (),
         rejected_precisions: dict[str, str] | None = None,
@@ -129,7 +129,7 @@ class Tuner:
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.rejected_precisions = dict(rejected_precisions or {})  # by the AMP check: precision -> why
         self.workdir, self.reporter = workdir, reporter or SilentReporter()
-        self.world_size, self.extra_knobs, self.strict_baseline = world_size, extra_knobs, strict_baseline
+        self.world_size, self.workload_knobs, self.strict_baseline = world_size, workload_knobs, strict_baseline
         self.global_batch_size = global_batch_size
         self.warm_start = list(warm_start)
         # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
@@ -153,7 +153,7 @@ class Tuner:
         return self.budget.elapsed_s()
 
     def _config(self, params: dict[str, Any]) -> TrialConfig:
-        config = TrialConfig.from_params(params, world_size=self.world_size, extra_knobs=self.extra_knobs)
+        config = TrialConfig.from_params(params, world_size=self.world_size, workload_knobs=self.workload_knobs)
         if self.global_batch_size is None:
             return config
         # The space only offers per-device batches that divide the global batch (space._fit_global_batch).

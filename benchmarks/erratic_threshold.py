@@ -14,7 +14,7 @@ from pathlib import Path
 
 from autotune import yamlio
 from autotune.data import default_source
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 
 data = default_source()
 out = Path(sys.argv[2])
@@ -39,7 +39,7 @@ for n, (bs, workers, precision, threads) in enumerate(itertools.product(batches,
         workload_options={},
         data_file=data_file,
         config=config,
-        timing=TimingConfig(),
+        timing=TimingSettings(),
         device_type="cpu",
         result_path=str(out / f"t{n}" / "result.json"),
     )

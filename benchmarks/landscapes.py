@@ -63,14 +63,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 from autotune import space  # noqa: E402
 from autotune.gpus import GpuInfo  # noqa: E402
 from autotune.hardware import Hardware  # noqa: E402
-from autotune.trial import TimingConfig, TrialConfig  # noqa: E402
+from autotune.trial import TimingSettings, TrialConfig  # noqa: E402
 
 GIB = 2**30
 AMP_ACTIVATIONS = 0.55  # autocast saves conv/linear outputs in 16 bits; losses, statistics and a few others in 32
 ALLOCATOR_OVERHEAD = 1.10
 CUDNN_WORKSPACE_GIB = 0.5  # cudnn.benchmark may pick algorithms with larger workspaces
-HEADROOM = TimingConfig().memory_headroom_fraction
-WINDOW_S, MIN_WINDOW_STEPS = TimingConfig().window_s, TimingConfig().min_window_steps
+HEADROOM = TimingSettings().memory_headroom_fraction
+WINDOW_S, MIN_WINDOW_STEPS = TimingSettings().window_s, TimingSettings().min_window_steps
 UNPINNED_EXPOSED = 0.05  # share of the host's per-step time exposed when a pageable copy blocks it (assumed)
 PAGEABLE_BYTES_S, FORK_S, END_S, BENCHMARK_FIRST_S = 6e9, 0.05, 2.0, 1.5  # assumed
 MAX_SHARPNESS = 12.0  # a queue of 64+ batches: at the balance point the soft minimum still loses 6%
@@ -150,20 +150,20 @@ class Landscape:
         return space.load(
             space.space_path(self.workload),
             self.machine.hardware(),
-            extra_knobs=self.knobs,
+            workload_knobs=self.knobs,
             world_size=self.machine.devices,
         )
 
     def config(self, params: dict[str, Any]) -> TrialConfig:
-        return TrialConfig.from_params(params, world_size=self.machine.devices, extra_knobs=self.knobs)
+        return TrialConfig.from_params(params, world_size=self.machine.devices, workload_knobs=self.knobs)
 
     def _batch(self, config: TrialConfig) -> tuple[float, float, float]:
         """(samples per step, work units per step, units of the worst-case batch); units are samples or frames."""
         if not self.variable_shapes:
             batch = float(config.per_device_batch_size)
             return batch, batch, batch
-        if config.extra.get("batch_type") == "dynamic":
-            frames = float(config.extra["max_frames_in_batch"])
+        if config.workload_knobs.get("batch_type") == "dynamic":
+            frames = float(config.workload_knobs["max_frames_in_batch"])
             return frames / (self.frames_per_sample * self.padding), frames, frames
         batch = float(config.per_device_batch_size)
         return batch, batch * self.frames_per_sample * self.padding, batch * self.longest_frames

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 
 from autotune import space  # noqa: E402
 from autotune.hardware import Hardware  # noqa: E402
-from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec  # noqa: E402
+from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec  # noqa: E402
 from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
 from benchmarks.search_efficiency import WITHIN, slice_space_text  # noqa: E402
 from benchmarks.tables import markdown_table  # noqa: E402
@@ -124,7 +124,7 @@ def replay(
             workload_options={},
             data_file="",
             config=config,
-            timing=TimingConfig(),
+            timing=TimingSettings(),
             device_type="cpu",
             result_path=path,
         )

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 from autotune import runner  # noqa: E402
 from autotune.data.synth import generate_corpus  # noqa: E402
 from autotune.space import space_path  # noqa: E402
-from autotune.trial import TimingConfig, TrialConfig  # noqa: E402
+from autotune.trial import TimingSettings, TrialConfig  # noqa: E402
 from autotune.tuner import TrialRecord, TunerSettings  # noqa: E402
 from benchmarks.tables import markdown_table  # noqa: E402
 
@@ -87,7 +87,7 @@ class MethodRun:
 
 
 def _key(config: TrialConfig) -> str:
-    return json.dumps({k: v for k, v in config.to_dict().items() if k != "extra"}, sort_keys=True)
+    return json.dumps({k: v for k, v in config.to_dict().items() if k != "workload_knobs"}, sort_keys=True)
 
 
 def _run(
@@ -96,7 +96,7 @@ def _run(
     trials: int,
     workdir: Path,
     corpus: Path,
-    timing: TimingConfig,
+    timing: TimingSettings,
     budget_s: float | None = None,
     prune: bool = True,
 ) -> MethodRun:
@@ -171,7 +171,7 @@ def _regret_interval(
 
 
 def _remeasure(
-    configs: dict[str, TrialConfig], workdir: Path, corpus: Path, timing: TimingConfig
+    configs: dict[str, TrialConfig], workdir: Path, corpus: Path, timing: TimingSettings
 ) -> dict[str, list[float]]:
     """REMEASURE rounds over the configurations, interleaved (round-robin), each a fresh trial subprocess."""
     from autotune import workloads, yamlio
@@ -213,9 +213,9 @@ def main() -> None:
         default=[0.15, 0.3],
         help="of the grid's wall time: random search and autotune run once at each",
     )
-    parser.add_argument("--window-s", type=float, default=TimingConfig().window_s, help="timed window per trial")
+    parser.add_argument("--window-s", type=float, default=TimingSettings().window_s, help="timed window per trial")
     args = parser.parse_args()
-    timing = TimingConfig(window_s=args.window_s)
+    timing = TimingSettings(window_s=args.window_s)
     with tempfile.TemporaryDirectory() as folder:
         workdir = Path(folder)
         corpus = generate_corpus(workdir / "corpus", n_speakers=10, files_per_speaker=10, seed=3)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 
 from autotune import space  # noqa: E402
 from autotune.candidates import config_key  # noqa: E402
-from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec  # noqa: E402
+from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec  # noqa: E402
 from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
 from benchmarks.landscapes import GIB, LANDSCAPES, Landscape  # noqa: E402
 
@@ -93,7 +93,7 @@ def grid_space(name: str) -> space.SearchSpace:
         }
     data = {key: value for key, value in data.items() if key not in ("cpu", "cuda")} | {"params": params}
     return space.from_dict(
-        data, landscape.machine.hardware(), extra_knobs=landscape.knobs, world_size=landscape.machine.devices
+        data, landscape.machine.hardware(), workload_knobs=landscape.knobs, world_size=landscape.machine.devices
     )
 
 
@@ -155,7 +155,7 @@ class Simulator:
                 expected.until_window_s - (self.landscape.warmup_steps - 2) * expected.warmup_step_s,
                 TrialResult(status="pruned", reason=reason),
             )
-        quarter = 0.25 * TimingConfig().window_s
+        quarter = 0.25 * TimingSettings().window_s
         early = rate * math.exp(self.rng.gauss(0.0, 2 * self.landscape.noise))
         reason = should_prune({"phase": "window", "samples_per_second": early, "elapsed_s": quarter})
         if reason:
@@ -207,7 +207,7 @@ def search(name: str, method: str, budget_fraction: float, seed: int, variant: V
             workload_options={},
             data_file="",
             config=config,
-            timing=TimingConfig(),
+            timing=TimingSettings(),
             device_type="cuda",
             result_path=path,
         )
@@ -221,7 +221,7 @@ def search(name: str, method: str, budget_fraction: float, seed: int, variant: V
             settings=settings,
             workdir=Path(workdir),
             world_size=landscape.machine.devices,
-            extra_knobs=landscape.knobs,
+            workload_knobs=landscape.knobs,
             launcher=simulator,
             clock=simulator.clock,
         )

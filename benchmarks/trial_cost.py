@@ -14,7 +14,7 @@ machine that slows down slows both). Printed per configuration and rule set:
     .venv/bin/python benchmarks/trial_cost.py --reps 4 --out benchmarks/results/trial_cost.md
 
 "before" is the rule set up to session 7 (at least 3 warm-up steps, then until two consecutive steps agree, at most
-12; a window of 10 s and at least 5 steps); "after" is TimingConfig's default (trial/steady.py).
+12; a window of 10 s and at least 5 steps); "after" is TimingSettings's default (trial/steady.py).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 from autotune import space, yamlio  # noqa: E402
 from autotune.data import default_source  # noqa: E402
 from autotune.hardware import probe  # noqa: E402
-from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch  # noqa: E402
+from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch  # noqa: E402
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 
 RULES = {
-    "before": TimingConfig(
+    "before": TimingSettings(
         warmup_steps=3,
         max_warmup_steps=12,
         min_warmup_fraction=0.0,
@@ -45,7 +45,7 @@ RULES = {
         min_window_steps=5,
         min_timed_share=0.0,
     ),
-    "after": TimingConfig(),
+    "after": TimingSettings(),
 }
 
 

@@ -82,14 +82,20 @@ def test_larger_batches_are_what_the_run_measured_above_the_winner_at_its_precis
 
 def test_larger_batches_of_dynamic_batching_are_counted_in_frames(cpu_hardware):
     knobs = ("batch_type", "max_frames_in_batch")
-    conformer = space.load(space.space_path("conformer"), cpu_hardware, extra_knobs=knobs)
-    dynamic = TrialConfig(per_device_batch_size=16, extra={"batch_type": "dynamic", "max_frames_in_batch": 8000})
+    conformer = space.load(space.space_path("conformer"), cpu_hardware, workload_knobs=knobs)
+    dynamic = TrialConfig(
+        per_device_batch_size=16, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 8000}
+    )
     records = [
         _measured(0, dynamic, "ok", 5.0),
-        _measured(1, TrialConfig(per_device_batch_size=64, extra={"batch_type": "static"}), "ok", 9.0),  # not frames
+        _measured(
+            1, TrialConfig(per_device_batch_size=64, workload_knobs={"batch_type": "static"}), "ok", 9.0
+        ),  # not frames
         _measured(
             2,
-            TrialConfig(per_device_batch_size=16, extra={"batch_type": "dynamic", "max_frames_in_batch": 12000}),
+            TrialConfig(
+                per_device_batch_size=16, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 12000}
+            ),
             "ok",
             6.0,
         ),
@@ -100,7 +106,7 @@ def test_larger_batches_of_dynamic_batching_are_counted_in_frames(cpu_hardware):
     assert larger.largest_offered == max(conformer.grid()["max_frames_in_batch"])
     assert larger.best_measured == (records[2].config.short(), 6.0, 1)
     static = assessment.larger_batches(
-        outcome, conformer, TrialConfig(per_device_batch_size=16, extra={"batch_type": "static"})
+        outcome, conformer, TrialConfig(per_device_batch_size=16, workload_knobs={"batch_type": "static"})
     )
     assert static.knob == "per_device_batch_size" and static.best_measured == (records[1].config.short(), 9.0, 1)
 
@@ -188,7 +194,7 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
 
     from autotune import load_config, runner
     from autotune.cli_display import print_summary
-    from autotune.trial import TimingConfig
+    from autotune.trial import TimingSettings
     from autotune.trial.amp_check import AmpCheckSettings
 
     space_file = tmp_path / "space.yaml"
@@ -203,7 +209,7 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
         results_dir=str(tmp_path / "results"),
         device="cpu",
         settings=TunerSettings(
-            trials=2, sampler="grid", prune=False, confirm_top_k=0, timing=TimingConfig(warmup_steps=1, window_s=0.2)
+            trials=2, sampler="grid", prune=False, confirm_top_k=0, timing=TimingSettings(warmup_steps=1, window_s=0.2)
         ),
         warm_start=False,
         amp_check=AmpCheckSettings(steps=4, batch_size=12, batches=2, smoothing_steps=2, timeout_s=120),

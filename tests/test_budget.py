@@ -7,7 +7,7 @@ import pytest
 
 from autotune.budget import CONFIRM_SHARE, Budget, TrialCosts
 from autotune.candidates import Candidate, TrialRecord
-from autotune.trial import TimingConfig, TrialConfig, TrialResult
+from autotune.trial import TimingSettings, TrialConfig, TrialResult
 from autotune.trial.steady import expected_trial_s
 from autotune.tuner import TunerSettings
 from tests.fixtures.tuners import cam_tuner
@@ -33,7 +33,7 @@ def _record(number: int, config: TrialConfig, rate: float, wall_s: float, role: 
 
 
 def test_a_configuration_costs_its_own_wall_time_once_measured_and_a_prediction_before():
-    costs = TrialCosts(TimingConfig())
+    costs = TrialCosts(TimingSettings())
     baseline = _record(0, FP32_64, 4.7, 128.0, role="baseline")
     assert costs.of(FP32_64, [baseline]) == 128.0
     assert costs.of(BF16_32, []) is None  # nothing measured: no prediction
@@ -45,11 +45,13 @@ def test_a_configuration_costs_its_own_wall_time_once_measured_and_a_prediction_
     fixed_s = costs.fixed_s([baseline, seed])
     assert fixed_s == pytest.approx((0.1 * 128 + 0.1 * 25) / 2)  # wall less warm-up and window, median
     # bf16's own rate: a 1.14-s step for 16 samples.
-    assert costs.of(other_bf16, [baseline, seed]) == pytest.approx(expected_trial_s(16 / 14.0, fixed_s, TimingConfig()))
+    assert costs.of(other_bf16, [baseline, seed]) == pytest.approx(
+        expected_trial_s(16 / 14.0, fixed_s, TimingSettings())
+    )
 
 
 def test_a_search_trial_costs_what_the_non_baseline_trials_did():
-    costs = TrialCosts(TimingConfig())
+    costs = TrialCosts(TimingSettings())
     baseline = _record(0, FP32_64, 4.7, 128.0, role="baseline")
     assert costs.search_trial_s([baseline]) == 128.0  # nothing else measured yet
     seeds = [_record(1, BF16_32, 14.0, 25.0, "seed"), _record(2, FP32_64, 4.0, 30.0, "seed")]
@@ -57,7 +59,7 @@ def test_a_search_trial_costs_what_the_non_baseline_trials_did():
 
 
 def test_confirmation_is_kept_room_for_only_once_two_configurations_can_be_compared():
-    budget = Budget(400.0, TimingConfig(), clock=lambda: 0.0)
+    budget = Budget(400.0, TimingSettings(), clock=lambda: 0.0)
     lone = Candidate(config=FP32_64, records=[_record(0, FP32_64, 4.7, 128.0)])
     assert budget.reserve_s([lone], [lone], repeats=2) == 0.0
     seed = Candidate(config=BF16_32, records=[_record(1, BF16_32, 14.0, 20.0)])

@@ -91,9 +91,9 @@ def test_bad_input_is_one_line_and_exit_2(args, words, results_dir):
 def test_the_erratic_gate_default_of_the_cli_is_the_libraries():
     # A literal in the CLI (so that --help imports nothing heavy), kept equal to the library's.
     from autotune.cli import ERRATIC_THROUGHPUT_CV as cli_default
-    from autotune.trial.spec import ERRATIC_THROUGHPUT_CV, TimingConfig
+    from autotune.trial.spec import ERRATIC_THROUGHPUT_CV, TimingSettings
 
-    assert cli_default == ERRATIC_THROUGHPUT_CV == TimingConfig().max_throughput_cv
+    assert cli_default == ERRATIC_THROUGHPUT_CV == TimingSettings().max_throughput_cv
 
 
 def test_workload_options_take_json_types():

@@ -12,7 +12,7 @@ import pytest
 
 from autotune import machine_load
 from autotune.machine_load import CpuSample, MachineLoad, adapt, calibrate, cpu_sample, others_fraction, process_tree
-from autotune.trial import TimingConfig
+from autotune.trial import TimingSettings
 from autotune.tuner import TunerSettings
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -62,7 +62,7 @@ def test_the_calibration_sees_a_neighbour_burning_a_core(tmp_path):
 def test_a_busy_machine_gets_longer_windows():
     busy = MachineLoad(cores=2, load_average=3.1, others_cpu_fraction=0.45, kernel_spread_fraction=0.2, seconds=1.5)
     quiet = MachineLoad(cores=2, load_average=0.1, others_cpu_fraction=0.01, kernel_spread_fraction=0.02, seconds=1.5)
-    settings = TunerSettings(timing=TimingConfig(window_s=10.0), confirm_repeats=2)
+    settings = TunerSettings(timing=TimingSettings(window_s=10.0), confirm_repeats=2)
     assert adapt(settings, quiet) == (settings, [])
     adapted, changes = adapt(settings, busy)
     assert adapted.timing.window_s == 10.0 * machine_load.BUSY_WINDOW_FACTOR and adapted.confirm_repeats == 2

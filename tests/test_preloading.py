@@ -71,7 +71,7 @@ def test_a_failed_or_absent_probe_is_reported_as_such():
 def test_a_real_run_measures_its_best_config_preloaded_and_reports_it(tmp_path, tiny_corpus, monkeypatch):
     """cam++ for real: the baseline, then (the probe told to find any wait worth it) the same config preloaded."""
     from autotune import load_config, preloading, runner
-    from autotune.trial import TimingConfig
+    from autotune.trial import TimingSettings
     from autotune.tuner import TunerSettings
 
     real_probe = preloading.preload_probe
@@ -90,7 +90,7 @@ def test_a_real_run_measures_its_best_config_preloaded_and_reports_it(tmp_path, 
         results_dir=str(tmp_path / "results"),
         device="cpu",
         workload_options={"crop_s": 0.5},
-        settings=TunerSettings(trials=2, confirm_top_k=0, timing=TimingConfig(warmup_steps=1, window_s=0.3)),
+        settings=TunerSettings(trials=2, confirm_top_k=0, timing=TimingSettings(warmup_steps=1, window_s=0.3)),
         warm_start=False,
         compute_ceiling=False,
         amp_check=None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.candidates import TrialRecord
 from autotune.pruning import Pruner
-from autotune.trial import TimingConfig, TrialConfig, TrialResult
+from autotune.trial import TimingSettings, TrialConfig, TrialResult
 from autotune.tuner import TunerSettings
 
 
@@ -15,7 +15,7 @@ def test_pruner_compares_running_rate_with_the_best_so_far():
         config=TrialConfig(per_device_batch_size=8),
         result=TrialResult(status="ok", samples_per_second=100.0),
     )
-    pruner = Pruner(best, TunerSettings(timing=TimingConfig(window_s=10.0)))
+    pruner = Pruner(best, TunerSettings(timing=TimingSettings(window_s=10.0)))
     assert pruner({"phase": "warmup", "samples_per_second": 30.0, "elapsed_s": 1.0}) is None
     assert "below 25%" in pruner({"phase": "warmup", "samples_per_second": 20.0, "elapsed_s": 1.0})
     assert pruner({"phase": "window", "samples_per_second": 10.0, "elapsed_s": 1.0}) is None  # too early to judge

@@ -25,7 +25,7 @@ WITH_WORKERS = TrialConfig(
     intra_op_threads=2,
     world_size=2,
     grad_accum_steps=2,
-    extra={"crop_seconds": 2.5, "fbank_on_gpu": False},
+    workload_knobs={"crop_seconds": 2.5, "fbank_on_gpu": False},
 )
 WORKERS_DEFAULT_PREFETCH = TrialConfig(per_device_batch_size=16, num_workers=2, precision="fp32")
 NO_WORKERS = TrialConfig(per_device_batch_size=8, num_workers=0, precision="fp32")
@@ -240,7 +240,7 @@ def test_header_mentions_every_public_helper() -> None:
 
 def test_dynamic_batches_leave_batching_to_the_dataset_and_name_the_frame_budget(tmp_path: Path) -> None:
     dynamic = TrialConfig(
-        per_device_batch_size=16, num_workers=2, extra={"batch_type": "dynamic", "max_frames_in_batch": 12000}
+        per_device_batch_size=16, num_workers=2, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 12000}
     )
     tuned = make_tuned(dynamic)
     kwargs = tuned.dataloader_kwargs()

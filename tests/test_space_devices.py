@@ -29,7 +29,7 @@ def test_a_global_recipe_batch_is_shared_among_devices_and_a_per_device_one_is_n
     assert shared.baseline["per_device_batch_size"] == 64  # 3D-Speaker divides batch_size by the world size
     assert any("global batch 256 over 4 devices -> 64" in note for note in shared.baseline_notes)
     knobs = ("batch_type", "max_frames_in_batch")
-    conformer = space.load(CONFORMER, gpus, world_size=4, extra_knobs=knobs)
+    conformer = space.load(CONFORMER, gpus, world_size=4, workload_knobs=knobs)
     assert conformer.baseline["per_device_batch_size"] == 16  # WeNet's batch_size is per GPU
 
 

@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from autotune import load_config, runner
-from autotune.trial import TimingConfig
+from autotune.trial import TimingSettings
 from autotune.tuner import TunerSettings
 from tests.fixtures.tuners import cam_tuner as _cam_tuner
 
@@ -26,7 +26,7 @@ def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
         trial_timeout_s=15,
         # Short windows (no share rule): the hanging configuration must time out at 15 s, the others must not,
         # even on a loaded machine whose calibration doubles the windows.
-        timing=TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2, min_timed_share=0.0),
+        timing=TimingSettings(warmup_steps=1, window_s=0.5, min_window_steps=2, min_timed_share=0.0),
     )
     request = runner.RunRequest(
         model="tests.fixtures.faulty_workload:workload",
@@ -95,7 +95,7 @@ def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_do
 
     def run(trials: int):
         settings = TunerSettings(
-            trials=trials, prune=False, confirm_top_k=0, timing=TimingConfig(warmup_steps=1, window_s=0.2)
+            trials=trials, prune=False, confirm_top_k=0, timing=TimingSettings(warmup_steps=1, window_s=0.2)
         )
         request = runner.RunRequest(
             model="tests.fixtures.faulty_workload:workload",

@@ -126,8 +126,8 @@ def _baseline(context: DoctorContext, workload: Workload) -> TrialConfig:
     except UserError:  # CUDA_VISIBLE_DEVICES and friends have their own finding; size for what the CPU run gets
         machine = hardware.probe("cpu")
     knobs = tuple(workload.knobs)
-    loaded = space.load(space.space_path(workload.space_file or workload.name), machine, extra_knobs=knobs)
-    return TrialConfig.from_params(loaded.baseline, extra_knobs=knobs)
+    loaded = space.load(space.space_path(workload.space_file or workload.name), machine, workload_knobs=knobs)
+    return TrialConfig.from_params(loaded.baseline, workload_knobs=knobs)
 
 
 def _sample_source(context: DoctorContext, folder: str) -> tuple[DataSource, str]:

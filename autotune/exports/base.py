@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune import knobs
 from autotune.errors import UserError
 from autotune.results import TunedConfig
 from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 from autotune.trial.spec import TrialConfig
 
-__all__ = ["Export", "ExportContext", "Exporter", "TARGETS", "register", "export", "unsupported"]
+__all__ = [
+    "Export",
+    "ExportContext",
+    "Exporter",
+    "KnobExport",
+    "TARGETS",
+    "TARGET_KNOBS",
+    "THREADS",
+    "cannot",
+    "export",
+    "knob_table",
+    "preload_note",
+    "register",
+    "takes",
+    "unsupported",
+]
 
 # Environment variables that set TF32 for a whole process, for frameworks with no switch of their own.
 # TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1: torch reads it at start-up and allows TF32 in float32 matmuls (PyTorch docs,
@@ -95,9 +111,9 @@ class ExportContext:
     @property
     def max_frames_in_batch(self) -> int | None:
         """The dynamic-batching budget (frames per device batch) when the result was tuned with one."""
-        if self.config.extra.get("batch_type", "dynamic") != "dynamic":  # a static winner of a space with both
+        if self.config.workload_knobs.get("batch_type", "dynamic") != "dynamic":  # a static winner of a space with both
             return None
-        frames = self.config.extra.get("max_frames_in_batch")
+        frames = self.config.workload_knobs.get("max_frames_in_batch")
         return int(frames) if frames else None
 
     def loader_extras(self) -> dict[str, Any]:
@@ -165,12 +181,6 @@ class ExportContext:
                 f"Measured with world_size={measured}; exported for {self.world_size} device(s) with the per-device "
                 f"settings kept ({kept}): throughput on {self.world_size} device(s) was not measured"
             )
-        if self.config.intra_op_threads is not None:
-            notes.append(
-                f"intra_op_threads={self.config.intra_op_threads} was tuned: set OMP_NUM_THREADS="
-                f"{self.config.intra_op_threads} for every training process (torchrun sets 1 when it starts several "
-                "processes and OMP_NUM_THREADS is unset)"
-            )
         if not self.on_cuda:
             notes.append(
                 f"This result was measured on {self.tuned.device_type}; on a GPU machine re-run autotune there, since "
@@ -198,8 +208,75 @@ def _describe_precision(precision: str, metrics: Any, on_cuda: bool) -> str:
 
 
 Exporter = Callable[[ExportContext], Export]
+KnobNotes = Callable[[ExportContext], Sequence[str]]
 
 TARGETS: dict[str, Exporter] = {}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KnobExport:
+    """How one export target takes one knob (knobs.py): what carries the tuned value (a flag, a config key, an
+    argument; "" when nothing can), and the notes that say where the target cannot run what was measured."""
+
+    how: str
+    notes: KnobNotes | None = None
+
+    def notes_for(self, context: ExportContext) -> list[str]:
+        return list(self.notes(context)) if self.notes is not None else []
+
+
+def takes(how: str, notes: KnobNotes | None = None) -> KnobExport:
+    """The target carries the knob's value (`how`); `notes` say where it still differs from what was measured."""
+    return KnobExport(how=how, notes=notes)
+
+
+def cannot(notes: KnobNotes) -> KnobExport:
+    """The target has no way to carry the knob: `notes` say so whenever the tuned value is not what it runs."""
+    return KnobExport(how="", notes=notes)
+
+
+# Each target's table: every knob of knobs.py, how the target takes it (tests/test_knobs.py checks that none is
+# missing). Their notes follow the target's own in an export, in declaration order.
+TARGET_KNOBS: dict[str, dict[str, KnobExport]] = {}
+
+
+def knob_table(target: str, table: Mapping[str, KnobExport]) -> dict[str, KnobExport]:
+    """File a target's knob table; a name that is no declared knob is a mistake (a typo would hide a knob)."""
+    unknown = set(table) - set(knobs.NAMES)
+    if unknown:
+        raise ValueError(f"export target {target!r}: {sorted(unknown)} are not knobs; declared: {knobs.NAMES}")
+    ordered = {name: table[name] for name in knobs.NAMES if name in table}
+    TARGET_KNOBS[target] = ordered
+    return ordered
+
+
+def _threads_note(context: ExportContext) -> list[str]:
+    threads = context.config.intra_op_threads
+    if threads is None:
+        return []
+    return [
+        f"intra_op_threads={threads} was tuned: set OMP_NUM_THREADS={threads} for every training process (torchrun "
+        "sets 1 when it starts several processes and OMP_NUM_THREADS is unset)"
+    ]
+
+
+# Every command-line target carries the thread count in the command's environment (ExportContext.env_prefix).
+THREADS = takes("OMP_NUM_THREADS in the command's environment", notes=_threads_note)
+
+
+def preload_note(framework: str) -> KnobNotes:
+    """The note for a preloaded winner: no framework decodes the corpus into RAM before training as autotune did."""
+
+    def note(context: ExportContext) -> list[str]:
+        if not context.config.preload_audio:
+            return []
+        return [
+            "The tuned run decoded every utterance into RAM once before training (preload_audio, the result's audio "
+            f"section); {framework} reads the audio as it trains, so without that change to its dataset it waits for "
+            "data as the configurations without preloading did, not as measured"
+        ]
+
+    return note
 
 
 def register(name: str) -> Callable[[Exporter], Exporter]:
@@ -255,4 +332,5 @@ def export(tuned: TunedConfig, target: str, *, world_size: int | None = None) ->
     result = TARGETS[target](context)
     if not result.supported:
         return result
-    return dataclasses.replace(result, notes=result.notes + context.common_notes())
+    knob_notes = tuple(note for entry in TARGET_KNOBS[target].values() for note in entry.notes_for(context))
+    return dataclasses.replace(result, notes=result.notes + knob_notes + context.common_notes())

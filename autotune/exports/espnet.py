@@ -14,7 +14,19 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from autotune.exports.base import TF32_OFF_ENV, Export, ExportContext, register, unsupported
+from autotune.exports.base import (
+    TF32_OFF_ENV,
+    THREADS,
+    Export,
+    ExportContext,
+    KnobNotes,
+    cannot,
+    knob_table,
+    preload_note,
+    register,
+    takes,
+    unsupported,
+)
 
 _HOP_SAMPLES = 160  # 10 ms frame shift at 16 kHz
 
@@ -136,14 +148,25 @@ def _notes(context: ExportContext, recipe: Recipe) -> tuple[str, ...]:
         "drop_last_iter true drops each epoch's short last batch, as the tuned loader did; cudnn_deterministic false "
         "matches the measurement (ESPnet defaults to true)"
     )
-    notes += _precision_notes(context)
-    if context.on_cuda and not config.pin_memory:
-        notes.append("ESPnet always pins memory on GPU (pin_memory=ngpu>0); the tuned run did not")
-    extras = context.loader_extras()
-    if extras.get("prefetch_factor") is not None or extras.get("persistent_workers"):
-        tuned = ", ".join(f"{key}={value}" for key, value in extras.items())
-        notes.append(f"ESPnet's iterator factories expose neither prefetch_factor nor persistent_workers ({tuned})")
     return tuple(notes)
+
+
+def _pin_notes(context: ExportContext) -> list[str]:
+    if not context.on_cuda or context.config.pin_memory:
+        return []
+    return ["ESPnet always pins memory on GPU (pin_memory=ngpu>0); the tuned run did not"]
+
+
+def _unexposed(name: str) -> KnobNotes:
+    """ESPnet's iterator factories build the DataLoader without this argument: torch's default runs."""
+
+    def notes(context: ExportContext) -> list[str]:
+        value = context.loader_extras().get(name)
+        if not value:  # unset, or persistent_workers off: what ESPnet's loader does anyway
+            return []
+        return [f"ESPnet's iterator factories do not expose {name}: the tuned {name}={value} is not exported"]
+
+    return notes
 
 
 def _precision_notes(context: ExportContext) -> list[str]:
@@ -178,3 +201,23 @@ def _precision_notes(context: ExportContext) -> list[str]:
             f"so the command sets {TF32_OFF_ENV} (NVIDIA's cuBLAS and cuDNN then never use TF32)"
         ]
     return ["fp32-default is ESPnet's use_tf32 false: it leaves torch's TF32 defaults as they are"]
+
+
+KNOB_TABLE = knob_table(
+    "espnet",
+    {
+        "per_device_batch_size": takes("--batch_size, the total across GPUs (each gets rank::world_size)"),
+        "num_workers": takes("--num_workers"),
+        "prefetch_factor": cannot(_unexposed("prefetch_factor")),
+        "pin_memory": cannot(_pin_notes),
+        "persistent_workers": cannot(_unexposed("persistent_workers")),
+        "precision": takes(
+            "--use_amp and --use_tf32 (and the TF32 environment for strict fp32)", notes=_precision_notes
+        ),
+        "intra_op_threads": THREADS,
+        "cudnn_benchmark": takes("--cudnn_benchmark"),
+        "world_size": takes("run.sh --ngpu"),
+        "grad_accum_steps": takes("--accum_grad"),
+        "preload_audio": cannot(preload_note("ESPnet")),
+    },
+)

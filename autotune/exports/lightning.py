@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.exports.base import Export, ExportContext, register
+from autotune.exports.base import THREADS, Export, ExportContext, cannot, knob_table, preload_note, register, takes
 from autotune.trial.precision import TORCH_DEFAULT_FP32
 
 _PRECISION = {
@@ -99,21 +99,42 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
             f"max_frames_in_batch={context.max_frames_in_batch} frames per device (needs autotune installed; define "
             "train_frames). Each rank batches its own stride of the dataset, so use_distributed_sampler is off"
         )
-    notes = [batch]
+    return (batch,)
+
+
+def _precision_notes(context: ExportContext) -> list[str]:
     precision = context.precision
     if precision in ("fp32", "tf32") and context.on_cuda:
-        notes.append(
+        return [
             f'{precision} is precision="32-true" plus the TF32 flags set above (Lightning sets none itself); '
             "without them Lightning trains fp32-default"
-        )
-    elif precision == TORCH_DEFAULT_FP32:
-        notes.append('fp32-default is precision="32-true" with no TF32 flag set, as Lightning leaves them')
-    elif precision == "fp16":
+        ]
+    if precision == TORCH_DEFAULT_FP32:
+        return ['fp32-default is precision="32-true" with no TF32 flag set, as Lightning leaves them']
+    if precision == "fp16":
         if context.on_cuda:
-            notes.append('precision="16-mixed" autocasts float16 and scales the loss with a GradScaler')
-        else:
-            notes.append(
-                'fp16 was measured on the CPU, but Lightning (since 2.0, #16783) warns and trains precision="16-mixed" '
-                "as bf16-mixed on a CPU: what runs is bfloat16 autocast, not what was measured"
-            )
-    return tuple(notes)
+            return ['precision="16-mixed" autocasts float16 and scales the loss with a GradScaler']
+        return [
+            'fp16 was measured on the CPU, but Lightning (since 2.0, #16783) warns and trains precision="16-mixed" '
+            "as bf16-mixed on a CPU: what runs is bfloat16 autocast, not what was measured"
+        ]
+    return []
+
+
+_LOADER = takes("DataLoader(...) in the snippet")
+KNOB_TABLE = knob_table(
+    "lightning",
+    {
+        "per_device_batch_size": takes("DataLoader(batch_size=...), per process under DDP"),
+        "num_workers": _LOADER,
+        "prefetch_factor": _LOADER,
+        "pin_memory": _LOADER,
+        "persistent_workers": _LOADER,
+        "precision": takes("Trainer(precision=...) and the TF32 flags it sets", notes=_precision_notes),
+        "intra_op_threads": takes("torch.set_num_threads(...) in the snippet", notes=THREADS.notes),
+        "cudnn_benchmark": takes("Trainer(benchmark=...)"),
+        "world_size": takes("Trainer(devices=...)"),
+        "grad_accum_steps": takes("Trainer(accumulate_grad_batches=...)"),
+        "preload_audio": cannot(preload_note("Lightning (your train_dataset)")),
+    },
+)

@@ -15,7 +15,17 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.exports.base import Export, ExportContext, register, unsupported
+from autotune.exports.base import (
+    THREADS,
+    Export,
+    ExportContext,
+    cannot,
+    knob_table,
+    preload_note,
+    register,
+    takes,
+    unsupported,
+)
 
 _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 # run.sh's own paths (egs/voxceleb/sv-*/run.sh: data=data, exp=exp): the command runs from the recipe's folder.
@@ -110,22 +120,30 @@ def _notes(context: ExportContext, recipe: Recipe, loader_override: bool) -> tup
         )
     if recipe.note:
         notes.append(recipe.note)
-    if config.grad_accum_steps > 1:
-        notes.append(
-            f"3D-Speaker has no gradient accumulation: the tuned effective batch {context.global_batch_size} "
-            f"(grad_accum_steps={config.grad_accum_steps}) needs an accumulation loop in train(); raising batch_size "
-            f"to {context.global_batch_size} instead would put {config.per_device_batch_size * config.grad_accum_steps}"
-            " samples on each GPU, which was not measured and may not fit in memory"
-        )
-    notes += _precision_notes(context)
-    if not config.cudnn_benchmark:
-        notes.append(
-            "The tuned run had cudnn.benchmark off, but train.py sets cudnn.benchmark = True unconditionally: delete "
-            "that line to match"
-        )
     if not context.on_cuda:
         notes.append("speakerlab/bin/train.py needs CUDA (nccl, torch.cuda.set_device); it cannot train on a CPU")
     return tuple(notes)
+
+
+def _accumulation_notes(context: ExportContext) -> list[str]:
+    config = context.config
+    if config.grad_accum_steps == 1:
+        return []
+    return [
+        f"3D-Speaker has no gradient accumulation: the tuned effective batch {context.global_batch_size} "
+        f"(grad_accum_steps={config.grad_accum_steps}) needs an accumulation loop in train(); raising batch_size "
+        f"to {context.global_batch_size} instead would put {config.per_device_batch_size * config.grad_accum_steps}"
+        " samples on each GPU, which was not measured and may not fit in memory"
+    ]
+
+
+def _cudnn_notes(context: ExportContext) -> list[str]:
+    if context.config.cudnn_benchmark:
+        return []
+    return [
+        "The tuned run had cudnn.benchmark off, but train.py sets cudnn.benchmark = True unconditionally: delete "
+        "that line to match"
+    ]
 
 
 def _precision_notes(context: ExportContext) -> list[str]:
@@ -144,3 +162,22 @@ def _precision_notes(context: ExportContext) -> list[str]:
         f"change in speakerlab/bin/train.py: {change}. Without it the run is fp32, slower, and this batch size may "
         "not fit in GPU memory"
     ]
+
+
+_LOADER_BLOCK = takes("the --dataloader block (a YAML flow mapping replacing the recipe's)")
+KNOB_TABLE = knob_table(
+    "3d-speaker",
+    {
+        "per_device_batch_size": takes("--batch_size, the global batch (train.py divides it by the world size)"),
+        "num_workers": takes("--num_workers"),
+        "prefetch_factor": _LOADER_BLOCK,
+        "pin_memory": _LOADER_BLOCK,
+        "persistent_workers": _LOADER_BLOCK,
+        "precision": takes("TF32 through the command's environment; AMP is a code change", notes=_precision_notes),
+        "intra_op_threads": THREADS,
+        "cudnn_benchmark": cannot(_cudnn_notes),
+        "world_size": takes("torchrun --nproc_per_node and --gpu"),
+        "grad_accum_steps": cannot(_accumulation_notes),
+        "preload_audio": cannot(preload_note("3D-Speaker")),
+    },
+)

@@ -15,7 +15,18 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from autotune.exports.base import TF32_OFF_ENV, Export, ExportContext, register, unsupported
+from autotune.exports.base import (
+    TF32_OFF_ENV,
+    THREADS,
+    Export,
+    ExportContext,
+    cannot,
+    knob_table,
+    preload_note,
+    register,
+    takes,
+    unsupported,
+)
 from autotune.trial.precision import TORCH_DEFAULT_FP32
 
 # recipes/VoxCeleb/SpeakerRec: the script and hparams file, run from that folder.
@@ -107,13 +118,16 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
         )
     if context.max_frames_in_batch is not None:
         notes.append("max_frames_in_batch does not apply to this recipe's fixed-length crops: not exported")
-    notes += _precision_notes(context)
-    if config.cudnn_benchmark and context.on_cuda:
-        notes.append(
-            "The tuned run used cudnn.benchmark=True; SpeechBrain has no option for it and leaves torch's default "
-            "(off on CUDA): set torch.backends.cudnn.benchmark = True in the training script to match"
-        )
     return tuple(notes)
+
+
+def _cudnn_notes(context: ExportContext) -> list[str]:
+    if not (context.config.cudnn_benchmark and context.on_cuda):
+        return []
+    return [
+        "The tuned run used cudnn.benchmark=True; SpeechBrain has no option for it and leaves torch's default "
+        "(off on CUDA): set torch.backends.cudnn.benchmark = True in the training script to match"
+    ]
 
 
 def _precision_notes(context: ExportContext) -> list[str]:
@@ -143,3 +157,22 @@ def _precision_notes(context: ExportContext) -> list[str]:
     if precision == "fp16":
         return ["--precision fp16 autocasts float16 and scales the loss with a GradScaler on CUDA"]
     return []
+
+
+_LOADER_OPTIONS = takes("--dataloader_options (merged into the recipe's, per process)")
+KNOB_TABLE = knob_table(
+    "speechbrain",
+    {
+        "per_device_batch_size": _LOADER_OPTIONS,
+        "num_workers": _LOADER_OPTIONS,
+        "prefetch_factor": _LOADER_OPTIONS,
+        "pin_memory": _LOADER_OPTIONS,
+        "persistent_workers": _LOADER_OPTIONS,
+        "precision": takes("--precision, SB_DISABLE_QUIRKS and the TF32 environment", notes=_precision_notes),
+        "intra_op_threads": THREADS,
+        "cudnn_benchmark": cannot(_cudnn_notes),
+        "world_size": takes("torchrun --nproc_per_node (python for one process)"),
+        "grad_accum_steps": takes("--grad_accumulation_factor"),
+        "preload_audio": cannot(preload_note("SpeechBrain")),
+    },
+)

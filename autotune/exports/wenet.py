@@ -13,7 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 from autotune import yamlio
-from autotune.exports.base import Export, ExportContext, register, unsupported
+from autotune.exports.base import (
+    THREADS,
+    Export,
+    ExportContext,
+    cannot,
+    knob_table,
+    preload_note,
+    register,
+    takes,
+    unsupported,
+)
 
 _TORCH_DEFAULT_PREFETCH = 2  # what an unset prefetch_factor measured; WeNet's own --prefetch default is 100
 RECIPE_CONFIG = "conf/train_conformer.yaml"
@@ -91,25 +101,37 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
             f"batch {context.global_batch_size} with {context.world_size} GPU(s) and accum_grad "
             f"{config.grad_accum_steps}"
         )
-    notes += _precision_notes(context)
-    if config.num_workers == 0:
-        notes.append(
-            "The tuned winner loaded data in the training process (0 workers), which WeNet cannot do: train.py builds "
-            "its DataLoader with persistent_workers=True and prefetch_factor=--prefetch, which torch rejects at 0 "
-            "workers. The command uses 1 worker with prefetch 2 (torch's default), the nearest that runs: not measured"
-        )
-    elif not config.persistent_workers:
-        notes.append("WeNet always uses persistent workers; the tuned run used non-persistent ones")
     notes.append(
         "WeNet keeps each epoch's last, short batch (no drop_last); the tuned loader dropped it: no measurable effect "
         "on throughput"
     )
-    if config.cudnn_benchmark and context.on_cuda:
-        notes.append(
-            "The tuned run used cudnn.benchmark=True; wenet/bin/train.py has no flag for it: add "
-            "torch.backends.cudnn.benchmark = True to match"
-        )
     return tuple(notes)
+
+
+def _workers_notes(context: ExportContext) -> list[str]:
+    if context.config.num_workers > 0:
+        return []
+    return [
+        "The tuned winner loaded data in the training process (0 workers), which WeNet cannot do: train.py builds "
+        "its DataLoader with persistent_workers=True and prefetch_factor=--prefetch, which torch rejects at 0 "
+        "workers. The command uses 1 worker with prefetch 2 (torch's default), the nearest that runs: not measured"
+    ]
+
+
+def _persistent_notes(context: ExportContext) -> list[str]:
+    config = context.config
+    if config.num_workers == 0 or config.persistent_workers:  # 0 workers: the workers' note says it all
+        return []
+    return ["WeNet always uses persistent workers; the tuned run used non-persistent ones"]
+
+
+def _cudnn_notes(context: ExportContext) -> list[str]:
+    if not (context.config.cudnn_benchmark and context.on_cuda):
+        return []
+    return [
+        "The tuned run used cudnn.benchmark=True; wenet/bin/train.py has no flag for it: add "
+        "torch.backends.cudnn.benchmark = True to match"
+    ]
 
 
 def _precision_notes(context: ExportContext) -> list[str]:
@@ -135,3 +157,21 @@ def _precision_notes(context: ExportContext) -> list[str]:
         ]
     env_note = context.tf32_env_note("WeNet")
     return [env_note] if env_note else []
+
+
+KNOB_TABLE = knob_table(
+    "wenet",
+    {
+        "per_device_batch_size": takes('--override_config "dataset_conf.batch_conf.batch_size N" (per GPU)'),
+        "num_workers": takes("--num_workers (at least 1)", notes=_workers_notes),
+        "prefetch_factor": takes("--prefetch"),
+        "pin_memory": takes("--pin_memory"),
+        "persistent_workers": cannot(_persistent_notes),
+        "precision": takes("--use_amp (fp16) and the TF32 environment", notes=_precision_notes),
+        "intra_op_threads": THREADS,
+        "cudnn_benchmark": cannot(_cudnn_notes),
+        "world_size": takes("torchrun --nproc_per_node"),
+        "grad_accum_steps": takes('--override_config "accum_grad N"'),
+        "preload_audio": cannot(preload_note("WeNet")),
+    },
+)

@@ -20,7 +20,7 @@ from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.sampling import CycledEpochs, epoch_batches
 from autotune.trial.scaler import SkipCountingScaler
-from autotune.trial.spec import TimingConfig, TrialConfig
+from autotune.trial.spec import TimingSettings, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
 __all__ = ["NonFiniteLossError", "WindowMeasurement", "build_loader", "measure", "throughput_cv"]
@@ -214,7 +214,7 @@ class _Window:
     hindsight: bool
     spent_before_s: float  # process start and setup, before warm-up
     warmup: WindowMeasurement  # warm-up's seconds and steps so far
-    timing: TimingConfig
+    timing: TimingSettings
     accum_steps: int = 1  # a trimmed front ends on an optimiser step, as warm-up does
     times_s: list[float] = field(default_factory=list)
     waits_s: list[float] = field(default_factory=list)
@@ -281,7 +281,7 @@ def measure(
     batches: Iterator[Any],
     *,
     config: TrialConfig,
-    timing: TimingConfig,
+    timing: TimingSettings,
     precision: PrecisionSettings,
     device: torch.device,
     memory: PeakMemory,
@@ -355,7 +355,7 @@ def _warm_up(
     result: WindowMeasurement,
     on_progress: Callable[[str, float, float], None],
     *,
-    timing: TimingConfig,
+    timing: TimingSettings,
     settle: bool,
 ) -> list[float]:
     """Warm-up steps, each synchronised (its time must be its own), until steady.warmup_done agrees on every rank."""
@@ -382,7 +382,7 @@ def _warm_up(
 
 
 def _agreed_window_steps(
-    warmup_times: list[float], spent_before_s: float, timing: TimingConfig, accum_steps: int, device: torch.device
+    warmup_times: list[float], spent_before_s: float, timing: TimingSettings, accum_steps: int, device: torch.device
 ) -> int | None:
     """Across ranks, the window's step count (the same on every rank); None on one device (the window is timed)."""
     if distributed.world_size() == 1:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from autotune import knobs
+
 __all__ = [
     "LAUNCHED_AT_ENV",
     "PROGRESS_SUFFIX",
     "TrialConfig",
-    "TimingConfig",
+    "TimingSettings",
     "TrialSpec",
     "TrialResult",
     "STATUSES",
@@ -53,7 +55,10 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialConfig:
-    """One point of the search: DataLoader, precision and thread settings for one training device."""
+    """One point of the search: DataLoader, precision and thread settings for one training device.
+
+    One field per knob declared in autotune/knobs.py (tests/test_knobs.py holds them equal), plus the workload's own.
+    """
 
     per_device_batch_size: int
     num_workers: int = 0
@@ -66,7 +71,7 @@ class TrialConfig:
     world_size: int = 1
     grad_accum_steps: int = 1
     preload_audio: bool = False  # decode the corpus into RAM once, before the DataLoader starts (data/preload.py)
-    extra: dict[str, Any] = field(default_factory=dict)  # workload-specific knobs
+    workload_knobs: dict[str, Any] = field(default_factory=dict)  # the workload's own knobs (Workload.knobs)
 
     def __post_init__(self) -> None:
         # DataLoader rejects these without workers; normalising here keeps equal configs equal.
@@ -80,45 +85,45 @@ class TrialConfig:
 
     @classmethod
     def from_params(
-        cls, params: dict[str, Any], *, world_size: int = 1, extra_knobs: tuple[str, ...] = ()
+        cls, params: dict[str, Any], *, world_size: int = 1, workload_knobs: tuple[str, ...] = ()
     ) -> TrialConfig:
-        """Build from the flat parameter dict a search space suggests."""
-        core = {key: value for key, value in params.items() if key not in extra_knobs}
-        extra = {key: value for key, value in params.items() if key in extra_knobs}
-        return _from_dict(cls, {**core, "world_size": world_size, "extra": extra})
+        """Build from the flat parameter dict a search space suggests; `workload_knobs` names the workload's own."""
+        core = {key: value for key, value in params.items() if key not in workload_knobs}
+        own = {key: value for key, value in params.items() if key in workload_knobs}
+        return _from_dict(cls, {**core, "world_size": world_size, "workload_knobs": own})
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The workload's knobs under their earlier name, for code written against older results (load_config)."""
+        return self.workload_knobs
+
+    def knob_values(self) -> dict[str, Any]:
+        """The declared knobs' values by name (knobs.NAMES; the workload's own are in `workload_knobs`)."""
+        return {name: getattr(self, name) for name in knobs.NAMES}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+        if "extra" in data:  # a configuration stored before the workload's knobs had their name (a trial's attribute)
+            data = {**{key: value for key, value in data.items() if key != "extra"}, "workload_knobs": data["extra"]}
         return _from_dict(cls, data)
 
     def short(self) -> str:
-        """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16'."""
-        parts = [f"bs={self.per_device_batch_size}", f"w={self.num_workers}"]
-        if self.prefetch_factor is not None:
-            parts.append(f"pf={self.prefetch_factor}")
-        if self.pin_memory:
-            parts.append("pin")
-        if self.persistent_workers:
-            parts.append("persist")
-        parts.append(self.precision)
-        if self.intra_op_threads is not None:
-            parts.append(f"thr={self.intra_op_threads}")
-        if self.world_size > 1:
-            parts.append(f"x{self.world_size}dev")
-        if self.grad_accum_steps > 1:
-            parts.append(f"accum={self.grad_accum_steps}")
-        if self.preload_audio:
-            parts.append("preload")
-        parts += [f"{key}={value}" for key, value in self.extra.items()]
-        return " ".join(parts)
+        """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16': each knob's word (knobs.py), then the
+        workload's knobs."""
+        words = knobs.trial_words(self.knob_values())
+        return " ".join(words + [f"{key}={value}" for key, value in self.workload_knobs.items()])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TimingConfig:
-    """How long a trial warms up and measures: seconds, with steps as floors (trial/steady.py explains the rules)."""
+class TimingSettings:
+    """How long a trial warms up and measures: seconds, with steps as floors (trial/steady.py explains the rules).
+
+    Settings, as TunerSettings and AmpCheckSettings: the same for every trial of a run. A *Config is a configuration:
+    TrialConfig the point a trial measures, TunedConfig the one a run hands over.
+    """
 
     window_s: float = 10.0  # the timed window, at least; the scale of the whole measurement (below)
     warmup_steps: int = 1  # at least this many (the first step carries start-up), lasting min_warmup_s
@@ -158,7 +163,7 @@ class TimingConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TimingConfig:
+    def from_dict(cls, data: dict[str, Any]) -> TimingSettings:
         return _from_dict(cls, data)
 
 
@@ -170,7 +175,7 @@ class TrialSpec:
     workload_options: dict[str, Any]
     data_file: str  # JSON of DataSource.to_dict(), written once per run
     config: TrialConfig
-    timing: TimingConfig
+    timing: TimingSettings
     device_type: str  # "cuda" | "cpu"
     result_path: str
     seed: int = 0
@@ -187,7 +192,7 @@ class TrialSpec:
     def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
         data = dict(data)
         data["config"] = TrialConfig.from_dict(data["config"])
-        data["timing"] = TimingConfig.from_dict(data["timing"])
+        data["timing"] = TimingSettings.from_dict(data["timing"])
         return _from_dict(cls, data)
 
 

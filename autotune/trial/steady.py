@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from autotune.trial.spec import TimingConfig
+    from autotune.trial.spec import TimingSettings
 
 __all__ = ["settled", "warmup_done", "window_target_s", "transient_front", "expected_trial_s"]
 
@@ -62,7 +62,7 @@ def settled(step_times_s: Sequence[float], tolerance_fraction: float, chunk_s: f
     return max(last, before) <= (1.0 + tolerance_fraction) * min(last, before)
 
 
-def warmup_done(step_times_s: Sequence[float], timing: TimingConfig, *, require_settled: bool) -> bool:
+def warmup_done(step_times_s: Sequence[float], timing: TimingSettings, *, require_settled: bool) -> bool:
     """Whether warm-up may end after these steps (the caller also waits for an optimiser-step boundary)."""
     steps, spent = len(step_times_s), sum(step_times_s)
     if steps >= timing.max_warmup_steps:
@@ -74,7 +74,7 @@ def warmup_done(step_times_s: Sequence[float], timing: TimingConfig, *, require_
     return settled(step_times_s, timing.warmup_settle_fraction, timing.settle_chunk_s)
 
 
-def window_target_s(spent_before_s: float, timing: TimingConfig) -> float:
+def window_target_s(spent_before_s: float, timing: TimingSettings) -> float:
     """Seconds the window must last after a trial spent spent_before_s reaching it (start, setup, warm-up)."""
     share = timing.min_timed_share
     wanted = share / (1.0 - share) * spent_before_s if 0.0 < share < 1.0 else 0.0
@@ -97,7 +97,7 @@ def transient_front(step_times_s: Sequence[float], step_work: Sequence[float], t
     return front if rest_rate > 0 and abs(front_rate / rest_rate - 1.0) > tolerance_fraction else 0
 
 
-def expected_trial_s(step_s: float, fixed_s: float, timing: TimingConfig) -> float:
+def expected_trial_s(step_s: float, fixed_s: float, timing: TimingSettings) -> float:
     """A trial's wall time at a steady step time, by these rules: fixed_s (process start, setup, teardown), warm-up
     (its first step taken as one and a half steps: start-up), and the window in whole steps."""
     step_s = max(step_s, 1e-3)

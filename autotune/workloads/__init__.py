@@ -6,6 +6,16 @@ from autotune.workloads import asr as _asr  # noqa: F401  (registers the built-i
 from autotune.workloads import speaker as _speaker  # noqa: F401
 from autotune.workloads import tts as _tts  # noqa: F401
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext, move_to_device
-from autotune.workloads.registry import WORKLOADS, get, names, register
+from autotune.workloads.registry import WORKLOADS, get, is_plugin, names, register
 
-__all__ = ["WORKLOADS", "TrainingSetup", "Workload", "WorkloadContext", "get", "move_to_device", "names", "register"]
+__all__ = [
+    "WORKLOADS",
+    "TrainingSetup",
+    "Workload",
+    "WorkloadContext",
+    "get",
+    "is_plugin",
+    "move_to_device",
+    "names",
+    "register",
+]

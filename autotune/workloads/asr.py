@@ -57,12 +57,13 @@ def _batch_sampler_factory(frames: tuple[int, ...], sort_size: int) -> Any:
 
     def factory(config: TrialConfig, generator: torch.Generator, indices: Sequence[int]) -> LengthSortedBatchSampler:
         """One epoch of WeNet-style batches over one rank's share of the list."""
-        batch_type = config.extra.get("batch_type", "static")
+        batch_type = config.workload_knobs.get("batch_type", "static")
         if batch_type not in BATCH_TYPES:
             raise ValueError(f"batch_type {batch_type!r} is not one of {', '.join(BATCH_TYPES)}")
         size: dict[str, int] = {"batch_size": config.per_device_batch_size}
         if batch_type == "dynamic":
-            size = {"max_frames_in_batch": int(config.extra.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))}
+            frames_in_batch = config.workload_knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH)
+            size = {"max_frames_in_batch": int(frames_in_batch)}
         return LengthSortedBatchSampler(
             frames, num_batches=None, generator=generator, sort_size=sort_size, indices=indices, **size
         )
@@ -142,8 +143,8 @@ def _worst_case_batches(dataset: Any) -> Any:
 
     def worst(config: TrialConfig) -> list[Any]:
         count = config.per_device_batch_size
-        if config.extra.get("batch_type", "static") == "dynamic":
-            budget = int(config.extra.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
+        if config.workload_knobs.get("batch_type", "static") == "dynamic":
+            budget = int(config.workload_knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
             count = max(1, budget // max(frames))
         return [longest_batch(slowest, collate_asr_batch, count, frames)]
 

@@ -99,7 +99,9 @@ class Workload:
         published_parameters: the figure the model's authors publish, asserted by tests.
         space_file: the search-space YAML used when the user gives none.
         options: workload options and their defaults (e.g. crop_s), overridable per run.
-        knobs: workload-specific search parameters beyond the core DataLoader/precision ones.
+        knobs: the workload's own knobs (search parameters beyond those of autotune/knobs.py, e.g. WeNet's
+            max_frames_in_batch): a trial gets their values in TrialConfig.workload_knobs, and the result writes them
+            in its `workload_knobs` section.
         check_options: (the run's options, its data) -> notes for the result; runs once in the parent before any
             trial, raises a UserError for an option the user got wrong (one line, exit code 2) and prepares what
             trials will read (e.g. generates the synthetic noise set), so that a bad path never costs a trial.

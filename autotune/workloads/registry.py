@@ -8,7 +8,7 @@ from collections.abc import Callable
 from autotune.errors import WorkloadError
 from autotune.workloads.base import Workload
 
-__all__ = ["WORKLOADS", "register", "get", "names"]
+__all__ = ["WORKLOADS", "register", "get", "is_plugin", "names"]
 
 WORKLOADS: dict[str, Workload] = {}
 
@@ -26,6 +26,13 @@ def names() -> list[str]:
     return sorted(WORKLOADS)
 
 
+def is_plugin(model: str) -> bool:
+    """Whether a --model is a user's `package.module:factory` rather than a built-in name: its results live under
+    its workload's own name, its baseline is held strictly, and autotune's own data machinery (preloading) may not
+    apply to its dataset."""
+    return ":" in model
+
+
 def get(name: str) -> Workload:
     """A built-in workload by name, or a plugin given as `package.module:factory`.
 
@@ -35,7 +42,7 @@ def get(name: str) -> Workload:
     """
     if name in WORKLOADS:
         return WORKLOADS[name]
-    if ":" not in name:
+    if not is_plugin(name):
         raise WorkloadError(
             f"unknown model {name!r}; choose one of {', '.join(names())} or give a plugin as package.module:factory"
         )

@@ -60,7 +60,7 @@ def make_tuned(
         "precision": precision,
         "world_size": world_size,
         "grad_accum_steps": accum,
-        "extra": {"batch_type": "dynamic", "max_frames_in_batch": 12000} if dynamic else {},
+        "workload_knobs": {"batch_type": "dynamic", "max_frames_in_batch": 12000} if dynamic else {},
     }
     winner: dict[str, Any] = {"status": "ok", "samples_per_second": 100.0}
     if fp32_math is not None:

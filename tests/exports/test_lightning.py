@@ -148,7 +148,7 @@ def test_dynamic_snippet_trains_with_its_batch_sampler(tmp_path: Path, monkeypat
         device_type="cpu",
         workers=1,
         pin_memory=False,
-        extra={"batch_type": "dynamic", "max_frames_in_batch": 400},
+        workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 400},
     )
     frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400]
     probe = _Probe()

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from autotune import yamlio
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec
 from autotune.trial.amp_check import AmpCheckSettings, AmpCheckSpec, run_amp_check
 from autotune.trial.launch import child_environment
 from autotune.trial.lifeline import child_command
@@ -28,7 +28,7 @@ def _spec(corpus: str, workdir: Path) -> TrialSpec:
         workload_options={},
         data_file=str(data_file),
         config=TrialConfig(per_device_batch_size=HANGS),
-        timing=TimingConfig(window_s=0.3, warmup_steps=1),
+        timing=TimingSettings(window_s=0.3, warmup_steps=1),
         device_type="cpu",
         result_path=str(workdir / "result.json"),
     )

@@ -106,7 +106,7 @@ def test_bad_spaces_are_one_line_errors(tmp_path, text, words):
 def test_a_wrongly_typed_baseline_of_a_workload_knob_is_one_line(tmp_path):
     text = "params: {max_frames_in_batch: {type: int, low: 1000, high: 8000}}\nbaseline: {max_frames_in_batch: lots}\n"
     with pytest.raises(SpaceError, match="'lots' in the baseline or a seed is not a number"):
-        _load(tmp_path, text, extra_knobs=("max_frames_in_batch",))
+        _load(tmp_path, text, workload_knobs=("max_frames_in_batch",))
 
 
 def test_huge_integer_ranges_are_counted_not_listed(tmp_path):

@@ -32,7 +32,7 @@ def test_other_runtime_errors_stay_errors():
 def test_an_erratic_window_is_disturbed_not_erratic_when_other_processes_took_the_cpu(others, status, disturbed):
     """Someone else's job taking 45% of the CPU made the window vary: the configuration is kept, flagged; on a quiet
     machine the same variation condemns it."""
-    from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec
+    from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec
     from autotune.trial.child import _gate
 
     spec = TrialSpec(
@@ -40,7 +40,7 @@ def test_an_erratic_window_is_disturbed_not_erratic_when_other_processes_took_th
         workload_options={},
         data_file="",
         config=TrialConfig(per_device_batch_size=4),
-        timing=TimingConfig(),
+        timing=TimingSettings(),
         device_type="cpu",
         result_path="",
     )

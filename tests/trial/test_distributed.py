@@ -9,11 +9,11 @@ import pytest
 
 from autotune import yamlio
 from autotune.data import load_source
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 from autotune.trial.child import combine_rank_summaries
 
 FAULTY = "tests.fixtures.faulty_workload:workload"
-TIMING = TimingConfig(warmup_steps=2, window_s=0.5, min_window_steps=4)
+TIMING = TimingSettings(warmup_steps=2, window_s=0.5, min_window_steps=4)
 
 
 def _spec(tmp_path: Path, corpus: Path, batch: int, world_size: int = 2, **config: object) -> TrialSpec:
@@ -120,7 +120,7 @@ def test_a_real_model_trains_data_parallel_with_accumulation(tmp_path, tiny_corp
         workload_options={"crop_s": 0.5},
         data_file=str(data_file),
         config=TrialConfig(per_device_batch_size=2, world_size=2, grad_accum_steps=2, intra_op_threads=1),
-        timing=TimingConfig(warmup_steps=2, window_s=0.5, min_window_steps=4),
+        timing=TimingSettings(warmup_steps=2, window_s=0.5, min_window_steps=4),
         device_type="cpu",
         result_path=str(tmp_path / "trial" / "result.json"),
         collective_timeout_s=120,

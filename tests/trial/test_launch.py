@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.trial import TimingConfig, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialSpec, launch
 from tests.trial.tiny_setups import faulty_spec
 
-TIMING = TimingConfig(warmup_steps=1, window_s=0.5, min_window_steps=2)
+TIMING = TimingSettings(warmup_steps=1, window_s=0.5, min_window_steps=2)
 
 
 def _spec(tmp_path: Path, corpus: Path, batch: int, num_workers: int = 0) -> TrialSpec:

@@ -11,7 +11,7 @@ from torch import nn
 from autotune.trial.loop import WindowMeasurement, build_loader, measure
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
-from autotune.trial.spec import TimingConfig, TrialConfig
+from autotune.trial.spec import TimingSettings, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
 
@@ -60,7 +60,7 @@ def _setup(slow_steps: int, clock: _Clock | None = None, fast_s: float = 0.005) 
 
 
 def _measure(
-    setup: TrainingSetup, timing: TimingConfig, config: TrialConfig | None = None, spent_before_s: float = 0.0
+    setup: TrainingSetup, timing: TimingSettings, config: TrialConfig | None = None, spent_before_s: float = 0.0
 ) -> WindowMeasurement:
     config = config or TrialConfig(per_device_batch_size=4)
     loader = build_loader(setup, config, total_batches=200, seed=0)
@@ -92,7 +92,7 @@ FORWARD = {
 
 
 def test_warm_up_goes_on_until_step_times_settle(clock):
-    timing = TimingConfig(warmup_steps=2, max_warmup_steps=12, window_s=0.1, min_window_steps=3, **FORWARD)
+    timing = TimingSettings(warmup_steps=2, max_warmup_steps=12, window_s=0.1, min_window_steps=3, **FORWARD)
     result = _measure(_setup(slow_steps=5, clock=clock), timing)
     assert result.warmup_steps == 7  # the five shrinking steps, then two that agree
     assert max(result.step_times_s) == pytest.approx(0.005)  # nothing of the start-up leaked into the window
@@ -102,12 +102,12 @@ def test_warm_up_goes_on_until_step_times_settle(clock):
     "rules", [FORWARD, {"min_timed_share": 0.0, "max_warmup_factor": 1e6}], ids=["forward", "hindsight"]
 )
 def test_warm_up_is_bounded(clock, rules):
-    timing = TimingConfig(warmup_steps=2, max_warmup_steps=4, window_s=0.1, min_window_steps=3, **rules)
+    timing = TimingSettings(warmup_steps=2, max_warmup_steps=4, window_s=0.1, min_window_steps=3, **rules)
     assert _measure(_setup(slow_steps=50, clock=clock), timing).warmup_steps == 4
 
 
 def test_window_counts_samples_steps_and_audio():
-    timing = TimingConfig(warmup_steps=1, min_warmup_fraction=0.0, window_s=0.2, min_window_steps=5)
+    timing = TimingSettings(warmup_steps=1, min_warmup_fraction=0.0, window_s=0.2, min_window_steps=5)
     result = _measure(_setup(slow_steps=0), timing)
     steps = len(result.step_times_s)
     assert steps >= 5 and result.samples == 4 * steps and result.audio_s == 12.0 * steps
@@ -116,7 +116,7 @@ def test_window_counts_samples_steps_and_audio():
 
 def test_hindsight_moves_a_start_up_transient_out_of_the_window_after_a_one_step_warm_up(clock):
     """One CPU rank: warm-up is one step; the window's slow front is found afterwards and becomes warm-up."""
-    timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
+    timing = TimingSettings(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
     result = _measure(_setup(slow_steps=5, clock=clock, fast_s=0.01), timing)
     assert result.trimmed_steps > 0 and result.warmup_steps == 1 + result.trimmed_steps
     assert max(result.step_times_s) == pytest.approx(0.01)  # nothing of the start-up is left in the window
@@ -125,7 +125,7 @@ def test_hindsight_moves_a_start_up_transient_out_of_the_window_after_a_one_step
 
 
 def test_a_trimmed_front_ends_on_an_optimiser_step_under_gradient_accumulation(clock):
-    timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
+    timing = TimingSettings(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
     config = TrialConfig(per_device_batch_size=4, grad_accum_steps=2)
     result = _measure(_setup(slow_steps=3, clock=clock, fast_s=0.01), timing, config)
     # Warm-up is one optimiser step (two micro-batches); the third, slow micro-batch takes its partner with it.
@@ -134,7 +134,7 @@ def test_a_trimmed_front_ends_on_an_optimiser_step_under_gradient_accumulation(c
 
 
 def test_a_steady_window_is_kept_whole_after_a_single_warm_up_step(clock):
-    timing = TimingConfig(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
+    timing = TimingSettings(window_s=0.2, min_window_steps=4, min_warmup_fraction=0.0, min_timed_share=0.0)
     result = _measure(_setup(slow_steps=1, clock=clock, fast_s=0.01), timing)
     assert (result.warmup_steps, result.trimmed_steps) == (1, 0)
     assert len(result.step_times_s) == 20 and result.window_s == pytest.approx(0.2)
@@ -142,7 +142,7 @@ def test_a_steady_window_is_kept_whole_after_a_single_warm_up_step(clock):
 
 def test_the_window_is_at_least_three_times_what_the_trial_spent_reaching_it(clock):
     """min_timed_share 0.75: 3 s of process start and setup and a 1-s warm-up step ask for a 12-s window."""
-    timing = TimingConfig(window_s=2.0, min_window_steps=2, min_timed_share=0.75, max_window_factor=6.0)
+    timing = TimingSettings(window_s=2.0, min_window_steps=2, min_timed_share=0.75, max_window_factor=6.0)
     result = _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), timing, spent_before_s=3.0)
     assert result.warmup_steps == 1 and result.window_s == pytest.approx(12.0)
     assert result.window_s / (3.0 + result.warmup_s + result.window_s) == pytest.approx(0.75)
@@ -211,13 +211,13 @@ def test_the_erratic_gate_rejects_a_stalling_window_and_can_be_switched_off():
             workload_options={},
             data_file="",
             config=TrialConfig(per_device_batch_size=4),
-            timing=TimingConfig(max_throughput_cv=limit),
+            timing=TimingSettings(max_throughput_cv=limit),
             device_type="cpu",
             result_path="",
         )
         return _gate(TrialResult(status="ok", throughput_cv=cv), spec)
 
-    assert TimingConfig().max_throughput_cv is not None  # on by default
+    assert TimingSettings().max_throughput_cv is not None  # on by default
     stalled = gate(0.5, 0.25)
     assert stalled.status == "erratic" and "CV 0.50" in stalled.reason
     assert gate(0.1, 0.25).status == "ok"

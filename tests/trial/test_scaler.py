@@ -175,7 +175,7 @@ def test_the_timed_loop_reports_skips_and_the_gate_rejects_them(monkeypatch, fak
     from autotune.trial.loop import build_loader, measure
     from autotune.trial.memory import PeakMemory
     from autotune.trial.precision import PrecisionSettings
-    from autotune.trial.spec import TimingConfig, TrialConfig, TrialResult, TrialSpec
+    from autotune.trial.spec import TimingSettings, TrialConfig, TrialResult, TrialSpec
     from tests.trial.tiny_setups import linear_setup
 
     # 3 calibration skips, then every fourth step overflows: 25% of the window's steps are skipped.
@@ -183,7 +183,7 @@ def test_the_timed_loop_reports_skips_and_the_gate_rejects_them(monkeypatch, fak
     monkeypatch.setattr(PrecisionSettings, "grad_scaler", lambda self: inner)
     setup = linear_setup()
     config = TrialConfig(per_device_batch_size=4)
-    timing = TimingConfig(warmup_steps=3, max_warmup_steps=3, window_s=0.0, min_window_steps=40, max_window_steps=40)
+    timing = TimingSettings(warmup_steps=3, max_warmup_steps=3, window_s=0.0, min_window_steps=40, max_window_steps=40)
     memory = PeakMemory(torch.device("cpu"))
     try:
         window = measure(

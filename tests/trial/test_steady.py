@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.trial.spec import TimingConfig
+from autotune.trial.spec import TimingSettings
 from autotune.trial.steady import expected_trial_s, settled, transient_front, warmup_done, window_target_s
 
 
@@ -20,7 +20,7 @@ def test_settled_compares_chunks_so_a_loader_delivering_in_bursts_settles():
 
 
 def test_warm_up_needs_its_steps_and_seconds_and_settles_only_where_asked():
-    timing = TimingConfig(warmup_steps=1, window_s=10.0)  # warm-up 1 to 30 s
+    timing = TimingSettings(warmup_steps=1, window_s=10.0)  # warm-up 1 to 30 s
     assert not warmup_done([0.3, 0.3], timing, require_settled=False)  # under a second
     assert warmup_done([12.0], timing, require_settled=False)  # one long step: start-up is in it
     assert not warmup_done([12.0], timing, require_settled=True)  # the forward rule needs two to agree
@@ -29,11 +29,11 @@ def test_warm_up_needs_its_steps_and_seconds_and_settles_only_where_asked():
 
 
 def test_the_window_is_worth_three_times_the_trials_cost_before_it_within_bounds():
-    timing = TimingConfig(window_s=10.0, min_timed_share=0.75, max_window_factor=6.0)  # up to 60 s
+    timing = TimingSettings(window_s=10.0, min_timed_share=0.75, max_window_factor=6.0)  # up to 60 s
     assert window_target_s(2.0, timing) == 10.0  # window_s is the floor
     assert window_target_s(8.0, timing) == pytest.approx(24.0)
     assert window_target_s(100.0, timing) == 60.0  # a long setup (preloading) does not buy a 5-min window
-    assert window_target_s(100.0, TimingConfig(window_s=10.0, min_timed_share=0.0)) == 10.0
+    assert window_target_s(100.0, TimingSettings(window_s=10.0, min_timed_share=0.0)) == 10.0
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_transient_front_judges_throughput_not_step_time():
 
 
 def test_expected_trial_s_follows_the_rules():
-    timing = TimingConfig(window_s=10.0, min_window_steps=4, min_timed_share=0.75, max_window_factor=6.0)
+    timing = TimingSettings(window_s=10.0, min_window_steps=4, min_timed_share=0.75, max_window_factor=6.0)
     # A 12-s CPU step: one warm-up step (taken as 1.5), then 3 x (3 + 18) = 63 s of window, capped at 60: 5 steps.
     assert expected_trial_s(12.0, 3.0, timing) == pytest.approx(3.0 + 18.0 + 60.0)
     # A 50-ms GPU step: 20 warm-up steps for the second; the window 3 x (3 + 1.025) = 12.1 s.

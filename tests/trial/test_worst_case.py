@@ -165,7 +165,7 @@ def test_asr_worst_batches_are_the_longest_utterances_packed_to_the_limit(tiny_c
     assert sorted(static["feat_lengths"].tolist(), reverse=True) == longest[:3]
     budget = 2 * longest[0] + 1
     dynamic_config = TrialConfig(
-        per_device_batch_size=3, extra={"batch_type": "dynamic", "max_frames_in_batch": budget}
+        per_device_batch_size=3, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": budget}
     )
     (dynamic,) = setup.worst_case_batches(dynamic_config)  # type: ignore[misc]
     assert dynamic["feat_lengths"].shape[0] == 2 and int(dynamic["feats"].shape[1]) * 2 <= budget

@@ -10,11 +10,11 @@ from torch import nn
 
 from autotune import yamlio
 from autotune.data import load_source
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec
 from autotune.workloads.base import TrainingSetup
 
 FAULTY = "tests.fixtures.faulty_workload:workload"
-SHORT = TimingConfig(warmup_steps=1, window_s=0.2, min_window_steps=2)
+SHORT = TimingSettings(warmup_steps=1, window_s=0.2, min_window_steps=2)
 
 
 def linear_setup(features: int = 4, samples: int = 32, **overrides: Any) -> TrainingSetup:
@@ -32,7 +32,7 @@ def linear_setup(features: int = 4, samples: int = 32, **overrides: Any) -> Trai
     return TrainingSetup(**{**fields, **overrides})
 
 
-def faulty_spec(tmp_path: Path, corpus: Path, batch: int, *, num_workers: int = 0, timing: TimingConfig = SHORT):
+def faulty_spec(tmp_path: Path, corpus: Path, batch: int, *, num_workers: int = 0, timing: TimingSettings = SHORT):
     """A trial of tests/fixtures/faulty_workload.py, whose behaviour is keyed by the batch size."""
     data_file = yamlio.write_json(tmp_path / "data.json", load_source(corpus).to_dict())
     return TrialSpec(

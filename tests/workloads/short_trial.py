@@ -7,7 +7,7 @@ from typing import Any
 
 from autotune import yamlio
 from autotune.data import DataSource
-from autotune.trial import TimingConfig, TrialConfig, TrialResult, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch
 
 
 def run_two_steps(
@@ -19,7 +19,7 @@ def run_two_steps(
         workload_options=options,
         data_file=str(yamlio.write_json(tmp_path / "data.json", data.to_dict())),
         config=config,
-        timing=TimingConfig(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),
+        timing=TimingSettings(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),
         device_type="cpu",
         result_path=str(tmp_path / "trial" / "result.json"),
     )

@@ -15,7 +15,7 @@ import torch
 from autotune import workloads, yamlio
 from autotune.data import generate_corpus
 from autotune.errors import DataError
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 from autotune.trial.loop import build_loader
 from autotune.workloads.asr import warmup_lr
 from autotune.workloads.base import WorkloadContext
@@ -67,19 +67,19 @@ def test_data_needs_transcripts(conformer: workloads.Workload, corpus: Path, tmp
 
 
 def test_static_and_dynamic_batches_follow_the_knobs(conformer: workloads.Workload, corpus: Path) -> None:
-    static = TrialConfig(per_device_batch_size=3, extra={"batch_type": "static"})
+    static = TrialConfig(per_device_batch_size=3, workload_knobs={"batch_type": "static"})
     setup = _setup(conformer, corpus, static)
     assert len(setup.dataset) == 6  # type: ignore[arg-type]
     batch = next(iter(build_loader(setup, static, total_batches=2, seed=0)))
     assert batch["feats"].shape[0] == batch["tokens"].shape[0] == 3 and setup.samples_in(batch) == 3
     frames = setup.dataset.max_frames  # type: ignore[attr-defined]
-    dynamic = TrialConfig(per_device_batch_size=3, extra={"batch_type": "dynamic", "max_frames_in_batch": 400})
+    dynamic = TrialConfig(per_device_batch_size=3, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 400})
     # One epoch over the share it is given (here: items 1, 3, 5, as one rank of two would get them).
     sampler = setup.batch_sampler_factory(dynamic, torch.Generator().manual_seed(0), [1, 3, 5])  # type: ignore[misc]
     batches = list(sampler)
     assert sorted(i for b in batches for i in b) == [1, 3, 5]
     assert all(max(frames[i] for i in b) * len(b) <= 400 for b in batches)
-    bucket = TrialConfig(per_device_batch_size=1, extra={"batch_type": "bucket"})
+    bucket = TrialConfig(per_device_batch_size=1, workload_knobs={"batch_type": "bucket"})
     with pytest.raises(ValueError, match="batch_type"):
         setup.batch_sampler_factory(bucket, torch.Generator(), [0])  # type: ignore[misc]
 
@@ -108,8 +108,8 @@ def test_trains_in_a_trial_subprocess(corpus: Path, tmp_path: Path, workers: int
         workload="conformer",
         workload_options={"model": SMALL_MODEL},
         data_file=str(data_file),
-        config=TrialConfig(per_device_batch_size=2, num_workers=workers, extra=extra),
-        timing=TimingConfig(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),  # 2 steps
+        config=TrialConfig(per_device_batch_size=2, num_workers=workers, workload_knobs=extra),
+        timing=TimingSettings(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=1),  # 2 steps
         device_type="cpu",
         result_path=str(tmp_path / "trial" / "result.json"),
     )
@@ -154,11 +154,13 @@ def test_the_recipe_baseline_accumulates_four_batches_in_every_configuration(con
 
     path = space.space_path(conformer.space_file or "conformer")
     for hardware in (make_cpu(), make_cuda()):
-        loaded = space.load(path, hardware, extra_knobs=tuple(conformer.knobs))
+        loaded = space.load(path, hardware, workload_knobs=tuple(conformer.knobs))
         assert loaded.baseline["grad_accum_steps"] == 4 and loaded.fixed["grad_accum_steps"] == 4
         assert loaded.baseline["per_device_batch_size"] == 16
         assert all(seed.get("grad_accum_steps", 4) == 4 for seed in loaded.seeds)
-    held = space.load(path, make_cuda(count=2), extra_knobs=tuple(conformer.knobs), world_size=2, global_batch_size=128)
+    held = space.load(
+        path, make_cuda(count=2), workload_knobs=tuple(conformer.knobs), world_size=2, global_batch_size=128
+    )
     assert held.baseline["per_device_batch_size"] == 16  # 16 x 2 GPUs x 4 accumulation steps = 128, as the recipe
     assert any("the recipe's 16 kept" in note and "4 accumulation step(s)" in note for note in held.baseline_notes)
 

@@ -8,7 +8,7 @@ import pytest
 
 from autotune import space, workloads, yamlio
 from autotune.hardware import probe
-from autotune.trial import TimingConfig, TrialConfig, TrialSpec, launch
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 
 EXAMPLE_PLUGIN = "examples.xvector_workload:workload"  # the README's bring-your-own-model example
 ALL = [*workloads.names(), EXAMPLE_PLUGIN]
@@ -27,7 +27,9 @@ def test_parameter_count_is_the_published_one(name):
 @pytest.mark.parametrize("name", ALL, ids=ALL)
 def test_search_space_loads_on_this_machine(name):
     workload = workloads.get(name)
-    loaded = space.load(space.space_path(workload.space_file or name), probe("cpu"), extra_knobs=tuple(workload.knobs))
+    loaded = space.load(
+        space.space_path(workload.space_file or name), probe("cpu"), workload_knobs=tuple(workload.knobs)
+    )
     assert loaded.params and loaded.baseline["per_device_batch_size"] >= 1
 
 
@@ -43,7 +45,7 @@ def test_trains_for_real_in_a_trial_subprocess(name, tiny_corpus: Path, tmp_path
         workload_options=options,
         data_file=str(data_file),
         config=TrialConfig(per_device_batch_size=2, num_workers=1, prefetch_factor=2),
-        timing=TimingConfig(warmup_steps=1, window_s=0.1, min_window_steps=2),
+        timing=TimingSettings(warmup_steps=1, window_s=0.1, min_window_steps=2),
         device_type="cpu",
         result_path=str(tmp_path / "trial" / "result.json"),
     )

@@ -1,0 +1,231 @@
+"""The tuning knobs: one declaration each, from which every layer that names a knob derives what it needs.
+
+A knob is one setting a trial runs with and the result hands over (a DataLoader argument, a precision, a thread
+count...). Declared here once, it gives the search space its type and least value (space.CORE_PARAMS, MINIMUM,
+RECIPE_SETTINGS), the trial line its word (TrialConfig.short()), the trial table and CSV their column
+(report.TRIAL_COLUMNS) and the plots their matching (report_plots.KNOBS), and the result file its place
+(TunedConfig.to_dict / from_dict). TrialConfig keeps one typed field per knob, and every export target one entry per
+knob in its table (exports/base.py TARGET_KNOBS); tests/test_knobs.py fails when a knob is declared without them.
+docs/adding-a-knob.md walks through adding one.
+
+Workload knobs (a workload's own, e.g. the conformer's batch_type and max_frames_in_batch: Workload.knobs) are not
+declared here: they travel as TrialConfig.workload_knobs and in the result's `workload_knobs` section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from autotune.trial.precision import PRECISIONS
+
+__all__ = [
+    "KNOBS",
+    "NAMES",
+    "RESULT_SECTIONS",
+    "Knob",
+    "flat_values",
+    "get",
+    "result_sections",
+    "read_result",
+    "trial_words",
+]
+
+# Where a knob acts: the DataLoader's arguments, the training process (threads, backend flags), the model's maths
+# (autocast), the dataset (preloading), or the run's shape (devices, accumulation).
+Applies = Literal["dataloader", "process", "model", "data", "run"]
+# How a search space may name it: searched (params, fixed, baseline, seeds), fixed only (a recipe setting every
+# configuration keeps), or not at all (set by the run: --world-size, the preload probe).
+SpaceRole = Literal["searched", "fixed", "run"]
+# The result file's knob sections, in the order they are written.
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "threads", "audio")
+_COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Knob:
+    """One knob: its name and type, where it acts, how a space may name it, its word and its place in the result.
+
+    Attributes:
+        name: the TrialConfig field, the space's parameter and the trial table's column.
+        type: int, bool or str (a knob that may be unset, e.g. prefetch_factor, is None then).
+        applies: where it acts (Applies).
+        space: how a search space may name it (SpaceRole).
+        minimum: the least value of a count (a batch of one, no workers, one thread).
+        choices: the only values a word may take (precision).
+        section: the result section it is written in (RESULT_SECTIONS).
+        key: its key in that section, when not its name.
+        required: every result autotune wrote has it; False: an older result without it reads TrialConfig's default.
+        word: its word in the trial line for a value (None: nothing to say, the line stays short).
+    """
+
+    name: str
+    type: type
+    applies: Applies
+    space: SpaceRole
+    section: str
+    word: Callable[[Any], str | None]
+    minimum: int | None = None
+    choices: tuple[str, ...] = ()
+    key: str | None = None
+    required: bool = True
+
+    @property
+    def result_key(self) -> str:
+        return self.key or self.name
+
+    @property
+    def column_dtype(self) -> str:
+        """The trial table's pandas dtype for this knob."""
+        return _COLUMN_DTYPES[self.type]
+
+
+def _flag(word: str) -> Callable[[Any], str | None]:
+    return lambda value: word if value else None
+
+
+def _labelled(label: str) -> Callable[[Any], str | None]:
+    return lambda value: None if value is None else f"{label}={value}"
+
+
+def _unshown(value: Any) -> None:
+    """cudnn_benchmark is left out of the trial line: every shipped space fixes it, and recorded benchmark runs are
+    keyed by the line (benchmarks/replay.py)."""
+    return None
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        name="per_device_batch_size",
+        type=int,
+        applies="dataloader",
+        space="searched",
+        minimum=1,
+        section="batch",
+        word=lambda value: f"bs={value}",
+    ),
+    Knob(
+        name="num_workers",
+        type=int,
+        applies="dataloader",
+        space="searched",
+        minimum=0,
+        section="dataloader",
+        word=lambda value: f"w={value}",
+    ),
+    Knob(
+        name="prefetch_factor",
+        type=int,
+        applies="dataloader",
+        space="searched",
+        minimum=1,
+        section="dataloader",
+        required=False,  # unset (DataLoader's own default) is not written
+        word=_labelled("pf"),
+    ),
+    Knob(name="pin_memory", type=bool, applies="dataloader", space="searched", section="dataloader", word=_flag("pin")),
+    Knob(
+        name="persistent_workers",
+        type=bool,
+        applies="dataloader",
+        space="searched",
+        section="dataloader",
+        required=False,  # not written without workers
+        word=_flag("persist"),
+    ),
+    Knob(
+        name="precision",
+        type=str,
+        applies="model",
+        space="searched",
+        choices=PRECISIONS,
+        section="precision",
+        key="name",
+        word=str,
+    ),
+    Knob(
+        name="intra_op_threads",
+        type=int,
+        applies="process",
+        space="searched",
+        minimum=1,
+        section="threads",
+        required=False,
+        word=_labelled("thr"),
+    ),
+    Knob(name="cudnn_benchmark", type=bool, applies="process", space="searched", section="precision", word=_unshown),
+    Knob(
+        name="world_size",
+        type=int,
+        applies="run",
+        space="run",
+        minimum=1,
+        section="batch",
+        word=lambda value: f"x{value}dev" if value > 1 else None,
+    ),
+    Knob(
+        name="grad_accum_steps",
+        type=int,
+        applies="run",
+        space="fixed",
+        minimum=1,
+        section="batch",
+        word=lambda value: f"accum={value}" if value > 1 else None,
+    ),
+    Knob(
+        name="preload_audio",
+        type=bool,
+        applies="data",
+        space="run",
+        section="audio",
+        key="preload_decoded",
+        required=False,
+        word=_flag("preload"),
+    ),
+)
+NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
+_BY_NAME = {knob.name: knob for knob in KNOBS}
+
+
+def get(name: str) -> Knob:
+    """A declared knob by name (KeyError for anything else: a workload knob has no declaration)."""
+    return _BY_NAME[name]
+
+
+def trial_words(values: Mapping[str, Any]) -> list[str]:
+    """The trial line's words for a configuration's knob values, in declaration order."""
+    words = (knob.word(values[knob.name]) for knob in KNOBS)
+    return [word for word in words if word is not None]
+
+
+def result_sections(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every knob's value under its section and key, sections in RESULT_SECTIONS order."""
+    sections: dict[str, dict[str, Any]] = {section: {} for section in RESULT_SECTIONS}
+    for knob in KNOBS:
+        sections[knob.section][knob.result_key] = values[knob.name]
+    return sections
+
+
+def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The knob values a result file holds, by knob name; a knob it lacks (required=False) is left out, so that
+    TrialConfig's default applies.
+
+    Raises:
+        KeyError: a required knob or its section is missing (the caller says the file is not an autotune result).
+    """
+    values: dict[str, Any] = {}
+    for knob in KNOBS:
+        section = data[knob.section] if knob.required else (data.get(knob.section) or {})
+        if knob.required:
+            values[knob.name] = section[knob.result_key]
+        elif knob.result_key in section:
+            values[knob.name] = section[knob.result_key]
+    return values
+
+
+def flat_values(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored configuration (TrialConfig.to_dict(), e.g. a trial's user attribute) as one flat mapping: the
+    declared knobs and the workload's own (also under the name older versions stored them as, `extra`)."""
+    workload = config.get("workload_knobs") or config.get("extra") or {}
+    return {**{name: config.get(name) for name in NAMES}, **workload}
