@@ -41,7 +41,7 @@ import optuna.distributions as od
 from autotune import knobs
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
-from autotune.space_files import SPACES_DIR, read, resolve
+from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds, resolve_auto
 from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 
@@ -75,8 +75,8 @@ MAX_GRID_VALUES = 10_000
 MAX_GRID_POINTS = 100_000
 # Recipe settings a space may fix (in `fixed`, so for every configuration, the baseline included) but not search.
 RECIPE_SETTINGS: dict[str, type] = {knob.name: knob.type for knob in knobs.KNOBS if knob.space == "fixed"}
-_TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
-_DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
+_TOP_LEVEL_KEYS = set(SECTIONS)
+_DEVICE_SECTION_KEYS = set(DEVICE_SECTIONS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -17,10 +17,12 @@ then the file is merged over it:
 - lists (seeds, choices) and single values are replaced whole;
 - `null` removes the base's key (a knob the base searches that this space fixes instead); a `null` for a key the
   base does not have is an error, since it is a misspelling more often than not;
-- order: the keys a file adds come first, in its order, then the base's keys in the base's order (a key both name
-  keeps the base's place, with the file's value). Order matters for `params`: a `when` may name only an earlier
-  parameter, and Optuna is asked in declaration order; a model's own batch knobs (which the shared loading knobs never
-  depend on) come first this way;
+- order: within a section, the keys a file adds come first, in its order, then the base's keys in the base's order
+  (a key both name keeps the base's place, with the file's value). Order matters for `params`: a `when` may name only
+  an earlier parameter, and Optuna is asked in declaration order; a model's own batch knobs (which the shared loading
+  knobs never depend on) come first this way. The sections themselves (top level, and inside `cpu` and `cuda`) come
+  in the order of SECTIONS and DEVICE_SECTIONS, as every built-in space spelled them out, so that the result file
+  records them as before;
 - `workload` and `description` belong to the file that says them and are never inherited.
 
 The result is one plain mapping without `extends`, exactly what the file would say spelled out; it is what the result
@@ -36,9 +38,12 @@ from typing import Any
 from autotune import yamlio
 from autotune.errors import SpaceError
 
-__all__ = ["SPACES_DIR", "builtin_names", "read", "resolve"]
+__all__ = ["DEVICE_SECTIONS", "SECTIONS", "SPACES_DIR", "builtin_names", "read", "resolve"]
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+# A space file's sections, in the order a merged space lists them; autotune.space accepts these and no others.
+SECTIONS = ("workload", "description", "params", "fixed", "recipe_batch", "baseline", "seeds", "cpu", "cuda")
+DEVICE_SECTIONS = ("params", "fixed", "baseline", "seeds")  # what `cpu:` and `cuda:` may hold
 NOT_INHERITED = ("workload", "description")
 _SUFFIXES = (".yaml", ".yml")
 
@@ -74,7 +79,19 @@ def _resolve(data: dict[str, Any], *, origin: str, folder: Path, chain: tuple[Pa
         raise SpaceError(f"{origin}: 'extends' goes round in a circle ({names}); a space cannot build on itself")
     base = _read(base_path, chain)
     inherited = {key: value for key, value in base.items() if key not in NOT_INHERITED}
-    return _merge(inherited, own, origin, where="", whole_values=False)
+    merged = _in_order(_merge(inherited, own, origin, where="", whole_values=False), SECTIONS)
+    for device in ("cpu", "cuda"):
+        if isinstance(merged.get(device), dict):
+            merged[device] = _in_order(merged[device], DEVICE_SECTIONS)
+    return merged
+
+
+def _in_order(mapping: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    """`mapping` with the keys of `order` first, in that order; any other key (refused later, by name) after them."""
+    return {
+        **{key: mapping[key] for key in order if key in mapping},
+        **{key: value for key, value in mapping.items() if key not in order},
+    }
 
 
 def _base_path(reference: Any, origin: str, folder: Path) -> Path:

@@ -23,6 +23,7 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
     now = load_everywhere(name)
     assert now["loads"] == recorded["loads"]
     assert now["source"] == recorded["source"]
+    assert json.dumps(now) == json.dumps(recorded)  # and every mapping's keys in the same order
     assert "extends" not in now["source"]  # the result file records the whole space, not a reference
 
 
