@@ -217,6 +217,8 @@ def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for knob in KNOBS:
         section = data[knob.section] if knob.required else (data.get(knob.section) or {})
+        if not isinstance(section, Mapping):  # `threads: [2]`: not a result, never a default read past it
+            raise TypeError(f"section {knob.section!r} is a {type(section).__name__}, not a mapping")
         if knob.required:
             values[knob.name] = section[knob.result_key]
         elif knob.result_key in section:
