@@ -213,13 +213,12 @@ def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         KeyError: a required knob or its section is missing (the caller says the file is not an autotune result).
-        TypeError: a section is not a mapping.
     """
     values: dict[str, Any] = {}
     for knob in KNOBS:
         section = data[knob.section] if knob.required else (data.get(knob.section) or {})
-        if not isinstance(section, Mapping):  # e.g. 'threads: [2]' edited by hand: not silently the default
-            raise TypeError(f"{knob.section}: a mapping, not {type(section).__name__}")
+        if not isinstance(section, Mapping):  # `threads: [2]`: not a result, never a default read past it
+            raise TypeError(f"section {knob.section!r} is a {type(section).__name__}, not a mapping")
         if knob.required:
             values[knob.name] = section[knob.result_key]
         elif knob.result_key in section:

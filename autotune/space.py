@@ -12,6 +12,9 @@ A space file looks like::
     baseline: {per_device_batch_size: 256, num_workers: 16, precision: fp32}
     cpu: {params: {per_device_batch_size: {type: categorical, choices: [8, 16, 32]}}}
 
+A space may build on another (`extends: cam++`, or a shared base such as `extends: shared/core`) and say only what
+differs; autotune.space_files reads the file and merges the chain (its docstring states the rules).
+
 `high: auto` means the CPU cores one rank of a trial may use (the machine's cores divided by the devices per trial).
 `recipe_batch: global` says the baseline's per_device_batch_size is the recipe's GLOBAL batch (3D-Speaker divides its
 batch_size by the world size), so with several devices the baseline gets its share; the default `per_device` keeps
@@ -19,9 +22,9 @@ it per device (WeNet, SpeechBrain). `when` holds conditions that are data, never
 `device` or an earlier parameter; a value is a scalar (equals), a list (one of), or a mapping with `at_least`,
 `at_most`, `equals` or `one_of`. `fixed` may also hold `grad_accum_steps`, the recipe's gradient accumulation
 (WeNet's accum_grad), which every configuration keeps: the search varies how the recipe is fed, not how often it
-steps (`--global-batch` replaces it with what the held global batch needs). `from_dict` is the one pure function
-from a mapping to a SearchSpace; fitting the recipe's values (baseline, seeds, `auto`, batches per device) into this
-machine's space is `autotune.space_fit`.
+steps (`--global-batch` replaces it with what the held global batch needs). `from_dict` is the one function from a
+mapping to a SearchSpace (it reads files only for an `extends`); fitting the recipe's values (baseline, seeds,
+`auto`, batches per device) into this machine's space is `autotune.space_fit`.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
-from autotune import knobs, yamlio
+from autotune import knobs
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
+from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds, resolve_auto
 from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 
@@ -56,6 +60,7 @@ __all__ = [
     "contains",
     "from_dict",
     "load",
+    "read",
     "space_path",
 ]
 
@@ -70,9 +75,8 @@ MAX_GRID_VALUES = 10_000
 MAX_GRID_POINTS = 100_000
 # Recipe settings a space may fix (in `fixed`, so for every configuration, the baseline included) but not search.
 RECIPE_SETTINGS: dict[str, type] = {knob.name: knob.type for knob in knobs.KNOBS if knob.space == "fixed"}
-_TOP_LEVEL_KEYS = {"workload", "description", "params", "fixed", "baseline", "recipe_batch", "seeds", "cpu", "cuda"}
-_DEVICE_SECTION_KEYS = {"params", "fixed", "baseline", "seeds"}
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+_TOP_LEVEL_KEYS = set(SECTIONS)
+_DEVICE_SECTION_KEYS = set(DEVICE_SECTIONS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -205,10 +209,10 @@ def load(
     world_size: int = 1,
     global_batch_size: int | None = None,
 ) -> SearchSpace:
-    """Read and validate a space file for this hardware; every problem is a one-line SpaceError."""
-    data = yamlio.read_mapping(path, what="search space", error=SpaceError)
+    """Read and validate a space file for this hardware (its `extends` chain merged in: autotune.space_files); every
+    problem is a one-line SpaceError."""
     return from_dict(
-        data,
+        read(path),
         hardware,
         workload_knobs=workload_knobs,
         origin=str(path),
@@ -229,7 +233,8 @@ def from_dict(
     """Turn a space mapping into a SearchSpace for this hardware.
 
     Args:
-        data: the parsed YAML mapping.
+        data: the parsed YAML mapping; an `extends` in it names a built-in space or a .yaml file relative to the
+            current folder (autotune.space_files).
         hardware: the machine; drops options it does not support and resolves `auto`.
         workload_knobs: knob names the workload adds to the core ones.
         origin: where the mapping came from, named in error messages.
@@ -238,6 +243,7 @@ def from_dict(
         global_batch_size: held fixed (--global-batch): only per-device batches that divide it over world_size
             devices remain, the rest made up by gradient accumulation.
     """
+    data = resolve(data, origin=origin, folder=Path.cwd())
     # `auto` means the cores one rank may use: ranks on one machine share its cores.
     hardware = replace(hardware, cpu_cores=max(1, hardware.cpu_cores // world_size))
     unknown = set(data) - _TOP_LEVEL_KEYS

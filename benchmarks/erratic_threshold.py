@@ -2,7 +2,7 @@
 
 Runs a small grid of CPU configurations of one workload on the default synthetic corpus, each a real 10 s trial in its
 own subprocess, and prints one JSON line per trial (throughput, per-step CV, throughput CV, data wait, status).
-The README's figures for the 0.3 default came from this on the 2-core development machine:
+The figures for the 0.3 default in benchmarks/README.md came from this on the 2-core development machine:
 
     .venv/bin/python benchmarks/erratic_threshold.py cam++ /tmp/cv/campp
 """

@@ -69,9 +69,9 @@ def slice_space_text() -> str:
     users get, not a copy that can drift)."""
     import yaml
 
-    from autotune import yamlio
+    from autotune.space import read
 
-    shipped = yamlio.read_mapping(SHIPPED_SPACE, what="search space")
+    shipped = read(SHIPPED_SPACE)  # its `extends` merged in
     knobs = set(yaml.safe_load(SPACE)["params"])
     seeds = [{key: value for key, value in seed.items() if key in knobs} for seed in shipped["cpu"]["seeds"]]
     return SPACE + "seeds: " + json.dumps(seeds) + "\n"

@@ -45,7 +45,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune import space, yamlio  # noqa: E402
+from autotune import space  # noqa: E402
 from autotune.candidates import config_key  # noqa: E402
 from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec  # noqa: E402
 from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
@@ -81,7 +81,7 @@ def shipped_space(name: str) -> space.SearchSpace:
 def grid_space(name: str) -> space.SearchSpace:
     """The shipped space with GRIDS' ladders in place of its ranges (conditions and baseline kept)."""
     landscape = LANDSCAPES[name]
-    data = yamlio.read_mapping(space.space_path(landscape.workload), what="search space")
+    data = space.read(space.space_path(landscape.workload))  # its `extends` merged in
     params = {**data["params"], **(data.get("cuda") or {}).get("params", {})}
     auto = landscape.machine.logical_cores // landscape.machine.devices
     ladders = {"num_workers": sorted({w for w in _WORKERS if w <= auto} | {auto}), **GRIDS[name]}

@@ -62,13 +62,13 @@ def test_regret_interval_counts_a_better_grid_only_figure():
 
 
 def test_search_efficiency_measures_the_shipped_cpu_seeds(tmp_path):
-    from autotune import space, yamlio
+    from autotune import space
     from tests.conftest import make_cpu
 
     efficiency = _load("search_efficiency")
     path = tmp_path / "space.yaml"
     path.write_text(efficiency.slice_space_text())
-    shipped = yamlio.read_mapping(efficiency.SHIPPED_SPACE, what="search space")["cpu"]["seeds"]
+    shipped = space.read(efficiency.SHIPPED_SPACE)["cpu"]["seeds"]
     seeds = space.load(path, make_cpu(2)).seeds
     assert len(seeds) == len(shipped) >= 2
     for seed, original in zip(seeds, shipped, strict=True):

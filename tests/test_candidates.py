@@ -1,4 +1,4 @@
-"""The winner rule: the fastest by median, and among leaders within the measured noise of it, the safest."""
+"""The winner rule: the fastest by median, and among leaders within 1% of it (SAFETY_PRICE), the safest."""
 
 from __future__ import annotations
 
@@ -28,12 +28,20 @@ def test_winner_is_the_fastest_median_when_clearly_ahead():
     assert winner is fast and reason == "fastest by median"
 
 
-def test_within_noise_the_safer_configuration_wins_and_says_so():
+def test_within_one_percent_the_safer_configuration_wins_and_says_so():
     noisy_fast = _candidate([100, 94, 104], precision="fp16", workers=4)  # spread 10%
-    safe = _candidate([98, 97, 99], precision="fp32", workers=2)
+    safe = _candidate([99.4, 97, 99.9], precision="fp32", workers=2)
     winner, reason = pick_winner([noisy_fast, safe])
     assert winner is safe
-    assert "within the measured noise" in reason and "safer" in reason
+    assert "0.6% slower, within 1%" in reason and "safer (fewer workers)" in reason
+
+
+def test_safety_does_not_buy_a_slower_median_within_the_noise():
+    # benchmarks/simulate.py's data-bound conformer landscape (5% window noise): the old tie zone, half the windows'
+    # range, crowned the fewer workers 2-5% slower in most searches. A 2% slower median is expected to be 2% slower.
+    noisy_fast = _candidate([100, 94, 104], precision="bf16", workers=32)
+    fewer = _candidate([98, 93, 103], precision="bf16", workers=16)
+    assert pick_winner([fewer, noisy_fast]) == (noisy_fast, "fastest by median")
 
 
 def test_a_noisy_leader_does_not_tie_with_everything_above_its_worst_window():
@@ -53,7 +61,7 @@ def test_memory_counts_for_safety_in_quarters_of_the_devices_capacity():
     assert pick_winner([smaller, fastest]) == (fastest, "fastest by median")
     # On an 80 GiB card, 60 GiB against 35 GiB is: the tied smaller batch wins and the reason says why.
     full = _candidate([100, 96, 104], peak=60 * gib, capacity=80 * gib, batch=512)
-    roomy = _candidate([98, 97, 99], peak=35 * gib, capacity=80 * gib, batch=256)
+    roomy = _candidate([99.5, 97, 99.6], peak=35 * gib, capacity=80 * gib, batch=256)
     winner, reason = pick_winner([full, roomy])
     assert winner is roomy and "safer (less of the device's memory)" in reason
 

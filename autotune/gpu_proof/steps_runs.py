@@ -61,7 +61,7 @@ def _oom_space(folder: Path) -> Path:
     """cam++'s own space with a batch far too large added and measured first after the baseline (a seed)."""
     from autotune import space, yamlio
 
-    data = yamlio.read_mapping(space.space_path("cam++"), what="search space")
+    data = space.read(space.space_path("cam++"))  # its `extends` merged in: the whole space, spelled out
     data["params"]["per_device_batch_size"] = {"type": "categorical", "choices": [32, OOM_BATCH]}
     data["baseline"] = {**data["baseline"], "per_device_batch_size": 32, "num_workers": 4}
     huge = {"per_device_batch_size": OOM_BATCH, "num_workers": 4, "prefetch_factor": 1, "precision": "fp32"}
@@ -114,7 +114,7 @@ def oom_study(context: StepContext) -> Proven:
 
 
 def result_figures(result: Path) -> dict[str, Any]:
-    """The README's figures from a result YAML: baseline vs winner, speedup, fraction of peak, what won."""
+    """The figures benchmarks/README.md reports from a result YAML: baseline vs winner, speedup, peak share, winner."""
     import yaml
 
     written = yaml.safe_load(result.read_text())

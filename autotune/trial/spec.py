@@ -42,7 +42,7 @@ STATUSES = (
     "skipped",
 )
 FEASIBLE_STATUSES = ("ok",)
-ERRATIC_THROUGHPUT_CV = 0.3  # trials not competing for cores measured 0.001-0.07; see the README
+ERRATIC_THROUGHPUT_CV = 0.3  # trials not competing for cores measured 0.001-0.07; see benchmarks/README.md
 LAUNCHED_AT_ENV = "AUTOTUNE_LAUNCHED_AT"  # the parent's time.time() when it started the child (for start_s)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
 _T = TypeVar("_T")

@@ -68,6 +68,6 @@ def _load_plugin(reference: str) -> Workload:
     if not isinstance(workload, Workload):
         raise WorkloadError(
             f"plugin {reference!r}: the factory returned {type(workload).__name__}, not autotune.Workload; see the "
-            "README's 'Bring your own model'"
+            "README's 'Your own model'"
         )
     return workload

@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from autotune import space, workloads, yamlio
+from autotune import space, workloads
 from autotune.errors import UserError
 from autotune.trial import TrialConfig
 from tests.workloads.short_trial import run_two_steps
@@ -190,5 +190,5 @@ def test_ecapa_baseline_is_tf32_because_speechbrain_turns_it_on_at_import() -> N
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
     assert out.split("\n")[-2] == "(False, True) (True, True)"  # torch's defaults, then SpeechBrain's
     for name in ("ecapa-tdnn", "ecapa-tdnn-512"):
-        recipe = yamlio.read_mapping(space.space_path(f"{name}.yaml"), what="search space")
+        recipe = space.read(space.space_path(f"{name}.yaml"))  # `extends` merged in: 512 builds on ecapa-tdnn
         assert recipe["baseline"]["precision"] == "tf32" and recipe["cpu"]["baseline"]["precision"] == "fp32"

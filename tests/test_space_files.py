@@ -1,0 +1,132 @@
+"""Space files that build on others (`extends`): the merge rules, one-line errors for a bad reference, and proof that
+every built-in space loads exactly as it did when each file spelled everything out (tests/fixtures/space_loads.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune import space, space_files, yamlio
+from autotune.errors import SpaceError
+from tests.conftest import make_cpu, make_cuda
+from tests.faults.conftest import error_line, invoke
+from tests.fixtures.space_loads import BUILTINS, RECORDED, load_everywhere
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_builtin_space_loads_as_it_did_spelled_out(name):
+    """Params (in order, with distributions and conditions), fixed values, baseline and its notes, seeds and the
+    mapping the result file records: the same on a CPU, an A100, a V100, 4 GPUs and a held global batch."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    now = load_everywhere(name)
+    assert now["loads"] == recorded["loads"]
+    assert now["source"] == recorded["source"]
+    assert json.dumps(now) == json.dumps(recorded)  # and every mapping's keys in the same order
+    assert "extends" not in now["source"]  # the result file records the whole space, not a reference
+
+
+def test_builtin_spaces_say_only_what_differs():
+    """ECAPA-TDNN 512 is ECAPA-TDNN by another name; eres2net-large is eres2net with its own CPU seeds."""
+    ecapa_512 = yamlio.read_mapping(space.space_path("ecapa-tdnn-512"), what="space")
+    assert ecapa_512 == {"extends": "ecapa-tdnn", "workload": "ecapa-tdnn-512"}
+    large = yamlio.read_mapping(space.space_path("eres2net-large"), what="space")
+    assert set(large) == {"extends", "workload", "cpu"} and set(large["cpu"]) == {"seeds"}
+    assert {"shared/core", "shared/3d-speaker", "cam++"} <= set(space_files.builtin_names())
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def test_merge_rules(tmp_path):
+    _write(
+        tmp_path,
+        "base.yaml",
+        "workload: base\ndescription: the base\n"
+        "params:\n"
+        "  num_workers: {type: int, low: 0, high: 4}\n"
+        "  prefetch_factor: {type: int, low: 1, high: 8, when: {num_workers: {at_least: 1}}}\n"
+        "  pin_memory: {type: categorical, choices: [false, true]}\n"
+        "fixed: {cudnn_benchmark: true}\n"
+        "baseline: {num_workers: 2, prefetch_factor: 2}\n"
+        "cpu: {params: {num_workers: {type: int, low: 0, high: 2}}, seeds: [{num_workers: 1}]}\n",
+    )
+    child = _write(
+        tmp_path,
+        "child.yaml",
+        "extends: base.yaml\n"
+        "params:\n"
+        "  per_device_batch_size: {type: categorical, choices: [8, 16]}\n"  # new: comes first
+        "  prefetch_factor: {type: categorical, choices: [2, 4]}\n"  # replaced whole, in the base's place
+        "  pin_memory: null\n"  # removed
+        "baseline: {num_workers: 0}\n"  # merged key by key
+        "cpu: {seeds: [{num_workers: 0}]}\n",  # a list is replaced; the base's cpu params stay
+    )
+    merged = space_files.read(child)
+    assert list(merged["params"]) == ["per_device_batch_size", "num_workers", "prefetch_factor"]
+    assert merged["params"]["prefetch_factor"] == {"type": "categorical", "choices": [2, 4]}  # no low/high/when left
+    assert merged["baseline"] == {"num_workers": 0, "prefetch_factor": 2}
+    assert merged["cpu"] == {
+        "params": {"num_workers": {"type": "int", "low": 0, "high": 2}},
+        "seeds": [{"num_workers": 0}],
+    }
+    assert "workload" not in merged and "description" not in merged  # the base's name is not this file's
+    loaded = space.load(child, make_cpu(4))
+    assert [p.name for p in loaded.params] == ["per_device_batch_size", "num_workers", "prefetch_factor"]
+    assert loaded.fixed == {"cudnn_benchmark": True} and loaded.baseline["num_workers"] == 0
+
+
+def test_a_user_space_extends_a_builtin_by_name(tmp_path):
+    """The common case: the cam++ space with other batches, everything else as shipped."""
+    mine = _write(
+        tmp_path,
+        "mine.yaml",
+        "extends: cam++\nworkload: cam++\n"
+        "params:\n  per_device_batch_size: {type: categorical, choices: [512, 1024]}\n",
+    )
+    shipped, loaded = space.load(space.space_path("cam++"), make_cuda()), space.load(mine, make_cuda())
+    assert [p.name for p in loaded.params] == [p.name for p in shipped.params]
+    assert list(loaded.params[0].distribution.choices) == [512, 1024]
+    assert loaded.params[1:] == shipped.params[1:] and loaded.fixed == shipped.fixed
+    from_code = space.from_dict({"extends": "cam++", "workload": "cam++"}, make_cuda())
+    assert from_code.params == shipped.params and from_code.baseline == shipped.baseline
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("extends: cam+\n", "extends 'cam+', which is no built-in space; use one of cam++, "),
+        ("extends: ../setup\n", "which is no built-in space"),
+        ("extends: missing.yaml\n", "but {folder}/missing.yaml is not a file"),
+        ("extends: [cam++]\n", "'extends' must name a space: a built-in (cam++, "),
+        ("extends: cam++\nparams: {pin_memroy: null}\n", "params.pin_memroy is null, which removes a key"),
+        ("extends: space.yaml\n", "'extends' goes round in a circle"),
+    ],
+)
+def test_a_bad_reference_is_one_line(tmp_path, text, words):
+    path = _write(tmp_path, "space.yaml", text)
+    with pytest.raises(SpaceError) as caught:
+        space.load(path, make_cpu())
+    message = str(caught.value)
+    assert words.format(folder=tmp_path) in message and "\n" not in message
+    assert message.startswith(str(path))
+
+
+def test_a_cycle_through_two_files_is_refused(tmp_path):
+    _write(tmp_path, "a.yaml", "extends: b.yaml\n")
+    b = _write(tmp_path, "b.yaml", "extends: a.yaml\n")
+    with pytest.raises(SpaceError, match=r"goes round in a circle \(.*b.yaml -> .*a.yaml -> .*b.yaml\)"):
+        space.load(b, make_cpu())
+
+
+def test_the_cli_refuses_a_bad_reference_before_anything_runs(tmp_path, tiny_corpus):
+    bad = _write(tmp_path, "space.yaml", "extends: cam+\n")
+    args = ["--model", "cam++", "--data", str(tiny_corpus), "--space", str(bad), "--results-dir", str(tmp_path / "r")]
+    result = invoke(["run", *args])
+    assert result.exit_code == 2
+    assert "extends 'cam+', which is no built-in space" in error_line(result.stderr)
+    assert not (tmp_path / "r").exists()  # nothing written
