@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from autotune.budget import BudgetPlan
-    from autotune.runner import RunPlan, RunReport
+    from autotune.run_plan import RunPlan
+    from autotune.runner import RunReport
     from autotune.tuner import TrialRecord, TunerSettings
 
 __all__ = ["RichReporter", "print_plan", "print_summary"]

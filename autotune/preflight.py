@@ -19,7 +19,7 @@ from autotune.budget import Stage
 if TYPE_CHECKING:
     from autotune.reporting import Reporter
     from autotune.results import TunedConfig
-    from autotune.runner import RunPlan
+    from autotune.run_plan import RunPlan
     from autotune.trial import TrialConfig, TrialSpec
     from autotune.trial.amp_check import AmpCheckResult
     from autotune.tuner import TrialRecord, TunerSettings
