@@ -5,7 +5,21 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from autotune.errors import UserError  # noqa: E402
+from autotune.exports import export  # noqa: E402
+from autotune.measurements import Measurements  # noqa: E402
 from autotune.results import TunedConfig, load_config  # noqa: E402
 from autotune.workloads import TrainingSetup, Workload, WorkloadContext  # noqa: E402
 
-__all__ = ["TrainingSetup", "TunedConfig", "UserError", "Workload", "WorkloadContext", "__version__", "load_config"]
+# What users may import (docs/api.md; tests/test_public_api.py holds the two together). Everything else is internal:
+# its modules may move or change between versions, as optuna keeps its own behind optuna.samplers and friends.
+__all__ = [
+    "Measurements",
+    "TrainingSetup",
+    "TunedConfig",
+    "UserError",
+    "Workload",
+    "WorkloadContext",
+    "__version__",
+    "export",
+    "load_config",
+]
