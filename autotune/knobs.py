@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
+from autotune.optimizer_kernels import IMPLEMENTATIONS as OPTIMIZER_IMPLEMENTATIONS
 from autotune.trial.precision import PRECISIONS
 
 __all__ = [
@@ -39,7 +41,7 @@ Applies = Literal["dataloader", "process", "model", "data", "run"]
 # configuration keeps), or not at all (set by the run: --world-size, the preload probe).
 SpaceRole = Literal["searched", "fixed", "run"]
 # The result file's knob sections, in the order they are written.
-RESULT_SECTIONS = ("batch", "dataloader", "precision", "threads", "audio")
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio")
 _COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
 
 
@@ -87,6 +89,12 @@ def _flag(word: str) -> Callable[[Any], str | None]:
 
 def _labelled(label: str) -> Callable[[Any], str | None]:
     return lambda value: None if value is None else f"{label}={value}"
+
+
+def _optimizer_word(value: str) -> str | None:
+    """The recipe's own optimizer (`default`) is left out of the trial line: lines recorded before the knob existed
+    (benchmarks/replay.py keys by them) stay the lines of the same configurations."""
+    return None if value == DEFAULT_OPTIMIZER else value
 
 
 def _unshown(value: Any) -> None:
@@ -143,6 +151,17 @@ KNOBS: tuple[Knob, ...] = (
         section="precision",
         key="name",
         word=str,
+    ),
+    Knob(
+        name="optimizer_impl",
+        type=str,
+        applies="model",
+        space="searched",
+        choices=OPTIMIZER_IMPLEMENTATIONS,
+        section="optimizer",
+        key="implementation",
+        required=False,  # results written before the knob stepped the recipe's optimizer as built: `default`
+        word=_optimizer_word,
     ),
     Knob(
         name="intra_op_threads",

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import optuna.distributions as od
 
 from autotune import knobs
+from autotune import optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
 from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve
@@ -274,6 +275,9 @@ def from_dict(
         raise SpaceError(
             f"{origin}: fixed precision {fixed['precision']!r} does not run on this hardware ({hardware.describe()})"
         )
+    kernel_reason = optimizer_kernels.unsupported_reason(fixed.get("optimizer_impl", "default"), device_type)
+    if kernel_reason is not None:
+        raise SpaceError(f"{origin}: fixed optimizer_impl {fixed['optimizer_impl']!r} cannot run here: {kernel_reason}")
     raw_baseline = _check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
         raw_baseline,
@@ -299,9 +303,17 @@ def from_dict(
         baseline=baseline,
         device_type=device_type,
         source=space.source,
-        baseline_notes=(*device_notes, *notes),
+        baseline_notes=(*device_notes, *notes, *_left_out_notes(raw_params, device_type)),
         seeds=fit_seeds(_check_seeds(merged.get("seeds"), known, origin), space, baseline, hardware),
     )
+
+
+def _left_out_notes(raw_params: dict[str, Any], device_type: str) -> tuple[str, ...]:
+    """Why choices of optimizer_impl were left out on this device (optimizer_kernels.left_out)."""
+    spec = raw_params.get("optimizer_impl")
+    if not isinstance(spec, dict) or spec.get("type") != "categorical":
+        return ()
+    return tuple(optimizer_kernels.left_out(list(spec.get("choices") or []), device_type).values())
 
 
 def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:
@@ -417,8 +429,10 @@ def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str
         raise SpaceError(f"{where}: choices repeat a value")
     if name == "precision":
         choices = [c for c in choices if c in hardware.supported_precisions()]
-        if not choices:
-            raise SpaceError(f"{where}: none of the choices runs on this hardware ({hardware.describe()})")
+    elif name == "optimizer_impl":
+        choices = optimizer_kernels.offered(choices, hardware.device_type)
+    if not choices:
+        raise SpaceError(f"{where}: none of the choices runs on this hardware ({hardware.describe()})")
     return od.CategoricalDistribution(choices)
 
 
