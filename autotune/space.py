@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
-from autotune import knobs
-from autotune import optimizer_kernels
+from autotune import knobs, optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
 from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve

@@ -93,7 +93,6 @@ def recipe_optimizer(model: torch.nn.Module, implementation: str) -> torch.optim
 
 
 def _build_conformer(context: WorkloadContext) -> TrainingSetup:
-    import torch
     from torch import nn
 
     from autotune.data.asr import WENET_SPEEDS, AsrDataset, CharVocabulary, SpecAugmentConfig, collate_asr_batch

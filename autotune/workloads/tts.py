@@ -140,7 +140,6 @@ def recipe_optimizer(model: torch.nn.Module, d_model: int, implementation: str) 
 
 
 def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
-    import torch
     from torch import nn
 
     from autotune.data.tts import SYMBOLS, collate_tts_batch
