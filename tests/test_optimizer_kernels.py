@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from autotune import optimizer_kernels, space
 from autotune.errors import SpaceError
@@ -217,3 +219,48 @@ def test_unscaling_leaves_an_optimizer_without_a_scale_alone() -> None:
     optimizer.grad_scale = torch.tensor(4.0)  # type: ignore[attr-defined]  # as GradScaler.step sets it
     unscale_for_clipping(optimizer)
     assert parameter.grad.tolist() == [2.0, 2.0] and optimizer.grad_scale is None  # type: ignore[attr-defined]
+
+
+# --- a real run: each implementation trained in its own trial, shown in the trial table and the result ------------
+
+
+@pytest.mark.slow
+def test_a_real_run_measures_each_implementation_and_the_result_names_the_winners(tmp_path, tiny_corpus) -> None:
+    from autotune import load_config, report, runner
+    from autotune.trial import TimingSettings
+    from autotune.tuner import TunerSettings
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(
+        "params:\n  optimizer_impl: {type: categorical, choices: [default, foreach, fused]}\n"
+        "fixed: {per_device_batch_size: 4, num_workers: 0, precision: fp32, intra_op_threads: 1}\n"
+    )
+    request = runner.RunRequest(
+        model="cam++",
+        data=str(tiny_corpus),
+        space=str(space_file),
+        results_dir=str(tmp_path / "results"),
+        device="cpu",
+        workload_options={"crop_s": 0.5},
+        settings=TunerSettings(
+            trials=4, sampler="grid", confirm_top_k=0, timing=TimingSettings(warmup_steps=1, window_s=0.3)
+        ),
+        warm_start=False,
+        compute_ceiling=False,
+        amp_check=None,
+    )
+    run = runner.execute(runner.prepare(request))  # the baseline, then the grid's three points (default again)
+    measured = {record.config.optimizer_impl: record for record in run.outcome.records if record.role != "preload"}
+    assert set(measured) == {"default", "foreach", "fused"}
+    assert all(record.result.status == "ok" for record in run.outcome.records), run.outcome.records
+    assert run.outcome.records[0].role == "baseline"  # the recipe's optimizer, as built
+    assert run.outcome.records[0].config.optimizer_impl == "default"
+    tuned = load_config(run.result_path)
+    written = yaml.safe_load(Path(run.result_path).read_text())
+    assert written["optimizer"] == {"implementation": tuned.config.optimizer_impl}
+    assert tuned.config.optimizer_impl == run.outcome.winner.config.optimizer_impl  # type: ignore[union-attr]
+    frame = report.trials_frame(report.load_study(tuned, None))
+    assert str(frame["optimizer_impl"].dtype) == "string"
+    assert set(frame["optimizer_impl"].dropna()) == {"default", "foreach", "fused"}
+    lines = {record.config.short() for record in measured.values()}
+    assert lines == {"bs=4 w=0 fp32 thr=1", "bs=4 w=0 fp32 foreach thr=1", "bs=4 w=0 fp32 fused thr=1"}
