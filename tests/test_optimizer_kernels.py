@@ -257,7 +257,10 @@ def test_a_real_run_measures_each_implementation_and_the_result_names_the_winner
     assert run.outcome.records[0].config.optimizer_impl == "default"
     tuned = load_config(run.result_path)
     written = yaml.safe_load(Path(run.result_path).read_text())
-    assert written["optimizer"] == {"implementation": tuned.config.optimizer_impl}
+    assert written["optimizer"] == {
+        "implementation": tuned.config.optimizer_impl,
+        "torch_kwargs": tuned.optimizer_kwargs(),
+    }
     assert tuned.config.optimizer_impl == run.outcome.winner.config.optimizer_impl  # type: ignore[union-attr]
     frame = report.trials_frame(report.load_study(tuned, None))
     assert str(frame["optimizer_impl"].dtype) == "string"
