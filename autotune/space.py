@@ -104,6 +104,7 @@ class SearchSpace:
     device_type: str
     source: dict[str, Any] = field(default_factory=dict)  # the mapping it was built from, for the result file
     baseline_notes: tuple[str, ...] = ()
+    space_notes: tuple[str, ...] = ()  # values the file names that this machine's space leaves out, and why
     seeds: tuple[dict[str, Any], ...] = ()  # expert starting points measured before the sampler's own
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
@@ -302,7 +303,8 @@ def from_dict(
         baseline=baseline,
         device_type=device_type,
         source=space.source,
-        baseline_notes=(*device_notes, *notes, *_left_out_notes(raw_params, device_type)),
+        baseline_notes=(*device_notes, *notes),
+        space_notes=_left_out_notes(raw_params, device_type),
         seeds=fit_seeds(_check_seeds(merged.get("seeds"), known, origin), space, baseline, hardware),
     )
 
