@@ -232,17 +232,25 @@ def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         KeyError: a required knob or its section is missing (the caller says the file is not an autotune result).
+        TypeError: a section is not a mapping.
+        ValueError: a word knob holds a word it does not take.
     """
     values: dict[str, Any] = {}
     for knob in KNOBS:
         section = data[knob.section] if knob.required else (data.get(knob.section) or {})
         if not isinstance(section, Mapping):  # `threads: [2]`: not a result, never a default read past it
             raise TypeError(f"section {knob.section!r} is a {type(section).__name__}, not a mapping")
-        if knob.required:
-            values[knob.name] = section[knob.result_key]
-        elif knob.result_key in section:
-            values[knob.name] = section[knob.result_key]
+        if knob.required or knob.result_key in section:
+            values[knob.name] = _checked_choice(knob, section[knob.result_key])
     return values
+
+
+def _checked_choice(knob: Knob, value: Any) -> Any:
+    """A word knob's value as a result holds it: one of its choices (`optimizer: {implementation: apex}` is not an
+    autotune result, and would otherwise fail only where the value is used)."""
+    if knob.choices and value not in knob.choices:
+        raise ValueError(f"{knob.section}.{knob.result_key} {value!r} is not one of {', '.join(knob.choices)}")
+    return value
 
 
 def flat_values(config: Mapping[str, Any]) -> dict[str, Any]:

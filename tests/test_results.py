@@ -175,8 +175,21 @@ def _edited_result(old: str, new: str) -> str:
         ("dataloader: 5\nbatch: {}\nprecision: {}\n", "not an autotune result"),
         (_edited_result("threads:\n  intra_op_threads: 2\n", "threads: [2]\n"), "not an autotune result"),
         (_edited_result("workload_knobs:\n", "workload_knobs: [ab, cde]\nx:\n"), "not an autotune result"),
+        (_edited_result("implementation: default", "implementation: apex"), "'apex' is not one of default"),
+        (_edited_result("name: bf16", "name: bf17"), "'bf17' is not one of fp32"),
     ],
-    ids=["missing", "not-yaml", "not-text", "not-a-mapping", "other-yaml", "wrong-types", "threads-list", "knobs-list"],
+    ids=[
+        "missing",
+        "not-yaml",
+        "not-text",
+        "not-a-mapping",
+        "other-yaml",
+        "wrong-types",
+        "threads-list",
+        "knobs-list",
+        "optimizer-unknown",
+        "precision-unknown",
+    ],
 )
 def test_load_config_errors_are_one_line(tmp_path: Path, content: str | bytes | None, message: str) -> None:
     path = tmp_path / "missing.yaml" if content is None else _write(tmp_path, content)
