@@ -14,6 +14,7 @@ import logging
 import shutil
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +36,8 @@ from autotune.trial.flops import achieved_tflops, peak_tflops
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
+    from autotune.measurements import Measurements
     from autotune.results import TunedConfig
-    from autotune.runner import RunPlan
     from autotune.space import SearchSpace
     from autotune.tuner import TunerSettings, TuningOutcome
 
@@ -48,6 +49,7 @@ __all__ = [
     "overhead_metrics",
     "larger_batches",
     "noise_metrics",
+    "Assessment",
     "assess",
 ]
 
@@ -59,16 +61,28 @@ NOISY_SPREAD_FRACTION = 0.10  # repeated windows of one configuration disagreein
 AMP_BUDGET_SHARE = 0.2  # of --budget the AMP check may take at most
 
 
-def check_precisions(plan: RunPlan, make_spec: MakeSpec, settings: AmpCheckSettings | None) -> AmpCheckResult | None:
-    """Run the AMP check for the space's autocast precisions; None when it is off or there is nothing to check."""
-    precisions = amp_precisions(plan.space)
+def check_precisions(
+    space: SearchSpace,
+    make_spec: MakeSpec,
+    settings: AmpCheckSettings | None,
+    *,
+    workdir: Path,
+    budget_s: float | None,
+) -> AmpCheckResult | None:
+    """Run the AMP check for the space's autocast precisions; None when it is off or there is nothing to check.
+
+    Args:
+        workdir: the run's working folder (the check works in its amp-check folder).
+        budget_s: the run's --budget (None: none); the check takes at most AMP_BUDGET_SHARE of it.
+    """
+    precisions = amp_precisions(space)
     if settings is None or not precisions:
         return None
-    budget = plan.request.settings.budget_s
+    budget = budget_s
     if budget is not None:  # a slow machine must not spend the run on it: past this it cannot judge, and says so
         limit_s = min(settings.timeout_s, max(60.0, AMP_BUDGET_SHARE * budget))
         settings = dataclasses.replace(settings, timeout_s=limit_s)
-    folder = plan.workdir / "amp-check"
+    folder = workdir / "amp-check"
     trial = make_spec(TrialConfig(per_device_batch_size=settings.batch_size), str(folder / "result.json"))
     logger.info("AMP check: %s against fp32 over %d steps", ", ".join(precisions), settings.steps)
     result = run_amp_check(AmpCheckSpec(trial=trial, precisions=precisions, settings=settings), folder)
@@ -123,9 +137,10 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 
 def compute_metrics(
-    winner: dict[str, Any], ceiling: TrialResult | None, config: TrialConfig, hardware: Hardware
+    samples_per_second: float | None, ceiling: TrialResult | None, config: TrialConfig, hardware: Hardware
 ) -> dict[str, Any]:
-    """Work per sample, achieved TFLOP/s (and share of the known peak), the ceiling and the pipeline's efficiency."""
+    """Work per sample, achieved TFLOP/s (and share of the known peak), the ceiling and the pipeline's efficiency,
+    for the winner's end-to-end samples_per_second."""
     measured = ceiling is not None and ceiling.feasible
     flops = ceiling.flops_per_sample if measured and ceiling else None
     ceiling_rate = ceiling.window_samples_per_second if measured and ceiling else None
@@ -133,7 +148,7 @@ def compute_metrics(
     if hardware.device_type == "cuda" and hardware.gpus:
         one = peak_tflops(hardware.gpus[0].name, config.precision)
         peak = one * config.world_size if one is not None else None
-    achieved = achieved_tflops(flops, winner.get("samples_per_second"))
+    achieved = achieved_tflops(flops, samples_per_second)
     metrics: dict[str, Any] = {
         "flops_per_sample": _round(flops),
         "achieved_tflops": _round(achieved),
@@ -141,7 +156,7 @@ def compute_metrics(
         "fraction_of_peak": _ratio(achieved, peak),
         "ceiling_samples_per_second": _round(ceiling_rate, 6),
         "ceiling_tflops": _round(achieved_tflops(flops, ceiling_rate)),
-        "pipeline_efficiency": _ratio(winner.get("samples_per_second"), ceiling_rate),
+        "pipeline_efficiency": _ratio(samples_per_second, ceiling_rate),
     }
     if ceiling is not None and not ceiling.feasible:
         metrics["ceiling_failed"] = f"{ceiling.status}: {ceiling.reason}"
@@ -252,38 +267,60 @@ def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConf
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Assessment:
+    """The result's assessment sections (compute, overhead, noise, amp_check, preload, diagnosis) and the notes
+    they call for, in the order the result YAML lists them."""
+
+    metrics: dict[str, Any]
+    notes: tuple[str, ...] = ()
+
+    def applied_to(self, tuned: TunedConfig) -> TunedConfig:
+        """A new result with these sections after its own metrics and these notes after its own."""
+        return dataclasses.replace(tuned, metrics={**tuned.metrics, **self.metrics}, notes=[*tuned.notes, *self.notes])
+
+
 def assess(
-    tuned: TunedConfig,
+    winner: Measurements,
+    config: TrialConfig,
     *,
-    plan: RunPlan,
+    hardware: Hardware,
+    data: dict[str, Any],
+    space: SearchSpace,
     outcome: TuningOutcome,
     ceiling: TrialResult | None,
     amp: AmpCheckResult | None,
-) -> None:
-    """Add compute, overhead, noise, AMP-check and diagnosis sections to the result's metrics (and notes)."""
-    metrics, config = tuned.metrics, tuned.config
-    winner = metrics.get("winner") or {}
-    metrics["compute"] = compute_metrics(winner, ceiling, config, plan.hardware)
+) -> Assessment:
+    """Compute, overhead, noise, AMP-check and diagnosis sections for the winner's result, and their notes.
+
+    Args:
+        winner: the winner's summarised measurements; config: its configuration.
+        hardware, data, space: the run's machine, its data (DataSource.describe()) and its search space.
+    """
+    metrics: dict[str, Any] = {}
+    notes: list[str] = []
+    metrics["compute"] = compute_metrics(winner.samples_per_second, ceiling, config, hardware)
     metrics["overhead"] = overhead_metrics(outcome)
     metrics["noise"] = noise_metrics(outcome)
     if noise_note := _noise_note(metrics["noise"]):
-        tuned.notes.append(noise_note)
+        notes.append(noise_note)
     rejected = amp.rejected() if amp else {}
     if amp is not None:
         metrics["amp_check"] = amp.report()
-        tuned.notes.extend(rejected.values())
+        notes.extend(rejected.values())
         if amp.status != "ok":
-            tuned.notes.append(f"the AMP check could not judge: {amp.reason}")
+            notes.append(f"the AMP check could not judge: {amp.reason}")
     metrics["preload"], preload_note = preload_report(outcome)
     if preload_note:
-        tuned.notes.append(preload_note)
+        notes.append(preload_note)
     metrics["diagnosis"] = diagnose(
         winner,
         config=config,
-        hardware=plan.hardware,
-        data=plan.data.describe(),
+        hardware=hardware,
+        data=data,
         compute=metrics["compute"],
-        searched_precisions=space_precisions(plan.space),
+        searched_precisions=space_precisions(space),
         rejected_precisions=tuple(rejected),
-        larger_batches=larger_batches(outcome, plan.space, config),
+        larger_batches=larger_batches(outcome, space, config),
     ).to_dict()
+    return Assessment(metrics=metrics, notes=tuple(notes))

@@ -213,7 +213,7 @@ def run(
 ) -> None:
     _setup_logging(verbose)
     from autotune import runner
-    from autotune.cli_display import RichReporter, print_summary
+    from autotune.cli_display import RichReporter, print_plan, print_summary
     from autotune.trial import TimingSettings
     from autotune.trial.amp_check import AmpCheckSettings
     from autotune.tuner import TunerSettings
@@ -263,7 +263,8 @@ def run(
             )
         with _sigterm_interrupts():
             plan = runner.prepare(request)
-            reporter = RichReporter(stderr_console, plan)
+            print_plan(stderr_console, plan)
+            reporter = RichReporter(stderr_console, plan.request.settings)  # as prepared
             with reporter:
                 report = runner.execute(plan, reporter)
     except UserError as error:

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli_output import plain
+from autotune.measurements import NOT_MEASURED, Measurements
 from autotune.trial import TrialConfig
 
 if TYPE_CHECKING:
@@ -19,10 +20,11 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from autotune.budget import BudgetPlan
-    from autotune.runner import RunPlan, RunReport
-    from autotune.tuner import TrialRecord
+    from autotune.run_plan import RunPlan
+    from autotune.runner import RunReport
+    from autotune.tuner import TrialRecord, TunerSettings
 
-__all__ = ["RichReporter", "print_summary"]
+__all__ = ["RichReporter", "print_plan", "print_summary"]
 
 _STATUS_STYLE = {"ok": "green", "pruned": "dim", "oom": "red", "timeout": "red", "signal": "red", "error": "red"}
 
@@ -42,11 +44,37 @@ class _PlanProgress(Progress):
         yield self.make_tasks_table(self.tasks)
 
 
+def print_plan(console: Console, plan: RunPlan) -> None:
+    """What the run is about to do, before its first trial: the workload on this machine, the devices per trial, the
+    data, the study, the warm start, the space's baseline and the notes on how it was adapted."""
+    data = plan.data.describe()
+    synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
+    console.print(f"[bold]autotune[/bold] {plain(plan.workload.name)} on {plain(plan.hardware.describe())}")
+    if plan.world_size > 1:
+        unit = "GPUs (NCCL)" if plan.hardware.device_type == "cuda" else "processes (gloo)"
+        fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
+        console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{fixed}")
+    console.print(
+        f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
+        f"{data['total_audio_hours']} h{synthetic}"
+    )
+    console.print(f"study: {plain(plan.study_name)}  ({plain(plan.storage_url.split('://')[0])})", highlight=False)
+    for line in plan.warm_start.describe() if plan.warm_start else ():
+        console.print(plain(line), highlight=False, soft_wrap=True)
+    baseline = TrialConfig.from_params(plan.space.baseline, workload_knobs=tuple(plan.workload.knobs)).short()
+    console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
+    for note in plan.space.baseline_notes:
+        console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")
+    for note in plan.space.space_notes:
+        console.print(f"  [dim]space adapted: {plain(note)}[/dim]")
+    for note in plan.option_notes:
+        console.print(f"  [dim]{plain(note)}[/dim]", highlight=False, soft_wrap=True)
+
+
 class RichReporter:
     """Progress over trials with the best so far, the budget plan live above it; one line per finished trial."""
 
-    def __init__(self, console: Console, plan: RunPlan) -> None:
-        settings = plan.request.settings
+    def __init__(self, console: Console, settings: TunerSettings) -> None:
         self.console = console
         self.planned = False
         self.progress = _PlanProgress(
@@ -61,28 +89,6 @@ class RichReporter:
         self.task = self.progress.add_task(
             "starting", total=settings.trials + settings.confirm_top_k * settings.confirm_repeats
         )
-        data = plan.data.describe()
-        synthetic = " [yellow](synthetic default corpus)[/yellow]" if plan.data.synthetic else ""
-        console.print(f"[bold]autotune[/bold] {plain(plan.workload.name)} on {plain(plan.hardware.describe())}")
-        if plan.world_size > 1:
-            unit = "GPUs (NCCL)" if plan.hardware.device_type == "cuda" else "processes (gloo)"
-            fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
-            console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{fixed}")
-        console.print(
-            f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
-            f"{data['total_audio_hours']} h{synthetic}"
-        )
-        console.print(f"study: {plain(plan.study_name)}  ({plain(plan.storage_url.split('://')[0])})", highlight=False)
-        for line in plan.warm_start.describe() if plan.warm_start else ():
-            console.print(plain(line), highlight=False, soft_wrap=True)
-        baseline = TrialConfig.from_params(plan.space.baseline).short()
-        console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
-        for note in plan.space.baseline_notes:
-            console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")
-        for note in plan.space.space_notes:
-            console.print(f"  [dim]space adapted: {plain(note)}[/dim]")
-        for note in plan.option_notes:
-            console.print(f"  [dim]{plain(note)}[/dim]", highlight=False, soft_wrap=True)
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
@@ -124,7 +130,7 @@ class RichReporter:
 def print_summary(console: Console, report: RunReport) -> None:
     """Baseline vs winner, the top trials, the failures with reasons, and where the YAML went."""
     tuned, outcome = report.tuned, report.outcome
-    winner, baseline = tuned.metrics["winner"], tuned.metrics["baseline"]
+    winner, baseline = tuned.winner, tuned.baseline
     table = Table(title="baseline (recipe) vs winner", show_lines=False)
     for column in ("", "winner", "baseline"):
         table.add_column(column)
@@ -138,12 +144,10 @@ def print_summary(console: Console, report: RunReport) -> None:
         ("data_wait_fraction", "data-wait fraction"),
         ("measurements", "measurements"),
     ):
-        table.add_row(label, _fmt(winner.get(key)), _fmt(baseline.get(key, baseline.get("status"))))
-    table.add_row("peak memory GiB", _gib(winner.get("peak_memory_bytes")), _gib(baseline.get("peak_memory_bytes")))
-    if winner.get("gpu_utilization_percent") is not None:
-        table.add_row(
-            "GPU utilisation %", _fmt(winner["gpu_utilization_percent"]), _fmt(baseline.get("gpu_utilization_percent"))
-        )
+        table.add_row(label, _fmt(getattr(winner, key)), _fmt(_baseline_figure(baseline, key)))
+    table.add_row("peak memory GiB", _gib(winner.peak_memory_bytes), _gib(baseline.peak_memory_bytes))
+    if winner.gpu_utilization_percent is not None:
+        table.add_row("GPU utilisation %", _fmt(winner.gpu_utilization_percent), _fmt(baseline.gpu_utilization_percent))
     table.add_row("trial setup s / wall s", _overhead(winner), _overhead(baseline))
     console.print(table)
     speedup = tuned.metrics.get("speedup")
@@ -217,9 +221,16 @@ def _fmt(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _overhead(metrics: dict) -> str:
+def _baseline_figure(baseline: Measurements, name: str) -> object:
+    """The baseline's figure; where it could not be measured, why (its status); nothing where the run had none."""
+    if baseline.ok:
+        return getattr(baseline, name)
+    return None if baseline is NOT_MEASURED else baseline.status
+
+
+def _overhead(measured: Measurements) -> str:
     """Model, data and loader build against the whole trial (process start and imports are in metrics.overhead)."""
-    setup, wall = metrics.get("setup_s"), metrics.get("trial_wall_s")
+    setup, wall = measured.setup_s, measured.trial_wall_s
     return f"{setup:.1f} / {wall:.1f}" if setup is not None and wall else "-"
 
 

@@ -20,6 +20,7 @@ from autotune.trial.precision import TORCH_DEFAULT_FP32
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
+    from autotune.measurements import Measurements
     from autotune.trial.spec import TrialConfig
 
 __all__ = ["DiagnosisSettings", "Diagnosis", "LargerBatches", "diagnose", "decoded_audio_bytes"]
@@ -78,9 +79,9 @@ def decoded_audio_bytes(data: dict[str, Any]) -> int | None:
     return pcm_bytes_of_seconds(hours * 3600 * scale, rate)  # as data/preload.py stores it
 
 
-def _data_evidence(winner: dict[str, Any], compute: dict[str, Any], settings: DiagnosisSettings) -> list[str]:
+def _data_evidence(winner: Measurements, compute: dict[str, Any], settings: DiagnosisSettings) -> list[str]:
     found = []
-    wait = winner.get("data_wait_fraction")
+    wait = winner.data_wait_fraction
     if wait is not None and wait > settings.max_data_wait_fraction:
         limit = settings.max_data_wait_fraction
         found.append(f"the step waited for data {wait:.0%} of the timed window (above {limit:.0%})")
@@ -93,14 +94,14 @@ def _data_evidence(winner: dict[str, Any], compute: dict[str, Any], settings: Di
     return found
 
 
-def _larger_batch_evidence(winner: dict[str, Any], larger: LargerBatches | None) -> list[str]:
+def _larger_batch_evidence(winner: Measurements, larger: LargerBatches | None) -> list[str]:
     """What the search measured above the winner's batch: why a larger batch is not the next thing to try."""
     if larger is None:
         return []
     found = []
     if larger.best_measured is not None:
         config, rate, windows = larger.best_measured
-        versus = winner.get("samples_per_second")
+        versus = winner.samples_per_second
         against = f" against the winner's {versus:.3g}" if versus else ""
         found.append(
             f"larger batches were measured: the fastest, {config}, ran {rate:.3g} samples/s (median of {windows})"
@@ -114,9 +115,9 @@ def _larger_batch_evidence(winner: dict[str, Any], larger: LargerBatches | None)
     return found
 
 
-def _compute_evidence(winner: dict[str, Any], compute: dict[str, Any]) -> list[str]:
+def _compute_evidence(winner: Measurements, compute: dict[str, Any]) -> list[str]:
     found = []
-    wait, efficiency = winner.get("data_wait_fraction"), compute.get("pipeline_efficiency")
+    wait, efficiency = winner.data_wait_fraction, compute.get("pipeline_efficiency")
     if wait is not None:
         found.append(f"the step waited for data only {wait:.0%} of the timed window")
     if efficiency is not None and efficiency >= 1.0:
@@ -166,7 +167,7 @@ def _compute_knobs(config: TrialConfig) -> str:
 
 
 def _compute_next(
-    winner: dict[str, Any],
+    winner: Measurements,
     config: TrialConfig,
     hardware: Hardware,
     searched_precisions: Collection[str],
@@ -183,7 +184,7 @@ def _compute_next(
         ]
         if untried:
             steps.append(f"{untried[0]} (the search covered {', '.join(sorted(searched_precisions)) or 'no other'})")
-    peak, capacity = winner.get("peak_memory_bytes"), winner.get("memory_capacity_bytes")
+    peak, capacity = winner.peak_memory_bytes, winner.memory_capacity_bytes
     if peak and capacity and peak < settings.low_memory_use_fraction * capacity:
         memory = f"peak memory is {peak / capacity:.0%} of the device"
         if larger is None or larger.largest_offered is None:
@@ -209,7 +210,7 @@ def _compute_next(
 
 
 def diagnose(
-    winner: dict[str, Any],
+    winner: Measurements,
     *,
     config: TrialConfig,
     hardware: Hardware,
@@ -223,7 +224,7 @@ def diagnose(
     """Say what bounds the winner and what to try next.
 
     Args:
-        winner: the winner's metrics (summarise_measurements: data_wait_fraction, gpu_utilization_percent,
+        winner: the winner's measurements (summarise_measurements: data_wait_fraction, gpu_utilization_percent,
             peak_memory_bytes, memory_capacity_bytes, ...).
         config: the winner's configuration.
         hardware: the machine.
@@ -236,10 +237,10 @@ def diagnose(
         settings: thresholds.
     """
     compute = compute or {}
-    if winner.get("data_wait_fraction") is None and compute.get("pipeline_efficiency") is None:
+    if winner.data_wait_fraction is None and compute.get("pipeline_efficiency") is None:
         return Diagnosis(bound=UNKNOWN, evidence=("no data-wait or ceiling measurement",), next=())
     evidence = _data_evidence(winner, compute, settings)
-    utilisation = winner.get("gpu_utilization_percent")
+    utilisation = winner.gpu_utilization_percent
     low_utilisation = utilisation is not None and utilisation < settings.min_gpu_utilization_percent
     if evidence:
         if low_utilisation:

@@ -58,7 +58,7 @@ _NUMERIC = ("samples_per_second", "spread_fraction", "baseline_samples_per_secon
 def history_row(tuned: TunedConfig, result_path: str | os.PathLike[str]) -> dict[str, Any]:
     """The history record of one accepted result: plain JSON values, keyed by COLUMNS."""
     metrics, hardware = tuned.metrics, tuned.hardware
-    winner, baseline = metrics.get("winner") or {}, metrics.get("baseline") or {}
+    winner, baseline = tuned.winner, tuned.baseline
     return {
         "created": tuned.created,
         "model": tuned.workload.get("name"),
@@ -68,9 +68,9 @@ def history_row(tuned: TunedConfig, result_path: str | os.PathLike[str]) -> dict
         "cuda_version": _text(hardware.get("cuda_version")),
         "driver_version": _text(hardware.get("driver_version")),
         "config": tuned.config.short(),
-        "samples_per_second": winner.get("samples_per_second"),
-        "spread_fraction": winner.get("spread_fraction"),
-        "baseline_samples_per_second": baseline.get("samples_per_second") if baseline.get("status") == "ok" else None,
+        "samples_per_second": winner.samples_per_second,
+        "spread_fraction": winner.spread_fraction,
+        "baseline_samples_per_second": baseline.samples_per_second if baseline.ok else None,
         "speedup": metrics.get("speedup"),
         "autotune_version": tuned.autotune_version,
         "result_path": str(result_path),

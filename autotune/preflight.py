@@ -19,7 +19,7 @@ from autotune.budget import Stage
 if TYPE_CHECKING:
     from autotune.reporting import Reporter
     from autotune.results import TunedConfig
-    from autotune.runner import RunPlan
+    from autotune.run_plan import RunPlan
     from autotune.trial import TrialConfig, TrialSpec
     from autotune.trial.amp_check import AmpCheckResult
     from autotune.tuner import TrialRecord, TunerSettings
@@ -52,7 +52,10 @@ def check_precisions(
 ) -> Preflight:
     """The AMP check; then the trials' budget is the run's less everything so far (checks, data, calibration, AMP)."""
     setup_s = time.monotonic() - plan.started_s
-    amp = assessment.check_precisions(plan, make_spec, plan.request.amp_check)
+    request = plan.request
+    amp = assessment.check_precisions(
+        plan.space, make_spec, request.amp_check, workdir=plan.workdir, budget_s=request.settings.budget_s
+    )
     settings = assessment.budget_left(preflight.settings, amp)
     if settings.budget_s is not None:
         settings = dataclasses.replace(settings, budget_s=max(1.0, settings.budget_s - setup_s))
@@ -62,7 +65,8 @@ def check_precisions(
     return dataclasses.replace(preflight, settings=settings, amp=amp, stages=tuple(stages))
 
 
-def record(preflight: Preflight, tuned: TunedConfig, records: list[TrialRecord]) -> None:
-    """The machine's load and what it changed, into the result (search.machine_load, and notes where it mattered)."""
-    tuned.search["machine_load"] = {**preflight.load.to_dict(), "adapted": preflight.adaptations}
-    tuned.notes.extend(machine_load.notes(preflight.load, preflight.adaptations, records))
+def record(preflight: Preflight, tuned: TunedConfig, records: list[TrialRecord]) -> TunedConfig:
+    """The result with the machine's load and what it changed (search.machine_load, and notes where it mattered)."""
+    load = {**preflight.load.to_dict(), "adapted": preflight.adaptations}
+    notes = machine_load.notes(preflight.load, preflight.adaptations, records)
+    return dataclasses.replace(tuned, search={**tuned.search, "machine_load": load}, notes=[*tuned.notes, *notes])

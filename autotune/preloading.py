@@ -16,14 +16,17 @@ from autotune.diagnosis import DiagnosisSettings, decoded_audio_bytes
 from autotune.workloads.registry import is_plugin
 
 if TYPE_CHECKING:
-    from autotune.runner import RunPlan
     from autotune.tuner import TrialRecord, TuningOutcome
 
 __all__ = ["preload_probe", "preload_report"]
 
 
 def preload_probe(
-    plan: RunPlan,
+    *,
+    model: str,
+    data: dict[str, Any],
+    world_size: int,
+    memory_bytes: int,
     settings: DiagnosisSettings = DiagnosisSettings(),  # noqa: B008 - frozen
 ) -> Callable[[TrialRecord], bool] | None:
     """Whether a measured configuration is worth a trial with its audio preloaded; None when the corpus cannot be.
@@ -31,11 +34,15 @@ def preload_probe(
     The whole corpus must fit the RAM budget (that is what training would preload) once per rank (every training
     process holds its own copy), and the workload must be one of autotune's own (a plugin's dataset may not read
     TrialConfig.preload_audio, and the trial would measure nothing).
+
+    Args:
+        model: the run's --model; data: its data (DataSource.describe()); world_size: ranks per trial;
+        memory_bytes: the machine's RAM.
     """
-    if is_plugin(plan.request.model):
+    if is_plugin(model):
         return None
-    decoded = decoded_audio_bytes(plan.data.describe())
-    if decoded is None or decoded * plan.world_size > settings.preload_memory_fraction * plan.hardware.memory_bytes:
+    decoded = decoded_audio_bytes(data)
+    if decoded is None or decoded * world_size > settings.preload_memory_fraction * memory_bytes:
         return None
 
     def worth_it(record: TrialRecord) -> bool:

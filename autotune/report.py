@@ -15,6 +15,7 @@ import pandas as pd
 
 from autotune import knobs
 from autotune.errors import UserError
+from autotune.measurements import Measurements
 from autotune.report_plots import GIB, Marks, hardware_line, make_plots
 from autotune.results import TunedConfig, load_config
 from autotune.storage import JOURNAL_PREFIX, open_storage, redact_url
@@ -171,17 +172,17 @@ _CSS = (
 )
 
 
-def _metric(metrics: dict[str, Any], name: str) -> str:
-    value = (metrics or {}).get("samples_per_second")
+def _metric(measured: Measurements, name: str) -> str:
+    value = measured.samples_per_second
     return f"{value:.1f} samples/s" if isinstance(value, (int, float)) else f"{name} not measured"
 
 
 def _headline_html(tuned: TunedConfig) -> str:
-    metrics, speedup = tuned.metrics, tuned.metrics.get("speedup")
+    speedup = tuned.metrics.get("speedup")
     faster = f"<b>{speedup:.2f}&times;</b> the baseline's throughput" if speedup else "no baseline to compare with"
     return (
-        f'<p class="headline">winner {_metric(metrics.get("winner", {}), "winner")} vs baseline '
-        f"{_metric(metrics.get('baseline', {}), 'baseline')}: {faster}</p>"
+        f'<p class="headline">winner {_metric(tuned.winner, "winner")} vs baseline '
+        f"{_metric(tuned.baseline, 'baseline')}: {faster}</p>"
         f"<p>Hardware: {html.escape(hardware_line(tuned))} (fingerprint "
         f"{html.escape(str(tuned.hardware.get('fingerprint', '?')))}). Measured {html.escape(tuned.created)} with "
         f"autotune {html.escape(tuned.autotune_version)}; study {html.escape(str(tuned.search.get('study_name')))}.</p>"

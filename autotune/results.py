@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotune import knobs, optimizer_kernels, yamlio
 from autotune.errors import OutputError, UserError, describe_os_error
+from autotune.measurements import Measurements, speedup_range, summarise_measurements
+from autotune.trial.dataloader import dataloader_kwargs, dynamic_batching
 from autotune.trial.precision import PrecisionSettings
-from autotune.trial.spec import TrialConfig, TrialResult
+from autotune.trial.process import apply_process_settings
+from autotune.trial.spec import TrialConfig
 
-__all__ = ["TunedConfig", "summarise_measurements", "speedup_range", "load_config", "write_config"]
+__all__ = [
+    "Measurements",
+    "TunedConfig",
+    "summarise_measurements",
+    "speedup_range",
+    "load_config",
+    "write_config",
+]
 
 _HEADER = """\
 # autotune result: the fastest stable training configuration measured on this machine.
@@ -33,57 +41,6 @@ _HEADER = """\
 # metrics: samples_per_second is end-to-end training throughput (data loading included), the median of
 # `measurements` timed windows; speedup compares the winner with the recipe baseline measured in the same run.
 """
-
-
-def summarise_measurements(results: Sequence[TrialResult]) -> dict[str, Any]:
-    """Median figures over repeated measurements of one configuration, with their spread."""
-    feasible = [r for r in results if r.feasible and r.samples_per_second]
-    if not feasible:
-        failed = results[0] if results else None
-        return {"status": failed.status if failed else "missing", "reason": failed.reason if failed else ""}
-    values = [r.samples_per_second for r in feasible]
-
-    def median_of(name: str) -> float | None:
-        found = [getattr(r, name) for r in feasible if getattr(r, name) is not None]
-        return round(statistics.median(found), 6) if found else None
-
-    median = statistics.median(values)
-    return {
-        "status": "ok",
-        "samples_per_second": round(median, 3),
-        "samples_per_second_min": round(min(values), 3),
-        "samples_per_second_max": round(max(values), 3),
-        "spread_fraction": round((max(values) - min(values)) / median, 4) if median else None,
-        "measurements": len(values),
-        "audio_seconds_per_second": median_of("audio_seconds_per_second"),
-        "step_time_median_s": median_of("step_time_median_s"),
-        "step_time_p90_s": median_of("step_time_p90_s"),
-        "data_wait_fraction": median_of("data_wait_fraction"),
-        "peak_memory_bytes": max(r.peak_memory_bytes or 0 for r in feasible),
-        "memory_capacity_bytes": feasible[0].memory_capacity_bytes,
-        "gpu_utilization_percent": median_of("gpu_utilization_percent"),
-        "gpu_power_watts": median_of("gpu_power_watts"),
-        "start_s": median_of("start_s"),
-        "setup_s": median_of("setup_s"),
-        "trial_wall_s": median_of("wall_s"),
-        "world_size": feasible[0].world_size,
-        "per_rank_samples_per_second": feasible[0].per_rank_samples_per_second,
-        "epoch_accounting": feasible[0].epoch_accounting,
-        "fp32_math": feasible[0].fp32_math,
-    }
-
-
-def speedup_range(winner: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any] | None:
-    """The speedup's spread: the worst and best pairings of the two configurations' measurements, and how many there
-    were (a single baseline window carries this machine's noise unmeasured; the range then understates it)."""
-    if winner.get("status") != "ok" or baseline.get("status") != "ok":
-        return None
-    return {
-        "low": round(winner["samples_per_second_min"] / baseline["samples_per_second_max"], 3),
-        "high": round(winner["samples_per_second_max"] / baseline["samples_per_second_min"], 3),
-        "winner_measurements": winner["measurements"],
-        "baseline_measurements": baseline["measurements"],
-    }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,41 +65,37 @@ class TunedConfig:
         )
 
     @property
+    def winner(self) -> Measurements:
+        """The winner's measurements (metrics.winner), typed."""
+        return Measurements.from_dict(self.metrics.get("winner") or {})
+
+    @property
+    def baseline(self) -> Measurements:
+        """The recipe baseline's measurements (metrics.baseline; NOT_MEASURED when the run had none), typed."""
+        return Measurements.from_dict(self.metrics.get("baseline") or {})
+
+    @property
     def dynamic_batching(self) -> bool:
         """Tuned with WeNet-style dynamic batches (a frame budget per batch, not a sample count)."""
-        return self.config.workload_knobs.get("batch_type") == "dynamic"
+        return dynamic_batching(self.config)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch).
 
-        With dynamic batching the dataset pipeline forms the batches (WeNet's DataLoader(batch_size=None)): then
-        batch_size is None and the frame budget is in the result's batch section (max_frames_in_batch).
+        The very arguments the trials measured with (trial/dataloader.py builds both). With dynamic batching the
+        dataset pipeline forms the batches (WeNet's DataLoader(batch_size=None)): then batch_size is None and the
+        frame budget is in the result's batch section (max_frames_in_batch).
         """
-        config = self.config
-        kwargs: dict[str, Any] = {
-            "batch_size": None if self.dynamic_batching else config.per_device_batch_size,
-            "num_workers": config.num_workers,
-            "pin_memory": config.pin_memory,
-        }
-        if not self.dynamic_batching:
-            kwargs["drop_last"] = True
-        if config.num_workers > 0:
-            if config.prefetch_factor is not None:  # unset: DataLoader's own default, and the YAML reads back equal
-                kwargs["prefetch_factor"] = config.prefetch_factor
-            kwargs["persistent_workers"] = config.persistent_workers
-        return kwargs
+        return dataloader_kwargs(self.config)
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         """torch.autocast for bf16/fp16 on this result's device type; a no-op context for fp32/tf32."""
         return self.precision.autocast()
 
     def apply_backend_flags(self) -> str:
-        """Set TF32 explicitly (both of torch's APIs where it has two, precision.py) and cudnn.benchmark."""
-        if self.config.intra_op_threads is not None:
-            import torch
-
-            torch.set_num_threads(self.config.intra_op_threads)
-        return self.precision.apply_backend_flags()
+        """Set TF32 explicitly (both of torch's APIs where it has two, precision.py), cudnn.benchmark and the intra-op
+        threads, as the trials set them (trial/process.py)."""
+        return apply_process_settings(self.config, self.precision)
 
     def grad_scaler(self) -> Any:
         return self.precision.grad_scaler()
@@ -248,7 +201,9 @@ def load_config(path: str | Path) -> TunedConfig:
     """
     data = yamlio.read_mapping(path, what="autotune result")
     try:
-        return TunedConfig.from_dict(data)
+        tuned = TunedConfig.from_dict(data)
+        tuned.winner, tuned.baseline  # noqa: B018 - typed now: a misspelled figure is refused here, not later
+        return tuned
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise UserError(
             f"{path} is not an autotune result (missing or wrong field {error}); pass a file written by 'autotune run'"

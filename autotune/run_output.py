@@ -57,7 +57,7 @@ def write_result(tuned: TunedConfig, path: Path) -> Path:
         return write_config(tuned, path)
     except OutputError as error:
         raise MachineFailure(
-            f"{error}; the winner was {tuned.config.short()} at {tuned.metrics['winner']['samples_per_second']:,.1f} "
+            f"{error}; the winner was {tuned.config.short()} at {tuned.winner.samples_per_second or 0:,.1f} "
             "samples/s, and the measured trials stay in the study: free space (or choose another --out) and rerun, "
             "which re-measures it first"
         ) from None

@@ -9,7 +9,7 @@ import os
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from autotune import (
     history,
     preflight,
     preloading,
+    run_result,
     storage,
     warmstart,
     workloads,
@@ -31,70 +32,32 @@ from autotune import space as space_module
 from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.hardware import Hardware, probe
 from autotune.reporting import Reporter
-from autotune.results import TunedConfig, speedup_range, summarise_measurements
+from autotune.results import TunedConfig
 from autotune.run_output import check_writable, make_folders, remove_empty, write_result
+from autotune.run_plan import RunPlan, RunRequest
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
-from autotune.trial.amp_check import AmpCheckSettings
 from autotune.tuner import STORAGE_FAILED, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
 
 if TYPE_CHECKING:
     from autotune.data.offline import Preparation
 
-__all__ = ["RunRequest", "RunPlan", "RunReport", "TuningFailed", "prepare", "execute", "redact_url"]
+__all__ = [
+    "RunRequest",
+    "RunPlan",
+    "RunReport",
+    "TuningFailed",
+    "prepare",
+    "execute",
+    "redact_url",
+]  # the first two: run_plan.py
 
 logger = logging.getLogger(__name__)
 
 
 class TuningFailed(RuntimeError):
     """No configuration was both measured and stable."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunRequest:
-    """Everything the user asked for."""
-
-    model: str
-    data: str | None = None
-    space: str | None = None
-    storage: str | None = None
-    out: str | None = None
-    results_dir: str = "results"
-    device: str = "auto"
-    settings: TunerSettings = field(default_factory=TunerSettings)
-    workload_options: dict[str, Any] = field(default_factory=dict)
-    epoch_samples: int | None = None  # training samples per epoch for the prediction (default: the data list's size)
-    epoch_hours: float | None = None  # hours of audio per epoch for the prediction (instead of epoch_samples)
-    devices: int | None = None  # ranks per trial; default every visible GPU, or 1 on a CPU
-    global_batch: int | None = None  # held fixed: the search varies the per-device micro-batch and accumulation
-    warm_start: bool = True  # a rerun re-measures the previous winner and its neighbours first
-    warm_fraction: float = 0.5  # share of --trials and --budget a warm-started rerun spends
-    drift_threshold: float = drift.DEFAULT_THRESHOLD
-    amp_check: AmpCheckSettings | None = field(default_factory=AmpCheckSettings)  # None: --no-amp-check
-    compute_ceiling: bool = True  # measure the winner once more on batches already in memory
-
-
-@dataclass(kw_only=True, slots=True)
-class RunPlan:
-    """A validated request: every input checked, nothing measured yet."""
-
-    request: RunRequest
-    hardware: Hardware
-    workload: workloads.Workload
-    data: Any  # autotune.data.DataSource
-    space: space_module.SearchSpace
-    space_file: Path
-    storage_url: str
-    study_name: str
-    out_path: Path
-    workdir: Path
-    options: dict[str, Any]
-    world_size: int = 1
-    warm_start: warmstart.WarmStart | None = None
-    option_notes: tuple[str, ...] = ()  # what the workload says about its options (Workload.check_options)
-    preparation: Preparation | None = None  # the workload's one-off data preparation, done by execute()
-    started_s: float = field(default_factory=time.monotonic)  # when the run began checking its inputs (its budget)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -268,7 +231,12 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         strict_baseline=workloads.is_plugin(request.model),
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
         rejected_precisions=amp.rejected() if amp else None,
-        preload_probe=preloading.preload_probe(plan),
+        preload_probe=preloading.preload_probe(
+            model=request.model,
+            data=plan.data.describe(),
+            world_size=plan.world_size,
+            memory_bytes=plan.hardware.memory_bytes,
+        ),
         closing_trials=1 if request.compute_ceiling else 0,
         before=machine.stages,
     )
@@ -290,9 +258,18 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
         busy = f"; {machine.load.describe()}: tune when it is quieter" if machine.load.busy else ""
         raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}{busy}")
-    tuned = _tuned_config(plan, outcome)
-    preflight.record(machine, tuned, outcome.records)
-    assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=ceiling, amp=amp)
+    tuned = preflight.record(machine, run_result.tuned_config(plan, outcome), outcome.records)
+    assessed = assessment.assess(
+        tuned.winner,
+        tuned.config,
+        hardware=plan.hardware,
+        data=plan.data.describe(),
+        space=plan.space,
+        outcome=outcome,
+        ceiling=ceiling,
+        amp=amp,
+    )
+    tuned = assessed.applied_to(tuned)
     again = drift.remeasured(outcome)
     verdict = drift.judge(
         previous=plan.warm_start.previous if plan.warm_start else None,
@@ -309,7 +286,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     else:
         result_path = plan.out_path
         kept = dataclasses.replace(outcome, winner=again, winner_reason="") if again and again.feasible else None
-        accepted = _tuned_config(plan, kept) if kept else None
+        accepted = run_result.tuned_config(plan, kept) if kept else None
     try:
         if accepted is not None:
             history.record(accepted, result_path, plan.request.results_dir)
@@ -329,118 +306,3 @@ def prepare_data(plan: RunPlan) -> Preparation | None:
     if preparation is not None:
         logger.info("%s", preparation.note())
     return preparation
-
-
-def _tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
-    assert outcome.winner is not None
-    winner = summarise_measurements([r.result for r in outcome.winner.records])
-    baseline = summarise_measurements([r.result for r in outcome.baseline.records]) if outcome.baseline else {}
-    speedup = None
-    if baseline.get("status") == "ok":
-        speedup = round(winner["samples_per_second"] / baseline["samples_per_second"], 3)
-    notes = [f"baseline adapted to this machine: {note}" for note in plan.space.baseline_notes]
-    notes += [f"space adapted to this machine: {note}" for note in plan.space.space_notes]
-    if plan.data.synthetic:
-        notes.append("measured on autotune's synthetic default corpus; rerun with --data on your own list to be sure")
-    notes.extend(plan.option_notes)
-    if baseline.get("status") not in (None, "ok"):
-        notes.append(f"the recipe baseline could not be used here: {baseline['status']}: {baseline.get('reason', '')}")
-    if outcome.winner_reason and outcome.winner_reason != "fastest by median":
-        notes.append(outcome.winner_reason)
-    if winner["measurements"] < 2:
-        notes.append("the winner rests on a single measurement (budget too small for confirmation)")
-    lr_note = learning_rate_advice(plan, outcome)
-    if lr_note:
-        notes.append(lr_note)
-    if plan.preparation is not None:
-        notes.append(plan.preparation.note())
-    return TunedConfig(
-        workload={
-            "name": plan.workload.name,
-            "model": plan.request.model,
-            "task": plan.workload.task,
-            "options": plan.options,
-        },
-        config=outcome.winner.config,
-        device_type=plan.hardware.device_type,
-        metrics={
-            "objective": "samples_per_second",
-            "winner": winner,
-            "baseline": baseline,
-            "speedup": speedup,
-            "speedup_range": speedup_range(winner, baseline),
-            "epoch": predict_epoch(plan, winner, baseline),
-            "data_preparation": plan.preparation.to_dict() if plan.preparation else None,
-        },
-        hardware=plan.hardware.to_dict(),
-        data=plan.data.describe(),
-        search=_search_summary(plan, outcome),
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        autotune_version=__version__,
-        notes=notes,
-    )
-
-
-def learning_rate_advice(plan: RunPlan, outcome: TuningOutcome) -> str | None:
-    """Without --global-batch the winner's global batch is free; say how to keep the optimisation comparable."""
-    if plan.request.global_batch is not None or outcome.winner is None or outcome.baseline is None:
-        return None
-    new, recipe = outcome.winner.config.global_batch_size, outcome.baseline.config.global_batch_size
-    if new == recipe:
-        return None
-    factor = new / recipe
-    lr = plan.options.get("lr")
-    example = f" (lr {lr:g} -> {lr * factor:.3g})" if isinstance(lr, (int, float)) and lr > 0 else ""
-    return (
-        f"the global batch changes from the baseline's {recipe} to {new} ({outcome.winner.config.per_device_batch_size}"
-        f" per device x {plan.world_size} device(s) x {outcome.winner.config.grad_accum_steps} accumulation): by the "
-        f"linear scaling rule multiply the learning rate by {factor:.3g}{example} and keep the warm-up, or rerun with "
-        f"--global-batch {recipe} to hold the recipe's batch fixed"
-    )
-
-
-def predict_epoch(plan: RunPlan, winner: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-    """Minutes per epoch for baseline and winner, as users think in epochs, on the devices a trial used.
-
-    The epoch is --epoch-hours of audio (divided by the audio each sample carries, as measured), --epoch-samples,
-    or the data list's size.
-    """
-    request = plan.request
-    samples = request.epoch_samples or plan.data.describe()["n_utterances_total"]
-    source = "--epoch-samples" if request.epoch_samples else "the data list (one sample per entry)"
-
-    def minutes(metrics: dict[str, Any]) -> float | None:
-        if metrics.get("status") != "ok":
-            return None
-        if request.epoch_hours is not None and metrics.get("audio_seconds_per_second"):
-            return round(request.epoch_hours * 3600.0 / metrics["audio_seconds_per_second"] / 60.0, 1)
-        rate = metrics.get("samples_per_second")
-        return round(samples / rate / 60.0, 1) if rate else None
-
-    prediction: dict[str, Any] = {"samples": samples, "samples_from": source}
-    if request.epoch_hours is not None:
-        prediction = {"audio_hours": request.epoch_hours, "samples_from": "--epoch-hours (audio per sample measured)"}
-    return {
-        **prediction,
-        "devices": plan.world_size,
-        "baseline_minutes": minutes(baseline),
-        "winner_minutes": minutes(winner),
-    }
-
-
-def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
-    settings = plan.request.settings
-    return {
-        "space_file": str(plan.space_file),
-        "space": plan.space.source,
-        "baseline_config": outcome.baseline.config.to_dict() if outcome.baseline else None,
-        "sampler": settings.sampler,
-        "study_name": plan.study_name,
-        "storage": redact_url(plan.storage_url),
-        "trials_this_run": len(outcome.records),
-        "trial_statuses": dict(Counter(r.result.status for r in outcome.records)),
-        "stopped_by": outcome.stopped_by,
-        "elapsed_s": round(outcome.elapsed_s, 1),
-        "timing": settings.timing.to_dict(),
-        "budget_plan": outcome.plan.to_dict() if outcome.plan else None,
-    }

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import UserError
 
 if TYPE_CHECKING:
-    from autotune.runner import RunRequest
+    from autotune.run_plan import RunRequest
     from autotune.workloads import Workload
 
 __all__ = ["SAMPLERS", "DEVICES", "MAX_SEED", "check_request", "check_workload_options", "check_path_text"]

@@ -48,7 +48,7 @@ class PreviousResult:
 
     @property
     def samples_per_second(self) -> float:
-        return float(self.tuned.metrics["winner"]["samples_per_second"])
+        return float(self.tuned.winner.samples_per_second or 0.0)
 
     def describe(self) -> str:
         return f"{self.path} ({self.tuned.created[:10]}, {self.samples_per_second:,.1f} samples/s)"
@@ -109,7 +109,7 @@ def read_previous(out_path: Path, study_name: str, options: dict[str, Any]) -> t
         return None, f"previous result {out_path} is from another study ({other}); not compared"
     if tuned.workload.get("options") != yamlio.plain(options):
         return None, f"previous result {out_path} was measured with other workload options; not compared"
-    if not (tuned.metrics.get("winner") or {}).get("samples_per_second"):
+    if not tuned.winner.samples_per_second:
         return None, f"previous result {out_path} records no throughput; not compared"
     return PreviousResult(path=out_path, tuned=tuned), ""
 
@@ -203,7 +203,11 @@ def _ranked_configs(study: optuna.Study) -> list[tuple[TrialConfig, float, int]]
         result, config = trial.user_attrs.get("result") or {}, trial.user_attrs.get("config")
         if result.get("status") != "ok" or not config or not trial.value:
             continue
-        parsed = TrialConfig.from_dict(config)
+        try:
+            parsed = TrialConfig.from_dict(config)
+        except (TypeError, ValueError) as error:  # written by an autotune whose knobs differ: not comparable
+            logger.warning("the warm start leaves out trial %d of the study: %s", trial.number, error)
+            continue
         measured.setdefault(_key(parsed), []).append((trial.value, trial.number, parsed))
     ranked = [
         (runs[0][2], statistics.median(value for value, _, _ in runs), max(runs)[1]) for runs in measured.values()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +61,45 @@ def _torch_threads() -> Iterator[None]:
     yield
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+def _tf32_state(torch: Any, settings: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The legacy allow_tf32 flags and the per-backend fp32_precision values; None where torch refuses to read the
+    legacy flags after a mix of both APIs."""
+    backends = torch.backends
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the legacy getters' deprecation notice
+        try:
+            legacy = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32)
+        except RuntimeError:
+            return None
+    return (*legacy, *(setting.fp32_precision for setting in settings))
+
+
+@pytest.fixture(autouse=True)
+def _torch_backend_flags() -> Iterator[None]:
+    """A test that sets TF32 and cudnn.benchmark in this process (a trial or the AMP check run in-process, a result's
+    apply_backend_flags) leaves the next test torch's flags as it found them (the doctor reads the untouched ones)."""
+    import torch
+
+    from autotune.trial.precision import uses_new_tf32_api
+
+    backends = torch.backends
+    settings = (
+        (backends.cuda.matmul, backends.cudnn.conv, backends.cudnn.rnn, backends) if uses_new_tf32_api(torch) else ()
+    )
+    saved, benchmark = _tf32_state(torch, settings), backends.cudnn.benchmark
+    yield
+    backends.cudnn.benchmark = benchmark
+    if saved is None or _tf32_state(torch, settings) == saved:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        # The legacy setters first: they reset every cuDNN operator's flag, those the new API does not name too.
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = saved[:2]
+    for setting, value in zip(settings, saved[2:], strict=True):
+        if setting.fp32_precision != value:
+            setting.fp32_precision = value
 
 
 @pytest.fixture

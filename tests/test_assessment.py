@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from autotune import assessment, space
+from autotune.measurements import Measurements
 from autotune.results import TunedConfig
 from autotune.trial import TrialConfig, TrialResult
 from autotune.trial.amp_check import AmpCheckResult, PrecisionVerdict
@@ -18,14 +17,14 @@ CEILING = TrialResult(status="ok", samples_per_second=200.0, window_samples_per_
 
 
 def test_achieved_tflops_against_the_known_peak_and_the_ceiling():
-    metrics = assessment.compute_metrics({"samples_per_second": 150.0}, CEILING, BF16, make_cuda())
+    metrics = assessment.compute_metrics(150.0, CEILING, BF16, make_cuda())
     assert metrics["flops_per_sample"] == 1e9 and metrics["achieved_tflops"] == pytest.approx(0.15)
     assert metrics["peak_tflops"] == 312.0 and metrics["fraction_of_peak"] == pytest.approx(0.15 / 312, abs=1e-4)
     assert metrics["ceiling_tflops"] == pytest.approx(0.2) and metrics["pipeline_efficiency"] == 0.75
-    on_cpu = assessment.compute_metrics({"samples_per_second": 150.0}, CEILING, BF16, make_cpu())
+    on_cpu = assessment.compute_metrics(150.0, CEILING, BF16, make_cpu())
     assert on_cpu["peak_tflops"] is None and on_cpu["fraction_of_peak"] is None and on_cpu["achieved_tflops"]
     failed = TrialResult(status="oom", reason="out of memory: ...")
-    unmeasured = assessment.compute_metrics({"samples_per_second": 150.0}, failed, BF16, make_cuda())
+    unmeasured = assessment.compute_metrics(150.0, failed, BF16, make_cuda())
     assert unmeasured["pipeline_efficiency"] is None and unmeasured["ceiling_failed"].startswith("oom: out of memory")
 
 
@@ -157,11 +156,6 @@ def test_assess_adds_every_section_and_notes_a_rejected_precision(cpu_hardware):
         elapsed_s=20.0,
     )
     data = {"total_audio_hours": 1.0, "sample_rates": [16000], "n_utterances": 10, "n_utterances_total": 10}
-    plan = SimpleNamespace(
-        hardware=cpu_hardware,
-        data=SimpleNamespace(describe=lambda: data),
-        space=space.load(space.space_path("cam++"), cpu_hardware),
-    )
     amp = AmpCheckResult(
         status="ok",
         reference_losses=[3.0, 2.0],
@@ -178,7 +172,18 @@ def test_assess_adds_every_section_and_notes_a_rejected_precision(cpu_hardware):
         created="2026-01-01T00:00:00+00:00",
         autotune_version="0",
     )
-    assessment.assess(tuned, plan=plan, outcome=outcome, ceiling=CEILING, amp=amp)  # type: ignore[arg-type]
+    assessed = assessment.assess(
+        Measurements(status="ok", samples_per_second=100.0, data_wait_fraction=0.4),
+        BF16,
+        hardware=cpu_hardware,
+        data=data,
+        space=space.load(space.space_path("cam++"), cpu_hardware),
+        outcome=outcome,
+        ceiling=CEILING,
+        amp=amp,
+    )
+    assert tuned.metrics == {"winner": {"samples_per_second": 100.0, "data_wait_fraction": 0.4}} and not tuned.notes
+    tuned = assessed.applied_to(tuned)  # a new result: the frozen one is left as it was
     metrics = tuned.metrics
     assert metrics["compute"]["pipeline_efficiency"] == 0.5 and metrics["overhead"]["trials"] == 1
     assert metrics["noise"]["configurations"] == 0
@@ -240,5 +245,5 @@ def test_a_ceiling_that_would_end_past_the_budget_is_skipped_and_says_so(monkeyp
     outcome = TuningOutcome(records=winner.records, baseline=None, winner=winner, stopped_by="budget", elapsed_s=890.0)
     skipped = assessment.measure_ceiling(outcome, lambda config, path: None, None, 60.0, left_s=10.0)
     assert skipped.status == "skipped" and skipped.reason.startswith("no room left in --budget (10 s left")
-    metrics = assessment.compute_metrics({"samples_per_second": 9.0}, skipped, BF16, make_cpu())
+    metrics = assessment.compute_metrics(9.0, skipped, BF16, make_cpu())
     assert metrics["pipeline_efficiency"] is None and metrics["ceiling_failed"].startswith("skipped: no room left")

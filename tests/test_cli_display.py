@@ -62,3 +62,30 @@ def test_the_budget_plan_is_drawn_live_above_the_trial_bar():
     console.print(Group(*progress.get_renderables()))
     drawn = console.file.getvalue()  # type: ignore[attr-defined]
     assert drawn.index("plan: 1.6 of 5.0 min") < drawn.index("#2 seed")
+
+
+def test_the_summary_reads_the_typed_measurements_and_says_why_a_baseline_has_none():
+    import dataclasses
+    from types import SimpleNamespace
+
+    from autotune.cli_display import print_summary
+    from autotune.tuner import TuningOutcome
+    from tests.test_results import make_tuned
+
+    winner = {"status": "ok", "samples_per_second": 123.456, "measurements": 3, "setup_s": 2.0, "trial_wall_s": 20.0}
+    outcome = TuningOutcome(records=[], baseline=None, winner=None, stopped_by="trials", elapsed_s=60.0)
+
+    def shown(baseline: dict) -> list[str]:
+        tuned = make_tuned()
+        tuned = dataclasses.replace(
+            tuned, metrics={"winner": winner, "baseline": baseline}, search={**tuned.search, "stopped_by": "trials"}
+        )
+        console = Console(file=io.StringIO(), width=200)
+        print_summary(console, SimpleNamespace(tuned=tuned, outcome=outcome, written=True, result_path="r.yaml"))
+        lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+        return [" ".join(line.replace("│", " ").split()) for line in lines]
+
+    failed = shown({"status": "oom", "reason": "out of memory"})
+    assert "samples/s (median) 123.5 oom" in failed and "measurements 3 oom" in failed
+    assert "trial setup s / wall s 2.0 / 20.0 -" in failed
+    assert "samples/s (median) 123.5 -" in shown({})  # no baseline in this run

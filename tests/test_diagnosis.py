@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autotune.diagnosis import LargerBatches, decoded_audio_bytes, diagnose
+from autotune.measurements import Measurements
 from autotune.trial import TrialConfig
 from tests.conftest import make_cpu, make_cuda
 
@@ -17,7 +18,7 @@ def test_decoded_audio_size_scales_a_sampled_list_to_the_whole():
 
 
 def test_waiting_for_data_is_data_bound_with_workers_and_preloading_next():
-    winner = {"data_wait_fraction": 0.42, "gpu_utilization_percent": 35.0}
+    winner = Measurements(status="ok", data_wait_fraction=0.42, gpu_utilization_percent=35.0)
     config = TrialConfig(per_device_batch_size=64, num_workers=2, pin_memory=False)
     result = diagnose(
         winner, config=config, hardware=make_cuda(), data=SMALL_CORPUS, compute={"pipeline_efficiency": 0.5}
@@ -35,20 +36,26 @@ def test_waiting_for_data_is_data_bound_with_workers_and_preloading_next():
 
 def test_a_winner_that_already_preloads_is_not_told_to_preload():
     config = TrialConfig(per_device_batch_size=64, num_workers=2, pin_memory=True, preload_audio=True)
-    result = diagnose({"data_wait_fraction": 0.3}, config=config, hardware=make_cuda(), data=SMALL_CORPUS)
+    result = diagnose(
+        Measurements(status="ok", data_wait_fraction=0.3), config=config, hardware=make_cuda(), data=SMALL_CORPUS
+    )
     assert result.bound == "data pipeline" and result.next  # more workers still applies
     assert not any("preload" in line or "storage" in line for line in result.next)
 
 
 def test_a_corpus_too_big_for_ram_points_at_storage():
     config = TrialConfig(per_device_batch_size=64, num_workers=16, pin_memory=True)
-    result = diagnose({"data_wait_fraction": 0.3}, config=config, hardware=make_cuda(), data=HUGE_CORPUS)
+    result = diagnose(
+        Measurements(status="ok", data_wait_fraction=0.3), config=config, hardware=make_cuda(), data=HUGE_CORPUS
+    )
     assert result.bound == "data pipeline"
     assert result.next == (result.next[0],) and result.next[0].startswith("faster local storage (NVMe)")
 
 
 def test_a_step_that_never_waits_is_compute_bound():
-    winner = {"data_wait_fraction": 0.01, "peak_memory_bytes": 8 * 2**30, "memory_capacity_bytes": 80 * 2**30}
+    winner = Measurements(
+        status="ok", data_wait_fraction=0.01, peak_memory_bytes=8 * 2**30, memory_capacity_bytes=80 * 2**30
+    )
     compute = {"pipeline_efficiency": 0.97, "fraction_of_peak": 0.21}
     result = diagnose(
         winner,
@@ -68,7 +75,7 @@ def test_a_step_that_never_waits_is_compute_bound():
 
 def test_a_rejected_or_searched_precision_is_not_suggested_again():
     result = diagnose(
-        {"data_wait_fraction": 0.0},
+        Measurements(status="ok", data_wait_fraction=0.0),
         config=TrialConfig(per_device_batch_size=16, precision="fp32"),
         hardware=make_cpu(),
         data=SMALL_CORPUS,
@@ -80,21 +87,26 @@ def test_a_rejected_or_searched_precision_is_not_suggested_again():
 
 def test_cpu_data_bound_advice_is_about_sharing_cores():
     config = TrialConfig(per_device_batch_size=16, num_workers=1, intra_op_threads=1)
-    result = diagnose({"data_wait_fraction": 0.6}, config=config, hardware=make_cpu(), data=SMALL_CORPUS)
+    result = diagnose(
+        Measurements(status="ok", data_wait_fraction=0.6), config=config, hardware=make_cpu(), data=SMALL_CORPUS
+    )
     assert result.next[0].startswith("rebalance DataLoader workers (1) against intra-op threads (1)")
 
 
 def test_nothing_measured_is_unknown():
-    result = diagnose({}, config=TrialConfig(per_device_batch_size=8), hardware=make_cpu(), data={})
+    result = diagnose(
+        Measurements(status="ok"), config=TrialConfig(per_device_batch_size=8), hardware=make_cpu(), data={}
+    )
     assert result.bound == "unknown" and result.next == ()
 
 
-ROOMY = {
-    "data_wait_fraction": 0.02,
-    "samples_per_second": 14.7,
-    "peak_memory_bytes": 2**30,
-    "memory_capacity_bytes": 20 * 2**30,
-}
+ROOMY = Measurements(
+    status="ok",
+    data_wait_fraction=0.02,
+    samples_per_second=14.7,
+    peak_memory_bytes=2**30,
+    memory_capacity_bytes=20 * 2**30,
+)
 BS16 = TrialConfig(per_device_batch_size=16, precision="bf16")
 
 

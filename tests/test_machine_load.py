@@ -68,3 +68,19 @@ def test_a_busy_machine_gets_longer_windows():
     assert adapted.timing.window_s == 10.0 * machine_load.BUSY_WINDOW_FACTOR and adapted.confirm_repeats == 2
     assert "windows of at least 20 s" in changes[0]
     assert busy.to_dict()["busy"] and not quiet.to_dict()["busy"]
+
+
+def test_the_load_is_recorded_in_a_new_result_and_the_frozen_one_is_left_as_it_was():
+    from autotune import preflight
+    from tests.test_results import make_tuned
+
+    busy = MachineLoad(cores=2, load_average=3.1, others_cpu_fraction=0.45, kernel_spread_fraction=0.2, seconds=1.5)
+    changes = ["busy: windows of at least 20 s instead of 10"]
+    tuned = make_tuned()
+    before = (dict(tuned.search), list(tuned.notes))
+    recorded = preflight.record(
+        preflight.Preflight(settings=TunerSettings(), load=busy, adaptations=changes), tuned, records=[]
+    )
+    assert (tuned.search, tuned.notes) == before
+    assert recorded.search == {**tuned.search, "machine_load": {**busy.to_dict(), "adapted": changes}}
+    assert recorded.notes[: len(tuned.notes)] == tuned.notes and "the machine was busy" in recorded.notes[-1]

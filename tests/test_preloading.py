@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from autotune.diagnosis import DiagnosisSettings
@@ -15,9 +13,9 @@ GIB = 2**30
 
 
 def _plan(model: str = "cam++", hours: float = 1.0, memory_bytes: int = 16 * GIB, world_size: int = 1):
-    data = SimpleNamespace(describe=lambda: {"total_audio_hours": hours, "sample_rates": [16000]})
-    hardware = SimpleNamespace(memory_bytes=memory_bytes)
-    return SimpleNamespace(request=SimpleNamespace(model=model), data=data, hardware=hardware, world_size=world_size)
+    """What the probe is given of the run's plan."""
+    data = {"total_audio_hours": hours, "sample_rates": [16000]}
+    return {"model": model, "data": data, "world_size": world_size, "memory_bytes": memory_bytes}
 
 
 def _record(number: int, config: TrialConfig, rate: float | None, wait: float = 0.3, **extra) -> TrialRecord:
@@ -28,15 +26,15 @@ def _record(number: int, config: TrialConfig, rate: float | None, wait: float = 
 
 def test_the_probe_runs_only_for_a_data_bound_config_of_a_corpus_that_fits():
     # One hour of 16 kHz audio is ~110 MiB as 16-bit PCM: within a quarter of 16 GiB, not of 256 MiB.
-    worth_it = preload_probe(_plan())
+    worth_it = preload_probe(**_plan())
     config = TrialConfig(per_device_batch_size=8)
     assert worth_it(_record(0, config, 10.0, wait=0.3))
     assert not worth_it(_record(0, config, 10.0, wait=0.02))
-    assert preload_probe(_plan(memory_bytes=256 * 2**20)) is None
-    assert preload_probe(_plan(hours=15.0, world_size=2)) is not None  # 2 x 1.6 GiB within 4 GiB
-    assert preload_probe(_plan(hours=15.0, world_size=4)) is None  # every rank holds its own copy
-    assert preload_probe(_plan(model="my.pkg:factory")) is None  # a plugin's dataset may ignore the flag
-    strict = preload_probe(_plan(), DiagnosisSettings(max_data_wait_fraction=0.5))
+    assert preload_probe(**_plan(memory_bytes=256 * 2**20)) is None
+    assert preload_probe(**_plan(hours=15.0, world_size=2)) is not None  # 2 x 1.6 GiB within 4 GiB
+    assert preload_probe(**_plan(hours=15.0, world_size=4)) is None  # every rank holds its own copy
+    assert preload_probe(**_plan(model="my.pkg:factory")) is None  # a plugin's dataset may ignore the flag
+    strict = preload_probe(**_plan(), settings=DiagnosisSettings(max_data_wait_fraction=0.5))
     assert not strict(_record(0, config, 10.0, wait=0.3))
 
 
@@ -76,7 +74,9 @@ def test_a_real_run_measures_its_best_config_preloaded_and_reports_it(tmp_path, 
 
     real_probe = preloading.preload_probe
     monkeypatch.setattr(
-        runner.preloading, "preload_probe", lambda plan: real_probe(plan, DiagnosisSettings(max_data_wait_fraction=-1))
+        runner.preloading,
+        "preload_probe",
+        lambda **plan: real_probe(**plan, settings=DiagnosisSettings(max_data_wait_fraction=-1)),
     )
     space_file = tmp_path / "space.yaml"  # the recipe's own baseline takes minutes per step on a CPU
     space_file.write_text(

@@ -214,7 +214,7 @@ def test_summary_takes_median_and_spread() -> None:
         _ok(110.0, step_time_median_s=0.27, peak_memory_bytes=2_000, memory_capacity_bytes=9_000, wall_s=21.0),
         TrialResult(status="oom", reason="CUDA out of memory"),
     ]
-    summary = summarise_measurements(measured)
+    summary = summarise_measurements(measured).to_dict()
     assert summary["status"] == "ok"
     assert summary["samples_per_second"] == 110.0
     assert (summary["samples_per_second_min"], summary["samples_per_second_max"]) == (100.0, 120.0)
@@ -228,24 +228,24 @@ def test_summary_takes_median_and_spread() -> None:
 
 
 def test_summary_of_an_even_count_averages_the_middle_two() -> None:
-    summary = summarise_measurements([_ok(100.0), _ok(200.0), _ok(300.0), _ok(400.0)])
+    summary = summarise_measurements([_ok(100.0), _ok(200.0), _ok(300.0), _ok(400.0)]).to_dict()
     assert summary["samples_per_second"] == 250.0
     assert summary["measurements"] == 4
 
 
 def test_summary_ignores_infeasible_and_unmeasured_results() -> None:
     measured = [TrialResult(status="unstable", samples_per_second=999.0), _ok(50.0), TrialResult(status="ok")]
-    summary = summarise_measurements(measured)
+    summary = summarise_measurements(measured).to_dict()
     assert (summary["samples_per_second"], summary["measurements"], summary["spread_fraction"]) == (50.0, 1, 0.0)
 
 
 def test_summary_when_all_are_infeasible_reports_the_first() -> None:
     measured = [TrialResult(status="oom", reason="out of memory"), TrialResult(status="timeout", reason="hung")]
-    assert summarise_measurements(measured) == {"status": "oom", "reason": "out of memory"}
+    assert summarise_measurements(measured).to_dict() == {"status": "oom", "reason": "out of memory"}
 
 
 def test_summary_of_nothing_is_missing() -> None:
-    assert summarise_measurements([]) == {"status": "missing", "reason": ""}
+    assert summarise_measurements([]).to_dict() == {"status": "missing", "reason": ""}
 
 
 def test_header_mentions_every_public_helper() -> None:

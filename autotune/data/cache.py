@@ -21,7 +21,15 @@ from typing import Any
 
 from autotune.errors import DataError
 
-__all__ = ["canonical_params", "default_cache_dir", "ensure_generated", "params_digest", "read_manifest"]
+__all__ = [
+    "build_folder_atomically",
+    "canonical_params",
+    "default_cache_dir",
+    "ensure_generated",
+    "params_digest",
+    "read_manifest",
+    "temp_sibling",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +73,11 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) else None
 
 
+def temp_sibling(final: Path) -> Path:
+    """A hidden temp path beside `final`, named for this host and process (so stale ones can be found and removed)."""
+    return final.with_name(f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
 def _remove_stale_temp_folders(cache: Path, final_name: str) -> None:
     """Delete temp folders left by killed runs on this host (their pid is gone); they can hold hundreds of MB."""
     prefix = f".{final_name}.tmp-{socket.gethostname()}-"
@@ -81,10 +94,46 @@ def _remove_stale_temp_folders(cache: Path, final_name: str) -> None:
             pass  # alive, owned by someone else
 
 
+def build_folder_atomically(
+    final: Path,
+    *,
+    build: Callable[[Path], Any],
+    is_complete: Callable[[Path], bool],
+    failure: Callable[[OSError], Exception],
+) -> None:
+    """Make `final` by calling `build` on an empty temp sibling and renaming it into place.
+
+    Half-built temp folders of killed runs on this host are removed first, and so is a folder at `final` that is not
+    complete (something other than this function wrote it). Losing a race to another process that finished the same
+    folder is not an error.
+
+    Args:
+        build: writes the folder's content (its completion mark, e.g. a manifest, last) into the folder it is given.
+        is_complete: whether a folder is finished and of the wanted version and parameters.
+        failure: the error to raise for an OSError that left no complete folder (a full disk, a read-only cache).
+    """
+    temp = temp_sibling(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temp_folders(final.parent, final.name)
+        if final.exists() and not is_complete(final):
+            logger.warning("removing incomplete folder %s", final)
+            shutil.rmtree(final)
+        temp.mkdir()
+        build(temp)
+        os.rename(temp, final)
+    except OSError as error:
+        if not is_complete(final):  # not a lost race with another process: a real failure
+            raise failure(error) from error
+        logger.info("another process finished %s first; using it", final)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def ensure_generated(
     final: Path, *, is_complete: Callable[[Path], bool], generate: Callable[[Path], Any], size_mb: int, what: str
 ) -> Path:
-    """Return ``final``, generating it first unless it already holds a finished folder.
+    """Return ``final``, generating it first (build_folder_atomically) unless it already holds a finished folder.
 
     Args:
         final: the folder's path in the cache.
@@ -98,24 +147,13 @@ def ensure_generated(
     """
     if is_complete(final):
         return final
-    cache = final.parent
-    temp = cache / f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     logger.info("generating %s into %s (first use only)", what, final)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temp_folders(cache, final.name)
-        if final.exists() and not is_complete(final):  # only if something other than us wrote there
-            logger.warning("removing incomplete folder %s", final)
-            shutil.rmtree(final)
-        generate(temp)
-        os.rename(temp, final)
-    except OSError as exc:
-        if not is_complete(final):  # not a lost race with another process: a real failure
-            raise DataError(
-                f"cannot write {what} into {cache} ({exc.strerror or exc}); it needs about {size_mb} MB: free disk "
-                "space or set AUTOTUNE_CACHE_DIR to a writable folder"
-            ) from exc
-        logger.info("another process finished %s first; using it", final)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+
+    def failure(error: OSError) -> DataError:
+        return DataError(
+            f"cannot write {what} into {final.parent} ({error.strerror or error}); it needs about {size_mb} MB: free "
+            "disk space or set AUTOTUNE_CACHE_DIR to a writable folder"
+        )
+
+    build_folder_atomically(final, build=generate, is_complete=is_complete, failure=failure)
     return final

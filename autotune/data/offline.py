@@ -19,24 +19,20 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from autotune.data.cache import _remove_stale_temp_folders as remove_stale_temp_folders
-from autotune.data.cache import default_cache_dir
+from autotune.data.cache import default_cache_dir, temp_sibling
 from autotune.data.sources import Utterance
 from autotune.errors import DataError
 
 __all__ = [
     "Preparation",
-    "build_folder_atomically",
+    "cache_error",
     "cache_root",
     "corpus_key",
     "map_utterances",
@@ -110,15 +106,12 @@ def corpus_key(kind: str, settings: dict[str, Any], utterances: Sequence[Utteran
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _cache_error(where: Path, error: OSError) -> DataError:
+def cache_error(where: Path, error: OSError) -> DataError:
+    """The one-line error for prepared data that cannot be written into the cache folder `where`."""
     return DataError(
         f"cannot write prepared data into {where} ({error.strerror or error}); free disk space or set "
         "AUTOTUNE_CACHE_DIR to a writable folder"
     )
-
-
-def _temp_sibling(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -127,40 +120,14 @@ def write_text_atomically(path: Path, text: str) -> None:
     Raises:
         DataError: the folder is not writable (or the disk is full).
     """
-    temp = _temp_sibling(path)
+    temp = temp_sibling(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp.write_text(text)
         os.replace(temp, path)
     except OSError as error:
         temp.unlink(missing_ok=True)
-        raise _cache_error(path.parent, error) from None
-
-
-def build_folder_atomically(final: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool]) -> None:
-    """Make `final` by calling `build` on an empty temp sibling and renaming it into place.
-
-    Half-built folders of killed runs on this host are removed first. Losing a race to another process that
-    finished the same folder is not an error.
-
-    Raises:
-        DataError: the cache folder is not writable (or the disk is full).
-    """
-    temp = _temp_sibling(final)
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temp_folders(final.parent, final.name)  # the same temp naming as the synthetic corpus'
-        temp.mkdir()
-        build(temp)
-        if final.exists() and not is_complete(final):  # left by something other than this function
-            shutil.rmtree(final)
-        os.rename(temp, final)
-    except OSError as error:
-        if not is_complete(final):
-            raise _cache_error(final.parent, error) from None
-        logger.info("another process finished %s first; using it", final)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+        raise cache_error(path.parent, error) from None
 
 
 def map_utterances(

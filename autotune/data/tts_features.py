@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from autotune.data.audio import read_segment
-from autotune.data.offline import Preparation, build_folder_atomically, cache_root, corpus_key, map_utterances
+from autotune.data.cache import build_folder_atomically
+from autotune.data.offline import Preparation, cache_error, cache_root, corpus_key, map_utterances
 from autotune.data.sources import Utterance
 from autotune.data.tts import MelConfig, TtsFeaturizer
 from autotune.errors import DataError
@@ -106,7 +107,12 @@ def ensure_tts_features(
     reused = _is_complete(root)
     started = time.perf_counter()
     if not reused:
-        build_folder_atomically(root, lambda folder: _precompute(folder, utterances, tokens, config), _is_complete)
+        build_folder_atomically(
+            root,
+            build=lambda folder: _precompute(folder, utterances, tokens, config),
+            is_complete=_is_complete,
+            failure=lambda error: cache_error(root.parent, error),
+        )
     store = FeatureStore.load(root)
     if store.utt_ids != tuple(utt.utt_id for utt in utterances):  # a key collision, or a folder edited by hand
         raise DataError(f"the prepared features in {root} do not match the data; delete that folder and rerun")

@@ -143,7 +143,7 @@ def _needed(context: DoctorContext) -> tuple[float, int] | None:
     tuned = context.tuned
     if tuned is None:
         return None
-    rate = (tuned.metrics.get("winner") or {}).get("samples_per_second")
+    rate = tuned.winner.samples_per_second
     if not rate:
         return None
     return float(rate), max(1, tuned.config.num_workers) * tuned.config.world_size

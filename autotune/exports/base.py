@@ -164,11 +164,11 @@ class ExportContext:
 
     def measured_precision_note(self) -> str:
         """Which precision, and which float32 maths, the winner and the baseline were measured with (issue 1.1)."""
-        winner = _describe_precision(self.precision, self.tuned.metrics.get("winner"), self.on_cuda)
+        winner = _describe_precision(self.precision, self.tuned.winner.fp32_math, self.on_cuda)
         note = f"Measured: {winner}"
         baseline_config = (self.tuned.search or {}).get("baseline_config") or {}
         if baseline_config.get("precision"):
-            measured = self.tuned.metrics.get("baseline")
+            measured = self.tuned.baseline.fp32_math
             baseline = _describe_precision(baseline_config["precision"], measured, self.on_cuda)
             note += f"; the recipe baseline it is compared with ran {baseline}"
         return note
@@ -195,11 +195,11 @@ class ExportContext:
         return tuple(notes)
 
 
-def _describe_precision(precision: str, metrics: Any, on_cuda: bool) -> str:
-    """ "fp32-default (float32 matmuls IEEE, cuDNN convolutions TF32)" from what the trial recorded, else the flags."""
+def _describe_precision(precision: str, math: dict[str, str] | None, on_cuda: bool) -> str:
+    """ "fp32-default (float32 matmuls IEEE, cuDNN convolutions TF32)" from the float32 maths the trial recorded
+    (Measurements.fp32_math), else the flags."""
     if not on_cuda:
         return f"{precision} on the CPU (TF32 does not apply there)"
-    math = metrics.get("fp32_math") if isinstance(metrics, dict) else None
     if isinstance(math, dict) and {"matmul", "cudnn_conv"} <= math.keys():
         matmul, conv = (_FP32_MATH_WORDS.get(math[key], math[key]) for key in ("matmul", "cudnn_conv"))
         return f"{precision} (float32 matmuls {matmul}, cuDNN convolutions {conv}, as recorded by the trial)"

@@ -2,12 +2,12 @@
 
 Under several ranks (torchrun's environment: RANK, WORLD_SIZE, ...) each rank writes its own result file beside it.
 The launcher starts it under the lifeline (`python -m autotune.trial.lifeline autotune.trial SPEC.json`), which ties
-the process to the run's life before this module imports torch.
+the process to the run's life before this module imports torch, and enables faulthandler and logging (a native crash
+still leaves a stack in the log), as for every child of a run (trial/launch.py start_child).
 """
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
 import sys
@@ -21,8 +21,6 @@ from autotune.trial.spec import LAUNCHED_AT_ENV, TrialSpec, rank_result_path
 
 def main(argv: list[str]) -> int:
     started = time.perf_counter()
-    faulthandler.enable()  # a native crash still leaves a stack in the log
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     spec = TrialSpec.from_dict(yamlio.read_json(argv[0]))
     rank = RankInfo.from_environment()
     result = run_trial(spec, started, rank)

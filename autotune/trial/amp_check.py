@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -44,7 +41,7 @@ from autotune.trial.amp_curves import (
     compare_curves,
     judge,
 )
-from autotune.trial.spec import TrialSpec
+from autotune.trial.spec import TrialSpec, from_fields
 
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
@@ -112,7 +109,7 @@ class AmpCheckResult:
     def from_dict(cls, data: dict[str, Any]) -> AmpCheckResult:
         data = dict(data)
         data["verdicts"] = [PrecisionVerdict(**verdict) for verdict in data.get("verdicts") or []]
-        return cls(**{key: value for key, value in data.items() if key in cls.__dataclass_fields__})
+        return from_fields(cls, data)
 
     def report(self) -> dict[str, Any]:
         """What the result YAML keeps: the verdicts with their deviations, and both curves, rounded."""
@@ -203,9 +200,11 @@ def run_check(spec: AmpCheckSpec) -> AmpCheckResult:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m autotune.trial.amp_check SPEC.json`: write the AmpCheckResult to the spec's result_path."""
+    """`python -m autotune.trial.amp_check SPEC.json`: write the AmpCheckResult to the spec's result_path.
+
+    Started like a trial (trial/launch.py start_child): the lifeline, faulthandler and logging are set before this
+    module is imported (trial/lifeline.py)."""
     started = time.perf_counter()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     spec = AmpCheckSpec.from_dict(yamlio.read_json(argv[0]))
     result = run_check(spec)
     result.wall_s = time.perf_counter() - started
@@ -213,17 +212,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
-
-
 def run_amp_check(spec: AmpCheckSpec, workdir: Path) -> AmpCheckResult:
-    """Run the check in a child process with a hard timeout (parent side); a crash or hang gives status "error"."""
-    from autotune.trial.launch import child_environment
-    from autotune.trial.lifeline import child_command
+    """Run the check in a child process with a hard timeout (parent side): started, timed out and killed (its
+    process group) by the trials' launcher; a crash or hang gives status "error" saying which, with the log's tail."""
+    from autotune.trial.launch import child_environment, describe_exit, run_child
 
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, log_path = workdir / "amp_check.json", workdir / "amp_check.log"
@@ -231,26 +223,15 @@ def run_amp_check(spec: AmpCheckSpec, workdir: Path) -> AmpCheckResult:
     yamlio.write_json(spec_path, spec.to_dict())
     result_path.unlink(missing_ok=True)
     started = time.perf_counter()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            child_command("autotune.trial.amp_check", str(spec_path)),  # dies with this run, even when SIGKILLed
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_environment(spec.trial),
-            start_new_session=True,
-        )
-        try:
-            returncode: int | None = process.wait(timeout=spec.settings.timeout_s)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        finally:
-            _kill_group(process)
-            process.wait()
+    timeout_s = spec.settings.timeout_s
+    env = child_environment(spec.trial)
+    returncode = run_child(
+        "autotune.trial.amp_check", [str(spec_path)], env=env, log_path=log_path, timeout_s=timeout_s
+    )
     if returncode == 0 and result_path.exists():
         result = AmpCheckResult.from_dict(yamlio.read_json(result_path))
     else:
-        why = f"no result within {spec.settings.timeout_s:.0f} s" if returncode is None else f"exit code {returncode}"
+        why = f"no result within {timeout_s:.0f} s" if returncode is None else describe_exit(returncode)
         result = AmpCheckResult(status="error", reason=f"the AMP check process failed ({why}); see {log_path}")
         result.settings = spec.settings.to_dict()
     result.wall_s = time.perf_counter() - started

@@ -10,8 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autotune import yamlio
-
 if TYPE_CHECKING:
     from autotune.trial.precision import PrecisionSettings
     from autotune.trial.spec import TrialSpec
@@ -46,7 +44,9 @@ class AmpCheckSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AmpCheckSettings:
-        return cls(**{key: value for key, value in data.items() if key in cls.__dataclass_fields__})
+        from autotune.trial.spec import from_fields
+
+        return from_fields(cls, data)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -166,20 +166,12 @@ class CurveRunner:
     the same few batches (collated once, already on the device)."""
 
     def __init__(self, trial: TrialSpec, settings: AmpCheckSettings) -> None:
-        import torch
-
-        from autotune import workloads
-        from autotune.data import DataSource
-        from autotune.trial.loop import build_loader
+        from autotune.trial.dataloader import build_loader
+        from autotune.trial.process import TrialProcess
 
         self.settings = settings
-        if trial.config.intra_op_threads is not None:
-            torch.set_num_threads(trial.config.intra_op_threads)
-        self.seed = trial.seed
-        self.device = torch.device("cuda", 0) if trial.device_type == "cuda" else torch.device("cpu")
-        self.workload = workloads.get(trial.workload)
-        self.data = DataSource.from_dict(yamlio.read_json(trial.data_file))
-        self.options = {**self.workload.options, **trial.workload_options}
+        self.process = TrialProcess.open(trial)  # the device, workload and data as a trial sets them up
+        self.seed, self.device = trial.seed, self.process.device
         self.config = dataclasses.replace(
             trial.config, per_device_batch_size=self.settings.batch_size, num_workers=0, pin_memory=False
         )
@@ -190,20 +182,13 @@ class CurveRunner:
         self.batches = [reference.batch_to_device(b, self.device, False) for b in itertools.islice(loader, count)]
 
     def _build(self, precision: str) -> tuple[TrainingSetup, PrecisionSettings]:
-        import torch
+        from autotune.trial.process import apply_process_settings
 
-        from autotune.trial.precision import PrecisionSettings
-        from autotune.workloads.base import WorkloadContext
-
-        torch.manual_seed(self.seed)
         config = dataclasses.replace(self.config, precision=precision)
-        setup = self.workload.build(
-            WorkloadContext(data=self.data, config=config, options=self.options, device=self.device)
-        )
-        setup.model.to(self.device).train()
-        settings = PrecisionSettings(precision=precision, device_type=self.device.type, cudnn_benchmark=False)
-        settings.apply_backend_flags()  # TF32 off: the reference is strict IEEE fp32, the others are autocast only
-        return setup, settings
+        # cudnn.benchmark off and TF32 off: the reference is strict IEEE fp32, the others are autocast only.
+        settings = self.process.precision(config, cudnn_benchmark=False)
+        apply_process_settings(config, settings)
+        return self.process.build(config), settings
 
     def curve(self, precision: str, perturbation: float = 0.0) -> list[float]:
         """Losses of `steps` training steps; `perturbation` scales relative Gaussian noise on the initial weights."""

@@ -50,40 +50,25 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
 
 
 def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
-    import torch
-
-    from autotune import workloads, yamlio
-    from autotune.data import DataSource
     from autotune.trial import distributed
     from autotune.trial.compute_only import in_memory_batches
+    from autotune.trial.dataloader import build_loader
     from autotune.trial.flops import count_flops_per_sample
-    from autotune.trial.loop import build_loader, measure
+    from autotune.trial.loop import measure
     from autotune.trial.memory import PeakMemory
-    from autotune.trial.precision import PrecisionSettings, fp32_math
+    from autotune.trial.precision import fp32_math
+    from autotune.trial.process import TrialProcess, apply_process_settings
     from autotune.trial.worst_case import WorstCaseScan, scan_worst_case
-    from autotune.workloads.base import WorkloadContext
 
     config, timing = spec.config, spec.timing
-    if config.intra_op_threads is not None:
-        torch.set_num_threads(config.intra_op_threads)
-    torch.manual_seed(spec.seed)
-    device = torch.device("cuda", rank.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    process = TrialProcess.open(spec, rank)
+    device = process.device
+    precision = process.precision(config)
+    apply_process_settings(config, precision)  # threads and backend flags, as load_config's apply_backend_flags()
     distributed.start(rank, device, spec.collective_timeout_s)
-    precision = PrecisionSettings(
-        precision=config.precision, device_type=device.type, cudnn_benchmark=config.cudnn_benchmark
-    )
-    precision.apply_backend_flags()
     # The float32 maths this trial ran (fp32-default: whatever this torch defaults to); TF32 exists only on CUDA.
     math = fp32_math() if device.type == "cuda" else None
-    workload = workloads.get(spec.workload)
-    data = DataSource.from_dict(yamlio.read_json(spec.data_file))
-    context = WorkloadContext(
-        data=data, config=config, options={**workload.options, **spec.workload_options}, device=device
-    )
-    setup = workload.build(context)
-    setup.model.to(device).train()
+    setup = process.build(config)
     accounting = _check_epoch_accounting(setup, config, rank, spec.seed)
     # Warm-up and window each may run on to the next optimiser-step boundary: room for that too.
     warmup_batches = max(timing.warmup_steps, timing.max_warmup_steps) + config.grad_accum_steps
@@ -169,6 +154,10 @@ def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) 
     return accounting
 
 
+# A rank's raw figures that the trial's are combined from (throughput, other processes' CPU share): no result field.
+_RANK_ONLY = ("samples", "audio_s", "window_cpu_busy_s", "window_cpu_own_s", "window_cpu_capacity_s")
+
+
 def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str) -> dict[str, Any]:
     """One trial's figures from every rank's: throughput summed over the shared window, the worst rank elsewhere.
 
@@ -177,7 +166,7 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
     memory is per device on a GPU (the fullest one) and summed on a CPU (the ranks share the machine's RAM).
     """
     if len(summaries) == 1:
-        return {key: value for key, value in summaries[0].items() if key not in ("samples", "audio_s")}
+        return {key: value for key, value in summaries[0].items() if key not in _RANK_ONLY}
     per_rank = [item["samples"] / item["window_s"] for item in summaries]
 
     def largest(key: str) -> Any:
@@ -192,7 +181,7 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
     window_rate = sum(item["samples"] for item in summaries) / window_s
     # Each rank's objective already amortises its loader start-up over its share of an epoch; keep the worst.
     epoch_factor = min(item["samples_per_second"] / item["window_samples_per_second"] for item in summaries)
-    combined = {key: largest(key) for key in summaries[0] if key not in ("samples", "audio_s")}
+    combined = {key: largest(key) for key in summaries[0] if key not in _RANK_ONLY}
     combined.update(
         samples_per_second=window_rate * epoch_factor,
         window_samples_per_second=window_rate,

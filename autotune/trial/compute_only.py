@@ -35,7 +35,7 @@ def in_memory_batches(
     count: int = IN_MEMORY_BATCHES,
 ) -> Iterator[Any]:
     """`count` batches collated here (workers 0), moved to the device once, then repeated for ever."""
-    from autotune.trial.loop import build_loader
+    from autotune.trial.dataloader import build_loader
 
     host_config = dataclasses.replace(config, num_workers=0, pin_memory=False)
     loader = build_loader(setup, host_config, total_batches=count, seed=seed, rank=rank)

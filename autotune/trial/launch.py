@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from autotune.hardware import available_cores
 from autotune.trial.signals import describe_signal, describe_signal_name
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
 
-__all__ = ["launch", "child_environment", "free_port"]
+__all__ = ["launch", "child_environment", "free_port", "kill_group", "run_child", "start_child"]
 
 logger = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
@@ -77,6 +77,50 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def start_child(module: str, args: Sequence[str], *, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start `python -m MODULE ARGS` as every child of a run starts: under the lifeline (it dies with this run, and
+    a native crash leaves its stack in the log: trial/lifeline.py), in a new session (a process group of its own,
+    DataLoader workers included, killed as one by kill_group), its output in log_path (a new file)."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            _lifeline().child_command(module, *args),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def kill_group(process: subprocess.Popen[bytes], *, wait: bool = True) -> None:
+    """SIGKILL a child's whole process group (the child, its DataLoader workers, anything they started) and reap it
+    (wait=False: the caller reaps it, after killing its peers too)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+    if wait:
+        process.wait()
+
+
+def run_child(module: str, args: Sequence[str], *, env: dict[str, str], log_path: Path, timeout_s: float) -> int | None:
+    """Run one child (start_child) to its end or its hard timeout; its group is killed afterwards either way, and at
+    once when this process is interrupted. Returns its exit code (negative: the signal that ended it), None on
+    timeout."""
+    process = start_child(module, args, env=env, log_path=log_path)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:  # Ctrl-C in the parent too: take the child down with us
+        kill_group(process)
+
+
+def describe_exit(returncode: int) -> str:
+    """How a child that wrote no result ended: 'killed by SIGBUS: hint' or 'exited with code 3'."""
+    return f"killed by {describe_signal(-returncode)}" if returncode < 0 else f"exited with code {returncode}"
+
+
 def _tail(log_path: Path) -> str:
     try:
         with open(log_path, "rb") as log:
@@ -105,11 +149,8 @@ class _Ranks:
     logs: list[Path]
 
     def kill(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # the group is already gone
+        for process in self.processes:  # every rank at once: none is left waiting in a collective for the others
+            kill_group(process, wait=False)
         for process in self.processes:
             process.wait()
 
@@ -172,17 +213,8 @@ def _start(spec: TrialSpec, spec_path: Path, workdir: Path) -> _Ranks:
     for rank in range(world_size):
         log_path = workdir / ("trial.log" if rank == 0 else f"trial.rank{rank}.log")
         Path(rank_result_path(spec.result_path, rank)).unlink(missing_ok=True)
-        with open(log_path, "wb") as log:
-            ranks.processes.append(
-                subprocess.Popen(
-                    _lifeline().child_command("autotune.trial", str(spec_path)),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=child_environment(spec, rank, port),
-                    start_new_session=True,
-                )
-            )
+        env = child_environment(spec, rank, port)
+        ranks.processes.append(start_child("autotune.trial", [str(spec_path)], env=env, log_path=log_path))
         ranks.logs.append(log_path)
     return ranks
 
@@ -239,7 +271,7 @@ def _result(spec: TrialSpec, rank: int, returncode: int, log_path: Path) -> Tria
         result.log_tail = result.log_tail or tail
         return result
     if returncode < 0:
-        return TrialResult(status="signal", reason=f"{where}killed by {describe_signal(-returncode)}", log_tail=tail)
+        return TrialResult(status="signal", reason=f"{where}{describe_exit(returncode)}", log_tail=tail)
     return TrialResult(
         status="error", reason=f"{where}trial process exited with code {returncode} and no result", log_tail=tail
     )

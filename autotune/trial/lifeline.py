@@ -10,7 +10,7 @@ import): every child is started as `python -m autotune.trial.lifeline MODULE ARG
 PR_SET_PDEATHSIG before it imports anything heavy, then checks that its parent is still the process that started it
 (the pid in AUTOTUNE_PARENT_PID, set by `parent_environment`). A parent that died before the prctl, which the kernel
 would never report, is caught there: the child exits at once instead of training as a permanent orphan. Only then
-does it run MODULE as `python -m MODULE` would.
+does it enable faulthandler and logging (prepare_child) and run MODULE as `python -m MODULE` would.
 
 `-P` (Python 3.11+) keeps the working folder off the child's import path: it imports exactly what its parent's
 sys.path (passed in PYTHONPATH) names, never a stray `typer.py` or `torch.py` in the folder the run was started from.
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import faulthandler
 import logging
 import os
 import runpy
 import signal
 import sys
 
-__all__ = ["PARENT_PID_ENV", "child_command", "die_with_parent", "parent_environment"]
+__all__ = ["PARENT_PID_ENV", "child_command", "die_with_parent", "parent_environment", "prepare_child"]
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -68,9 +69,18 @@ def die_with_parent() -> bool:
     return True
 
 
+def prepare_child() -> None:
+    """What every child of a run sets before its own module runs: a native crash (a segfault in a kernel, a SIGBUS
+    from /dev/shm) still leaves every thread's stack in the child's log, and its log records carry a time and where
+    they came from."""
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
 def main(argv: list[str]) -> None:
     """`python -m autotune.trial.lifeline MODULE ARGS...`: the lifeline first, then MODULE as __main__."""
     die_with_parent()
+    prepare_child()
     if not argv:
         raise SystemExit("usage: python -m autotune.trial.lifeline MODULE [ARGS...]")
     sys.argv = argv  # MODULE sees its own arguments, as under `python -m MODULE ARGS`

@@ -15,15 +15,14 @@ import torch
 
 from autotune.machine_load import CpuSample, cpu_sample, others_fraction
 from autotune.trial import distributed, steady
-from autotune.trial.distributed import Forward, RankInfo
+from autotune.trial.distributed import Forward
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
-from autotune.trial.sampling import CycledEpochs, epoch_batches
 from autotune.trial.scaler import SkipCountingScaler
 from autotune.trial.spec import TimingSettings, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
-__all__ = ["NonFiniteLossError", "WindowMeasurement", "build_loader", "measure", "throughput_cv"]
+__all__ = ["NonFiniteLossError", "WindowMeasurement", "measure", "throughput_cv"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,38 +123,6 @@ def throughput_cv(step_times_s: list[float], step_work: list[float] | list[int],
         rates.append(sum(step_work[start:stop]) / seconds if seconds > 0 else 0.0)
     mean = statistics.fmean(rates)
     return statistics.pstdev(rates) / mean if mean > 0 else None
-
-
-def build_loader(
-    setup: TrainingSetup,
-    config: TrialConfig,
-    *,
-    total_batches: int,
-    seed: int,
-    rank: RankInfo | None = None,
-) -> torch.utils.data.DataLoader[Any]:
-    """A DataLoader as the user's training would build it, with this rank's share of each epoch.
-
-    Its batch sampler runs epoch after epoch (trial/sampling.py) until the trial has all its batches, so the timed
-    window measures steady state however small the corpus; epoch-boundary costs are accounted for separately
-    (WindowMeasurement.summary).
-    """
-    rank = rank or RankInfo()
-
-    def make_epoch(epoch: int) -> Any:
-        return epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=epoch)
-
-    kwargs: dict[str, Any] = {}
-    if config.num_workers > 0:
-        kwargs = {"prefetch_factor": config.prefetch_factor or 2, "persistent_workers": config.persistent_workers}
-    return torch.utils.data.DataLoader(
-        setup.dataset,
-        batch_sampler=CycledEpochs(make_epoch, total_batches),
-        num_workers=config.num_workers,
-        pin_memory=config.pin_memory,
-        collate_fn=setup.collate_fn,
-        **kwargs,
-    )
 
 
 def _synchronize(device: torch.device) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune import knobs
 
@@ -16,13 +16,16 @@ __all__ = [
     "TrialResult",
     "STATUSES",
     "FEASIBLE_STATUSES",
+    "from_fields",
     "rank_result_path",
 ]
 
-# "ok": measured and feasible. The others name why a configuration cannot be used.
+# Every status a TrialResult can have (TrialResult refuses others). "ok": measured and feasible. The others name why
+# a configuration cannot be used, or why it was not measured.
 # "erratic": throughput stalled or drifted within the window, twice (the tuner re-measures once: a shared machine's
 # passing load must not condemn a configuration).
 # "precision": the AMP check rejected the configuration's precision for this workload; such a trial is never launched.
+# "skipped": not launched because the run's --budget had no room left for it (the compute-only ceiling).
 STATUSES = (
     "ok",
     "oom",
@@ -36,11 +39,13 @@ STATUSES = (
     "accounting",
     "precision",
     "erratic",
+    "skipped",
 )
 FEASIBLE_STATUSES = ("ok",)
 ERRATIC_THROUGHPUT_CV = 0.3  # trials not competing for cores measured 0.001-0.07; see benchmarks/README.md
 LAUNCHED_AT_ENV = "AUTOTUNE_LAUNCHED_AT"  # the parent's time.time() when it started the child (for start_s)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
+_T = TypeVar("_T")
 
 
 def rank_result_path(result_path: str, rank: int) -> str:
@@ -48,9 +53,21 @@ def rank_result_path(result_path: str, rank: int) -> str:
     return result_path if rank == 0 else f"{result_path}.rank{rank}"
 
 
-def _from_dict(cls: type, data: dict[str, Any]) -> Any:
-    names = {f.name for f in fields(cls)}
-    return cls(**{key: value for key, value in data.items() if key in names})
+def from_fields(cls: type[_T], data: dict[str, Any]) -> _T:
+    """A dataclass from a dict of its fields; a key that is no field is an error naming it (a misspelled or stale
+    key must not vanish silently: what crosses a process or is read back is exactly what was written).
+
+    Raises:
+        ValueError: data has keys cls has no field for.
+    """
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = [key for key in data if key not in names]
+    if unknown:
+        raise ValueError(
+            f"{cls.__name__} has no field {', '.join(repr(key) for key in unknown)} "
+            f"(its fields: {', '.join(sorted(names))})"
+        )
+    return cls(**data)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,7 +108,7 @@ class TrialConfig:
         """Build from the flat parameter dict a search space suggests; `workload_knobs` names the workload's own."""
         core = {key: value for key, value in params.items() if key not in workload_knobs}
         own = {key: value for key, value in params.items() if key in workload_knobs}
-        return _from_dict(cls, {**core, "world_size": world_size, "workload_knobs": own})
+        return from_fields(cls, {**core, "world_size": world_size, "workload_knobs": own})
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -109,7 +126,7 @@ class TrialConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
         if "extra" in data:  # a configuration stored before the workload's knobs had their name (a trial's attribute)
             data = {**{key: value for key, value in data.items() if key != "extra"}, "workload_knobs": data["extra"]}
-        return _from_dict(cls, data)
+        return from_fields(cls, data)
 
     def short(self) -> str:
         """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16': each knob's word (knobs.py), then the
@@ -165,7 +182,7 @@ class TimingSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TimingSettings:
-        return _from_dict(cls, data)
+        return from_fields(cls, data)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -194,7 +211,7 @@ class TrialSpec:
         data = dict(data)
         data["config"] = TrialConfig.from_dict(data["config"])
         data["timing"] = TimingSettings.from_dict(data["timing"])
-        return _from_dict(cls, data)
+        return from_fields(cls, data)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -246,6 +263,10 @@ class TrialResult:
     disturbed: bool = False
     log_tail: str = ""
 
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"trial status {self.status!r} is not one of {', '.join(STATUSES)}")
+
     @property
     def feasible(self) -> bool:
         return self.status in FEASIBLE_STATUSES
@@ -255,4 +276,4 @@ class TrialResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialResult:
-        return _from_dict(cls, data)
+        return from_fields(cls, data)

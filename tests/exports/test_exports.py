@@ -92,7 +92,8 @@ def test_notes_say_which_fp32_was_measured_from_the_trial_record() -> None:
         tuned.to_dict()
         | {
             "search": {"baseline_config": {"precision": "fp32-default"}},
-            "metrics": tuned.metrics | {"baseline": {"fp32_math": {"matmul": "ieee", "cudnn_conv": "tf32"}}},
+            "metrics": tuned.metrics
+            | {"baseline": {"status": "ok", "fp32_math": {"matmul": "ieee", "cudnn_conv": "tf32"}}},
         }
     )
     measured = export(tuned, "3d-speaker").notes

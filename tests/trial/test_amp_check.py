@@ -20,6 +20,7 @@ from autotune.trial.amp_check import (
     run_amp_check,
 )
 from tests.conftest import make_cpu, make_cuda
+from tests.fixtures.runs import command_lines
 from tests.trial.tiny_setups import faulty_spec
 
 
@@ -99,3 +100,24 @@ def test_a_precision_that_does_not_train_like_fp32_is_rejected(tmp_path: Path, t
     report = result.report()
     assert report["precisions"]["bf16"]["accepted"] is False and len(report["fp32_losses"]) == 6
     assert report["tolerance_fraction"] == 0.05 and report["steps"] == 6
+
+
+@pytest.mark.slow
+def test_an_amp_check_that_crashes_is_handled_like_a_trial(tmp_path: Path, tiny_corpus: Path):
+    trial = faulty_spec(tmp_path, tiny_corpus, 1)
+    settings = AmpCheckSettings(steps=4, batch_size=4, batches=1, smoothing_steps=1, timeout_s=120)  # 4: SIGBUS
+    result = run_amp_check(AmpCheckSpec(trial=trial, precisions=("bf16",), settings=settings), tmp_path / "c")
+    assert result.status == "error" and not result.rejected()  # it could not judge: nothing is rejected
+    assert "killed by SIGBUS: shared memory" in result.reason and "\n" not in result.reason
+    # faulthandler, set under the lifeline as for a trial: the native crash left the Python stack in the log
+    assert "Fatal Python error: Bus error" in result.log_tail and "loss_fn" in result.log_tail
+
+
+@pytest.mark.slow
+def test_an_amp_check_that_hangs_is_killed_with_its_process_group(tmp_path: Path, tiny_corpus: Path):
+    trial = faulty_spec(tmp_path, tiny_corpus, 1)
+    settings = AmpCheckSettings(steps=4, batch_size=3, batches=1, smoothing_steps=1, timeout_s=5)  # 3: hangs
+    result = run_amp_check(AmpCheckSpec(trial=trial, precisions=("bf16",), settings=settings), tmp_path / "c")
+    assert result.status == "error" and "no result within 5 s" in result.reason
+    assert result.wall_s is not None and result.wall_s < 30
+    assert not [pid for pid, argv in command_lines() if any(str(tmp_path).encode() in arg for arg in argv)]

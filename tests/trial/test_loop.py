@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.trial.loop import WindowMeasurement, build_loader, measure
+from autotune.trial.dataloader import build_loader
+from autotune.trial.loop import WindowMeasurement, measure
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TimingSettings, TrialConfig

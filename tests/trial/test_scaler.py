@@ -172,7 +172,8 @@ def test_a_real_grad_scaler_is_counted_without_a_read_of_its_own_per_step():
 @FAKES
 def test_the_timed_loop_reports_skips_and_the_gate_rejects_them(monkeypatch, fake):
     from autotune.trial.child import _gate
-    from autotune.trial.loop import build_loader, measure
+    from autotune.trial.dataloader import build_loader
+    from autotune.trial.loop import measure
     from autotune.trial.memory import PeakMemory
     from autotune.trial.precision import PrecisionSettings
     from autotune.trial.spec import TimingSettings, TrialConfig, TrialResult, TrialSpec

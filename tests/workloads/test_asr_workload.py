@@ -16,7 +16,7 @@ from autotune import workloads, yamlio
 from autotune.data import generate_corpus
 from autotune.errors import DataError
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
-from autotune.trial.loop import build_loader
+from autotune.trial.dataloader import build_loader
 from autotune.workloads.asr import warmup_lr
 from autotune.workloads.base import WorkloadContext
 from tests.workloads.short_trial import run_two_steps

@@ -1,0 +1,163 @@
+"""The result a run writes: a TunedConfig built from the plan and the search's outcome."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from autotune import __version__
+from autotune.measurements import NOT_MEASURED, Measurements, speedup_range, summarise_measurements
+from autotune.results import TunedConfig
+from autotune.storage import redact_url
+
+if TYPE_CHECKING:
+    from autotune.run_plan import RunPlan
+    from autotune.trial import TrialConfig
+    from autotune.tuner import TuningOutcome
+
+__all__ = ["tuned_config", "learning_rate_advice", "predict_epoch"]
+
+
+def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
+    """The result of a run whose search found a winner: its configuration, its and the baseline's measurements
+    summarised, the speedup with its range, the epoch prediction, the search's summary and the notes it calls for."""
+    assert outcome.winner is not None
+    winner = summarise_measurements([r.result for r in outcome.winner.records])
+    baseline = (
+        summarise_measurements([r.result for r in outcome.baseline.records]) if outcome.baseline else NOT_MEASURED
+    )
+    speedup = None
+    if baseline.ok and winner.samples_per_second and baseline.samples_per_second:
+        speedup = round(winner.samples_per_second / baseline.samples_per_second, 3)
+    notes = [f"baseline adapted to this machine: {note}" for note in plan.space.baseline_notes]
+    notes += [f"space adapted to this machine: {note}" for note in plan.space.space_notes]
+    if plan.data.synthetic:
+        notes.append("measured on autotune's synthetic default corpus; rerun with --data on your own list to be sure")
+    notes.extend(plan.option_notes)
+    if baseline is not NOT_MEASURED and not baseline.ok:
+        notes.append(f"the recipe baseline could not be used here: {baseline.status}: {baseline.reason}")
+    if outcome.winner_reason and outcome.winner_reason != "fastest by median":
+        notes.append(outcome.winner_reason)
+    if winner.measurements < 2:
+        notes.append("the winner rests on a single measurement (budget too small for confirmation)")
+    lr_note = learning_rate_advice(
+        outcome.winner.config,
+        outcome.baseline.config if outcome.baseline else None,
+        global_batch=plan.request.global_batch,
+        lr=plan.options.get("lr"),
+    )
+    if lr_note:
+        notes.append(lr_note)
+    if plan.preparation is not None:
+        notes.append(plan.preparation.note())
+    return TunedConfig(
+        workload={
+            "name": plan.workload.name,
+            "model": plan.request.model,
+            "task": plan.workload.task,
+            "options": plan.options,
+        },
+        config=outcome.winner.config,
+        device_type=plan.hardware.device_type,
+        metrics={
+            "objective": "samples_per_second",
+            "winner": winner.to_dict(),
+            "baseline": baseline.to_dict(),
+            "speedup": speedup,
+            "speedup_range": speedup_range(winner, baseline),
+            "epoch": predict_epoch(
+                winner,
+                baseline,
+                data_samples=plan.data.describe()["n_utterances_total"],
+                epoch_samples=plan.request.epoch_samples,
+                epoch_hours=plan.request.epoch_hours,
+                devices=plan.world_size,
+            ),
+            "data_preparation": plan.preparation.to_dict() if plan.preparation else None,
+        },
+        hardware=plan.hardware.to_dict(),
+        data=plan.data.describe(),
+        search=_search_summary(plan, outcome),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        autotune_version=__version__,
+        notes=notes,
+    )
+
+
+def learning_rate_advice(
+    winner: TrialConfig, baseline: TrialConfig | None, *, global_batch: int | None, lr: Any
+) -> str | None:
+    """Without --global-batch the winner's global batch is free; say how to keep the optimisation comparable.
+
+    Args:
+        winner, baseline: the two configurations (no baseline: nothing to compare with).
+        global_batch: the run's --global-batch (held fixed: nothing changes); lr: the workload's lr option, if any.
+    """
+    if global_batch is not None or baseline is None:
+        return None
+    new, recipe = winner.global_batch_size, baseline.global_batch_size
+    if new == recipe:
+        return None
+    factor = new / recipe
+    example = f" (lr {lr:g} -> {lr * factor:.3g})" if isinstance(lr, (int, float)) and lr > 0 else ""
+    return (
+        f"the global batch changes from the baseline's {recipe} to {new} ({winner.per_device_batch_size}"
+        f" per device x {winner.world_size} device(s) x {winner.grad_accum_steps} accumulation): by the "
+        f"linear scaling rule multiply the learning rate by {factor:.3g}{example} and keep the warm-up, or rerun with "
+        f"--global-batch {recipe} to hold the recipe's batch fixed"
+    )
+
+
+def predict_epoch(
+    winner: Measurements,
+    baseline: Measurements,
+    *,
+    data_samples: int,
+    epoch_samples: int | None,
+    epoch_hours: float | None,
+    devices: int,
+) -> dict[str, Any]:
+    """Minutes per epoch for baseline and winner, as users think in epochs, on the devices a trial used.
+
+    The epoch is --epoch-hours of audio (divided by the audio each sample carries, as measured), --epoch-samples,
+    or the data list's size (data_samples).
+    """
+    samples = epoch_samples or data_samples
+    source = "--epoch-samples" if epoch_samples else "the data list (one sample per entry)"
+
+    def minutes(measured: Measurements) -> float | None:
+        if not measured.ok:
+            return None
+        if epoch_hours is not None and measured.audio_seconds_per_second:
+            return round(epoch_hours * 3600.0 / measured.audio_seconds_per_second / 60.0, 1)
+        rate = measured.samples_per_second
+        return round(samples / rate / 60.0, 1) if rate else None
+
+    prediction: dict[str, Any] = {"samples": samples, "samples_from": source}
+    if epoch_hours is not None:
+        prediction = {"audio_hours": epoch_hours, "samples_from": "--epoch-hours (audio per sample measured)"}
+    return {
+        **prediction,
+        "devices": devices,
+        "baseline_minutes": minutes(baseline),
+        "winner_minutes": minutes(winner),
+    }
+
+
+def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
+    settings = plan.request.settings
+    return {
+        "space_file": str(plan.space_file),
+        "space": plan.space.source,
+        "baseline_config": outcome.baseline.config.to_dict() if outcome.baseline else None,
+        "sampler": settings.sampler,
+        "study_name": plan.study_name,
+        "storage": redact_url(plan.storage_url),
+        "trials_this_run": len(outcome.records),
+        "trial_statuses": dict(Counter(r.result.status for r in outcome.records)),
+        "stopped_by": outcome.stopped_by,
+        "elapsed_s": round(outcome.elapsed_s, 1),
+        "timing": settings.timing.to_dict(),
+        "budget_plan": outcome.plan.to_dict() if outcome.plan else None,
+    }

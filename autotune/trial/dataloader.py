@@ -1,0 +1,84 @@
+"""The one DataLoader builder: what a trial measures and what a user's load_config hands over come from one function.
+
+`dataloader_kwargs` turns a configuration into torch.utils.data.DataLoader keyword arguments; TunedConfig's
+dataloader_kwargs() returns exactly them, and `build_loader` (trials, the AMP check, the compute-only ceiling)
+builds its loader from them too. The only thing a trial replaces is how batches are formed: instead of batch_size
+and drop_last it passes a batch sampler that deals this rank's share of each epoch and runs epoch after epoch
+(trial/sampling.py), batching exactly as those two arguments would (per_device_batch_size, the last short batch
+dropped) or as the workload's dynamic batches do. Nothing else can drift between what is measured and what is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotune.trial.distributed import RankInfo
+    from autotune.trial.spec import TrialConfig
+    from autotune.workloads.base import TrainingSetup
+
+__all__ = ["BATCHING_KWARGS", "build_loader", "dataloader_kwargs", "dynamic_batching"]
+
+BATCHING_KWARGS = ("batch_size", "drop_last")  # what a trial's batch sampler does in their place
+
+
+def dynamic_batching(config: TrialConfig) -> bool:
+    """Batches formed by a padded-frame budget (WeNet's batch_type dynamic), not by a sample count."""
+    return config.workload_knobs.get("batch_type") == "dynamic"
+
+
+def dataloader_kwargs(config: TrialConfig) -> dict[str, Any]:
+    """Keyword arguments for torch.utils.data.DataLoader (per process: batch_size is the per-device batch).
+
+    With dynamic batching the dataset pipeline forms the batches (WeNet's DataLoader(batch_size=None)): then
+    batch_size is None and the frame budget is in the result's batch section (max_frames_in_batch). Worker options
+    are left out without workers (DataLoader rejects them), and an unset prefetch_factor is DataLoader's own default.
+    """
+    dynamic = dynamic_batching(config)
+    kwargs: dict[str, Any] = {
+        "batch_size": None if dynamic else config.per_device_batch_size,
+        "num_workers": config.num_workers,
+        "pin_memory": config.pin_memory,
+    }
+    if not dynamic:
+        kwargs["drop_last"] = True
+    if config.num_workers > 0:
+        if config.prefetch_factor is not None:  # unset: DataLoader's own default, and the YAML reads back equal
+            kwargs["prefetch_factor"] = config.prefetch_factor
+        kwargs["persistent_workers"] = config.persistent_workers
+    return kwargs
+
+
+def build_loader(
+    setup: TrainingSetup,
+    config: TrialConfig,
+    *,
+    total_batches: int,
+    seed: int,
+    rank: RankInfo | None = None,
+) -> torch.utils.data.DataLoader[Any]:
+    """A DataLoader as the user's training would build it (dataloader_kwargs), with this rank's share of each epoch.
+
+    Its batch sampler runs epoch after epoch (trial/sampling.py) until the trial has all its batches, so the timed
+    window measures steady state however small the corpus; epoch-boundary costs are accounted for separately
+    (trial/loop.py WindowMeasurement.summary).
+    """
+    import torch
+
+    from autotune.trial.distributed import RankInfo
+    from autotune.trial.sampling import CycledEpochs, epoch_batches
+
+    rank = rank or RankInfo()
+
+    def make_epoch(epoch: int) -> Any:
+        return epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=epoch)
+
+    kwargs = {key: value for key, value in dataloader_kwargs(config).items() if key not in BATCHING_KWARGS}
+    return torch.utils.data.DataLoader(
+        setup.dataset,
+        batch_sampler=CycledEpochs(make_epoch, total_batches),
+        collate_fn=setup.collate_fn,
+        **kwargs,
+    )

@@ -1,0 +1,37 @@
+"""What a run's result says beside its measurements: minutes per epoch and the learning-rate advice."""
+
+from __future__ import annotations
+
+from autotune.measurements import NOT_MEASURED, Measurements
+from autotune.run_result import learning_rate_advice, predict_epoch
+from autotune.trial import TrialConfig
+
+WINNER = Measurements(status="ok", samples_per_second=100.0, audio_seconds_per_second=400.0, measurements=3)
+BASELINE = Measurements(status="ok", samples_per_second=50.0, audio_seconds_per_second=200.0, measurements=1)
+
+
+def test_an_epoch_is_the_data_list_the_samples_asked_for_or_hours_of_audio():
+    listed = predict_epoch(WINNER, BASELINE, data_samples=60_000, epoch_samples=None, epoch_hours=None, devices=2)
+    assert listed == {
+        "samples": 60_000,
+        "samples_from": "the data list (one sample per entry)",
+        "devices": 2,
+        "baseline_minutes": 20.0,
+        "winner_minutes": 10.0,
+    }
+    asked = predict_epoch(WINNER, BASELINE, data_samples=60_000, epoch_samples=120_000, epoch_hours=None, devices=1)
+    assert (asked["samples"], asked["samples_from"], asked["winner_minutes"]) == (120_000, "--epoch-samples", 20.0)
+    hours = predict_epoch(WINNER, NOT_MEASURED, data_samples=60_000, epoch_samples=None, epoch_hours=10.0, devices=1)
+    assert hours["audio_hours"] == 10.0 and "samples" not in hours
+    assert hours["winner_minutes"] == 1.5 and hours["baseline_minutes"] is None  # 36000 s of audio at 400 s/s
+
+
+def test_a_changed_global_batch_comes_with_the_linear_scaling_rule():
+    baseline = TrialConfig(per_device_batch_size=32, world_size=2)
+    winner = TrialConfig(per_device_batch_size=64, world_size=2)
+    advice = learning_rate_advice(winner, baseline, global_batch=None, lr=0.2)
+    assert advice is not None and advice.startswith("the global batch changes from the baseline's 64 to 128 (64 per")
+    assert "multiply the learning rate by 2 (lr 0.2 -> 0.4)" in advice and "--global-batch 64" in advice
+    assert learning_rate_advice(winner, baseline, global_batch=64, lr=0.2) is None  # held fixed by the user
+    assert learning_rate_advice(winner, None, global_batch=None, lr=0.2) is None
+    assert learning_rate_advice(baseline, baseline, global_batch=None, lr=0.2) is None
