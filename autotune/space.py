@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
+from autotune import optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds
@@ -94,6 +95,7 @@ class SearchSpace:
     device_type: str
     source: dict[str, Any] = field(default_factory=dict)  # the mapping it was built from, for the result file
     baseline_notes: tuple[str, ...] = ()
+    space_notes: tuple[str, ...] = ()  # values the file names that this machine's space leaves out, and why
     seeds: tuple[dict[str, Any], ...] = ()  # expert starting points measured before the sampler's own
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
@@ -264,6 +266,9 @@ def from_dict(
         raise SpaceError(
             f"{origin}: fixed precision {fixed['precision']!r} does not run on this hardware ({hardware.describe()})"
         )
+    kernel_reason = optimizer_kernels.unsupported_reason(fixed.get("optimizer_impl", "default"), device_type)
+    if kernel_reason is not None:
+        raise SpaceError(f"{origin}: fixed optimizer_impl {fixed['optimizer_impl']!r} cannot run here: {kernel_reason}")
     raw_baseline = check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
         raw_baseline,
@@ -290,8 +295,17 @@ def from_dict(
         device_type=device_type,
         source=space.source,
         baseline_notes=(*device_notes, *notes),
+        space_notes=_left_out_notes(raw_params, device_type),
         seeds=fit_seeds(check_seeds(merged.get("seeds"), known, origin), space, baseline, hardware),
     )
+
+
+def _left_out_notes(raw_params: dict[str, Any], device_type: str) -> tuple[str, ...]:
+    """Why choices of optimizer_impl were left out on this device (optimizer_kernels.left_out)."""
+    spec = raw_params.get("optimizer_impl")
+    if not isinstance(spec, dict) or spec.get("type") != "categorical":
+        return ()
+    return tuple(optimizer_kernels.left_out(list(spec.get("choices") or []), device_type).values())
 
 
 def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:
