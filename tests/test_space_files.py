@@ -46,17 +46,19 @@ def _without_optimizer_impl(recorded: dict) -> dict:
 @pytest.mark.parametrize("name", BUILTINS)
 def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
     """The spaces were re-recorded when shared/core.yaml gained optimizer_impl: without it they are a8cb464's loads,
-    and with it every space searches it from a `default` baseline, foreach left out on CUDA (torch's default there)."""
+    and with it every space searches it on CUDA from a `default` baseline, foreach left out there (torch's default);
+    on a CPU it is not searched (its step is ~1% of a CAM++ step there: core.yaml)."""
     recorded = json.loads(RECORDED.read_text())["spaces"][name]
     assert _without_optimizer_impl(recorded) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
     for machine, load in recorded["loads"].items():
-        (param,) = [param for param in load["params"] if param["name"] == "optimizer_impl"]
-        on_cuda = load["device_type"] == "cuda"
-        assert json.loads(param["distribution"])["attributes"]["choices"] == (
-            ["default", "fused"] if on_cuda else ["default", "foreach", "fused"]
-        ), machine
+        found = [param for param in load["params"] if param["name"] == "optimizer_impl"]
+        if load["device_type"] == "cpu":
+            assert found == [] and "optimizer_impl" not in load["baseline"] and load["space_notes"] == [], machine
+            continue
+        (param,) = found
+        assert json.loads(param["distribution"])["attributes"]["choices"] == ["default", "fused"], machine
         assert load["baseline"]["optimizer_impl"] == "default"
-        assert any(note.startswith("optimizer_impl foreach left out") for note in load["space_notes"]) == on_cuda
+        assert any(note.startswith("optimizer_impl foreach left out") for note in load["space_notes"])
 
 
 def test_builtin_spaces_say_only_what_differs():
