@@ -37,6 +37,7 @@ from autotune.run_output import check_writable, make_folders, remove_empty, writ
 from autotune.run_plan import RunPlan, RunRequest
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
+from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.tuner import STORAGE_FAILED, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
 
@@ -106,6 +107,8 @@ def prepare(request: RunRequest) -> RunPlan:
     """
     started_s = time.monotonic()
     check_request(request)
+    if request.slurm is not None:
+        check_slurm(request.slurm)  # the cluster answers, the partition and options are its own
     settings = request.settings
     workload = workloads.get(request.model)
     check_workload_options(workload, request.workload_options)
@@ -239,6 +242,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         ),
         closing_trials=1 if request.compute_ceiling else 0,
         before=machine.stages,
+        launcher=SlurmLauncher(settings=request.slurm) if request.slurm is not None else None,
     )
     outcome = tuner.run()
     ceiling = None
