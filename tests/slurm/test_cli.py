@@ -59,13 +59,15 @@ def test_the_cluster_checks_the_partition_and_options(slurm_cluster, extra, word
 @pytest.mark.slow
 def test_a_run_submits_its_trials_as_slurm_jobs(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
     before = _autotune_jobs(slurm_cluster)
-    args = ["--trials", "2", "--no-amp-check", "--no-ceiling", "--executor", "slurm", "--slurm-partition", PARTITION]
+    args = ["--trials", "2", "--no-amp-check", "--executor", "slurm", "--slurm-partition", PARTITION]
     out = tmp_path / "best.yaml"
     result = runner.invoke(app, [*run_args(tiny_corpus, tmp_path / "results", *args), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert load_config(out).metrics["winner"]["samples_per_second"] > 0
+    tuned = load_config(out)
+    assert tuned.metrics["winner"]["samples_per_second"] > 0 and tuned.metrics["compute"]["pipeline_efficiency"] > 0
+    assert tuned.search["executor"] == {"name": "slurm", "partition": PARTITION, "options": {}}
     jobs = _autotune_jobs(slurm_cluster) - before
-    assert len(jobs) == 2, jobs  # the baseline and one search trial, each a job that completed
+    assert len(jobs) == 3, jobs  # the baseline, one search trial and the compute-only ceiling, each a job
     assert all("JobState=COMPLETED" in job for job in jobs)
 
 
