@@ -51,7 +51,8 @@ POLL_S = 0.5
 FINAL_STATE_WAIT_S = 10.0  # after a signalled trial's result: how long to wait for the job's final state
 _STATE_CALL_TIMEOUT_S = 30.0
 _OUTSIDE_KILLS = ("CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
-_FINAL_STATES = ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", *_OUTSIDE_KILLS)
+_SCHEDULER_KILLS = ("TIMEOUT", "OUT_OF_MEMORY", *_OUTSIDE_KILLS)  # the scheduler ended the job, not its task
+_FINAL_STATES = ("COMPLETED", "FAILED", *_SCHEDULER_KILLS)
 _KNOWN_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", *_FINAL_STATES)
 
 
@@ -153,14 +154,15 @@ def run_on_node(spec_data: dict[str, Any], workdir: str, timeout_s: float) -> di
     folder = Path(workdir)
     try:
         result = launch(TrialSpec.from_dict(spec_data), workdir=folder, timeout_s=timeout_s)
-    except UncompletedJobError as stopped:
-        timed_out = "timed-out" in str(stopped)
+    except UncompletedJobError:
+        # submitit's handler calls any USR2 a time-out for jobs under 50 minutes (core/job_environment.py
+        # has_timed_out), which trials are; USR2 is what --signal asked for before the limit. A preemption sends
+        # SIGTERM, which reaches the ranks (the parent then reads PREEMPTED from the controller).
         job = os.environ.get("SLURM_JOB_ID", "?")
         result = TrialResult(
-            status="timeout" if timed_out else "signal",
-            reason=f"SLURM job {job} reached its time limit before the trial ended"
-            if timed_out
-            else f"SLURM job {job} was preempted mid-trial",
+            status="timeout",
+            reason=f"SLURM job {job} reached its time limit's warning signal before the trial ended (raise it: "
+            "--trial-timeout, or --slurm-option time=MINUTES)",
         )
     data = result.to_dict()
     yamlio.write_json(folder / RESULT_FILE, data)
@@ -263,8 +265,9 @@ class SlurmLauncher:
             time.sleep(self.poll_s)
 
     def _killed_from_outside(self, job: Any, result: TrialResult) -> TrialResult:
-        """A trial killed by a signal whose job was cancelled, preempted or lost its node: the scheduler's reason
-        is the cause (scancel's SIGTERM reached the ranks, which the trial's launcher saw as a signal)."""
+        """A trial killed by a signal in a job the scheduler ended (cancelled, preempted, its time limit, its memory,
+        its node): the scheduler's reason is the cause (its SIGTERM reached the ranks, which the trial's launcher saw
+        as a signal)."""
         if result.status != "signal":
             return result
         deadline = time.monotonic() + FINAL_STATE_WAIT_S
@@ -272,7 +275,7 @@ class SlurmLauncher:
         while (state is None or not state.final) and time.monotonic() < deadline:
             time.sleep(self.poll_s)  # the job ends a moment after its task wrote the result
             state = read_state(job.job_id, job)
-        if state is not None and state.state in _OUTSIDE_KILLS:
+        if state is not None and state.state in _SCHEDULER_KILLS:
             result.status, reason = classify(job.job_id, state)
             result.reason = f"{reason}; the trial was {result.reason}"
         return result

@@ -73,11 +73,12 @@ def test_a_job_cancelled_mid_trial_is_classified(slurm_cluster, tiny_corpus: Pat
 
 
 def test_a_job_past_its_time_limit_is_a_timeout(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
-    # The trial's own timeout (600 s) is far off; the job's one-minute limit comes first. submitit's warning signal
-    # (30 s before the limit) stops the trial, which says so.
+    # The trial's own timeout (600 s) is far off; the job's one-minute limit comes first. submitit asks SLURM for a
+    # warning signal before the limit (30 s by default; 50 s here: due 10 s in, sent at slurmctld's next time-limit
+    # check, every 30 s), which stops the trial; its result says so.
     spec = faulty_spec(tmp_path, tiny_corpus, 3)
     started = time.monotonic()
-    result = _launcher(time=1)(spec, workdir=tmp_path / "trial", timeout_s=600)
+    result = _launcher(time=1, signal_delay_s=50)(spec, workdir=tmp_path / "trial", timeout_s=600)
     assert result.status == "timeout", (result.reason, result.log_tail)
-    assert "time limit" in result.reason
-    assert time.monotonic() - started < 100
+    assert "time limit" in result.reason and "--slurm-option time=" in result.reason
+    assert time.monotonic() - started < 45
