@@ -1,4 +1,4 @@
-"""The test SLURM cluster (tests/fixtures/slurm.py), started once per module that asks for it; skipped with the
+"""The test SLURM cluster (tests/fixtures/slurm.py), started once per test session that asks for it; skipped with the
 reason where it cannot start."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tests.fixtures import slurm
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[slurm.Cluster]:
     why = slurm.unavailable()
     if why:

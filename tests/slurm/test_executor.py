@@ -82,3 +82,21 @@ def test_a_job_past_its_time_limit_is_a_timeout(slurm_cluster, tiny_corpus: Path
     assert result.status == "timeout", (result.reason, result.log_tail)
     assert "time limit" in result.reason and "--slurm-option time=" in result.reason
     assert time.monotonic() - started < 45
+
+
+def test_a_hopeless_trial_is_pruned_from_its_progress_on_the_shared_folder(slurm_cluster, tiny_corpus, tmp_path):
+    seen: list[dict] = []
+
+    def should_prune(progress: dict) -> str | None:
+        seen.append(progress)
+        return "too slow" if progress["phase"] == "warmup" else None
+
+    spec = faulty_spec(tmp_path, tiny_corpus, 7)  # trains, 0.3 s a step
+    result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=120, should_prune=should_prune)
+    assert result.status == "pruned" and result.reason == "too slow"
+    assert seen and seen[-1]["samples_per_second"] > 0
+    job_id = next((tmp_path / "trial" / "slurm").glob("*_submission.sh")).name.split("_")[0]
+    deadline = time.monotonic() + 15
+    while (state := read_state(job_id)) is not None and not state.final and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert state is not None and state.state == "CANCELLED"  # the job was taken down with the trial
