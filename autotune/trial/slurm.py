@@ -47,7 +47,8 @@ RESULT_FILE = "slurm-result.json"  # beside the trial's own files: what run_on_n
 JOB_FOLDER = "slurm"  # submitit's pickles and the job's stdout/stderr, inside the trial's folder
 START_GRACE_S = 60.0  # the job's time limit covers the trial's timeout plus the interpreter's start and the unpickling
 WARNING_SIGNAL_S = 30  # submitit's USR2 before the time limit: the trial is stopped and its result written in time
-POLL_S = 0.5
+POLL_S = 0.5  # the trial's files on the shared folder
+STATE_POLL_S = 5.0  # the controller (scontrol): a trial's end is read from its result file, not from here
 FINAL_STATE_WAIT_S = 10.0  # after a signalled trial's result: how long to wait for the job's final state
 _STATE_CALL_TIMEOUT_S = 30.0
 _OUTSIDE_KILLS = ("CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
@@ -221,6 +222,7 @@ class SlurmLauncher:
 
     settings: SlurmSettings = field(default_factory=SlurmSettings)
     poll_s: float = POLL_S
+    state_poll_s: float = STATE_POLL_S
 
     def __call__(
         self, spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
@@ -247,21 +249,28 @@ class SlurmLauncher:
         return result
 
     def _wait(self, job: Any, spec: TrialSpec, workdir: Path, should_prune: ShouldPrune | None) -> TrialResult:
+        """Files every poll_s (the result, the progress for pruning: the shared file system, cheap); the controller
+        every state_poll_s (an RPC to slurmctld, which busy clusters ration)."""
         result_file = workdir / RESULT_FILE
+        seen, asked_at = None, -math.inf
         while True:
             if result_file.exists():
                 return self._killed_from_outside(job, TrialResult.from_dict(yamlio.read_json(result_file)))
-            state = read_state(job.job_id, job)
-            if state is not None and state.final:
-                time.sleep(self.poll_s)  # a result renamed into place as the job ended: read it, not the state
-                if result_file.exists():
-                    continue
-                status, reason = classify(job.job_id, state)
-                return TrialResult(status=status, reason=reason, log_tail=_log_tail(workdir, job))
-            reason = _prune_reason(spec, should_prune) if state is not None and state.state == "RUNNING" else None
+            reason = _prune_reason(spec, should_prune)  # a progress file exists only while the trial runs
             if reason:
                 job.cancel(check=False)
                 return TrialResult(status="pruned", reason=reason)
+            if time.monotonic() - asked_at >= self.state_poll_s:
+                asked_at, state = time.monotonic(), read_state(job.job_id, job)
+                if state is not None and (state.state, state.reason) != seen:
+                    seen = (state.state, state.reason)
+                    logger.info("SLURM job %s: %s (%s)", job.job_id, state.state, state.reason)
+                if state is not None and state.final:
+                    time.sleep(self.poll_s)  # a result renamed into place as the job ended: read it, not the state
+                    if result_file.exists():
+                        continue
+                    status, reason = classify(job.job_id, state)
+                    return TrialResult(status=status, reason=reason, log_tail=_log_tail(workdir, job))
             time.sleep(self.poll_s)
 
     def _killed_from_outside(self, job: Any, result: TrialResult) -> TrialResult:

@@ -60,9 +60,10 @@ def test_the_cluster_checks_the_partition_and_options(slurm_cluster, extra, word
 def test_a_run_submits_its_trials_as_slurm_jobs(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
     before = _autotune_jobs(slurm_cluster)
     args = ["--trials", "2", "--no-amp-check", "--executor", "slurm", "--slurm-partition", PARTITION]
+    args += ["--max-throughput-cv", "0"]  # the erratic gate has its own tests; other jobs load this machine
     out = tmp_path / "best.yaml"
     result = runner.invoke(app, [*run_args(tiny_corpus, tmp_path / "results", *args), "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0, (result.output, slurm_cluster.logs())
     tuned = load_config(out)
     assert tuned.metrics["winner"]["samples_per_second"] > 0 and tuned.metrics["compute"]["pipeline_efficiency"] > 0
     assert tuned.search["executor"] == {"name": "slurm", "partition": PARTITION, "options": {}}
