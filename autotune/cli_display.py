@@ -65,6 +65,8 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
     for note in plan.space.baseline_notes:
         console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")
+    for note in plan.space.space_notes:
+        console.print(f"  [dim]space adapted: {plain(note)}[/dim]")
     for note in plan.option_notes:
         console.print(f"  [dim]{plain(note)}[/dim]", highlight=False, soft_wrap=True)
 

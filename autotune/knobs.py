@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
+from autotune.optimizer_kernels import IMPLEMENTATIONS as OPTIMIZER_IMPLEMENTATIONS
 from autotune.trial.precision import PRECISIONS
 
 __all__ = [
@@ -39,7 +41,7 @@ Applies = Literal["dataloader", "process", "model", "data", "run"]
 # configuration keeps), or not at all (set by the run: --world-size, the preload probe).
 SpaceRole = Literal["searched", "fixed", "run"]
 # The result file's knob sections, in the order they are written.
-RESULT_SECTIONS = ("batch", "dataloader", "precision", "threads", "audio")
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio")
 _COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
 
 
@@ -87,6 +89,12 @@ def _flag(word: str) -> Callable[[Any], str | None]:
 
 def _labelled(label: str) -> Callable[[Any], str | None]:
     return lambda value: None if value is None else f"{label}={value}"
+
+
+def _optimizer_word(value: str) -> str | None:
+    """The recipe's own optimizer (`default`) is left out of the trial line: lines recorded before the knob existed
+    (benchmarks/replay.py keys by them) stay the lines of the same configurations."""
+    return None if value == DEFAULT_OPTIMIZER else value
 
 
 def _unshown(value: Any) -> None:
@@ -143,6 +151,17 @@ KNOBS: tuple[Knob, ...] = (
         section="precision",
         key="name",
         word=str,
+    ),
+    Knob(
+        name="optimizer_impl",
+        type=str,
+        applies="model",
+        space="searched",
+        choices=OPTIMIZER_IMPLEMENTATIONS,
+        section="optimizer",
+        key="implementation",
+        required=False,  # results written before the knob stepped the recipe's optimizer as built: `default`
+        word=_optimizer_word,
     ),
     Knob(
         name="intra_op_threads",
@@ -213,17 +232,25 @@ def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         KeyError: a required knob or its section is missing (the caller says the file is not an autotune result).
+        TypeError: a section is not a mapping.
+        ValueError: a word knob holds a word it does not take.
     """
     values: dict[str, Any] = {}
     for knob in KNOBS:
         section = data[knob.section] if knob.required else (data.get(knob.section) or {})
         if not isinstance(section, Mapping):  # `threads: [2]`: not a result, never a default read past it
             raise TypeError(f"section {knob.section!r} is a {type(section).__name__}, not a mapping")
-        if knob.required:
-            values[knob.name] = section[knob.result_key]
-        elif knob.result_key in section:
-            values[knob.name] = section[knob.result_key]
+        if knob.required or knob.result_key in section:
+            values[knob.name] = _checked_choice(knob, section[knob.result_key])
     return values
+
+
+def _checked_choice(knob: Knob, value: Any) -> Any:
+    """A word knob's value as a result holds it: one of its choices (`optimizer: {implementation: apex}` is not an
+    autotune result, and would otherwise fail only where the value is used)."""
+    if knob.choices and value not in knob.choices:
+        raise ValueError(f"{knob.section}.{knob.result_key} {value!r} is not one of {', '.join(knob.choices)}")
+    return value
 
 
 def flat_values(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import knobs, yamlio
+from autotune import knobs, optimizer_kernels, yamlio
 from autotune.errors import OutputError, UserError, describe_os_error
 from autotune.measurements import Measurements, speedup_range, summarise_measurements
 from autotune.trial.dataloader import dataloader_kwargs, dynamic_batching
@@ -33,6 +33,7 @@ _HEADER = """\
 #   cfg.apply_backend_flags()          # TF32 and cudnn.benchmark, set explicitly
 #   with cfg.autocast(): loss = ...    # bf16/fp16 autocast; a no-op for fp32/fp32-default/tf32
 #   scaler = cfg.grad_scaler()         # GradScaler for fp16 on CUDA, a no-op otherwise
+#   opt = torch.optim.AdamW(model.parameters(), lr=..., **cfg.optimizer_kwargs())  # fused/foreach, or {{}}
 # or copy the values into your recipe: batch.per_device_batch_size is per process (WeNet, SpeechBrain,
 # Lightning); 3D-Speaker's and ESPnet's batch_size is per_device_batch_size x world_size (one step on all
 # devices). batch.global_batch_size also counts grad_accum_steps: it is the batch per optimizer step, not a recipe's
@@ -99,6 +100,11 @@ class TunedConfig:
     def grad_scaler(self) -> Any:
         return self.precision.grad_scaler()
 
+    def optimizer_kwargs(self) -> dict[str, bool]:
+        """The keyword to add to your torch.optim constructor for the tuned implementation: {"fused": True},
+        {"foreach": True}, or {} for `default` (torch's own choice, what a recipe builds)."""
+        return optimizer_kernels.constructor_kwargs(self.config.optimizer_impl)
+
     def _batching(self) -> dict[str, Any]:
         if not self.dynamic_batching:
             return {}
@@ -129,6 +135,7 @@ class TunedConfig:
             "tf32": self.precision.tf32,
             "grad_scaler": self.precision.uses_grad_scaler,
         }
+        sections["optimizer"] |= {"torch_kwargs": self.optimizer_kwargs()}
         sections["audio"] |= self._audio_note()
         return sections
 

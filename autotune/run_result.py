@@ -31,6 +31,7 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     if baseline.ok and winner.samples_per_second and baseline.samples_per_second:
         speedup = round(winner.samples_per_second / baseline.samples_per_second, 3)
     notes = [f"baseline adapted to this machine: {note}" for note in plan.space.baseline_notes]
+    notes += [f"space adapted to this machine: {note}" for note in plan.space.space_notes]
     if plan.data.synthetic:
         notes.append("measured on autotune's synthetic default corpus; rerun with --data on your own list to be sure")
     notes.extend(plan.option_notes)

@@ -37,7 +37,12 @@ RECIPE_BATCH = ("per_device", "global")
 # Knobs that size a device's batch: in samples, or in frames (WeNet's dynamic batches); the first that applies counts.
 BATCH_KNOBS = ("per_device_batch_size", "max_frames_in_batch")
 # What a training script gets when it does not set a knob: torch's own defaults (all cores for intra-op threads).
-_UNSET_DEFAULTS: dict[str, Any] = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
+_UNSET_DEFAULTS: dict[str, Any] = {
+    "prefetch_factor": 2,
+    "persistent_workers": False,
+    "pin_memory": False,
+    "optimizer_impl": "default",
+}
 
 
 def contains(distribution: od.BaseDistribution, value: Any) -> bool:
@@ -198,7 +203,10 @@ def adapt_baseline(space: SearchSpace, recipe: dict[str, Any]) -> tuple[dict[str
 
 
 def _same_maths(name: str, wanted: Any, value: Any) -> bool:
-    """fp32-default is strict fp32 where the hardware has no TF32 (hardware.supported_precisions): no adaptation."""
+    """fp32-default is strict fp32 where the hardware has no TF32 (hardware.supported_precisions), and foreach is
+    torch's default optimizer where the space leaves it out for that (optimizer_kernels.offered): no adaptation."""
+    if name == "optimizer_impl":
+        return {wanted, value} == {"foreach", "default"}
     return name == "precision" and {wanted, value} == {TORCH_DEFAULT_FP32, "fp32"}
 
 

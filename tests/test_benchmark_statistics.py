@@ -133,3 +133,42 @@ def test_replay_judges_a_pick_on_its_reference_figure(tmp_path):
     recorded = replay.Recorded.load(_recorded_run(tmp_path / "run.json", one_thread_fp32_is_best))
     row = replay.summarise(recorded, replay.slice_space(), 0.01, reps=2)  # budget for the baseline alone
     assert row["within 2%"] == "0%" and row["mean regret"] == "30.0%"
+
+
+def test_ablation_flips_each_knob_the_winner_changed_back_to_the_recipe():
+    from autotune.trial import TrialConfig
+
+    ablation = _load("ablation")
+    recipe = TrialConfig(
+        per_device_batch_size=256, num_workers=16, prefetch_factor=2, pin_memory=True, precision="fp32"
+    )
+    winner = TrialConfig(per_device_batch_size=32, num_workers=0, pin_memory=True, precision="bf16")
+    flipped = ablation.flips(winner, recipe)
+    assert set(flipped) == {"per_device_batch_size 32 -> 256", "num_workers 0 -> 16", "precision bf16 -> fp32"}
+    assert flipped["precision bf16 -> fp32"] == TrialConfig(
+        per_device_batch_size=32, num_workers=0, pin_memory=True, precision="fp32"
+    )
+    # prefetch_factor differs (unset against 2) but does not exist without workers: no row for it.
+    assert not any(name.startswith("prefetch_factor") for name in flipped)
+
+
+def test_ablation_sends_worker_only_knobs_back_with_the_workers():
+    from autotune.trial import TrialConfig
+
+    ablation = _load("ablation")
+    recipe = TrialConfig(per_device_batch_size=32, num_workers=0, precision="fp32")
+    winner = TrialConfig(
+        per_device_batch_size=32, num_workers=4, prefetch_factor=8, persistent_workers=True, precision="fp32"
+    )
+    flipped = ablation.flips(winner, recipe)
+    back = flipped["num_workers 4 -> 0"]
+    assert (back.num_workers, back.prefetch_factor, back.persistent_workers) == (0, None, False)
+    assert flipped["prefetch_factor 8 -> None"].prefetch_factor is None
+    conformer_recipe = TrialConfig(
+        per_device_batch_size=16, workload_knobs={"batch_type": "static", "max_frames_in_batch": 12000}
+    )
+    conformer_winner = TrialConfig(
+        per_device_batch_size=16, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 48000}
+    )
+    names = set(ablation.flips(conformer_winner, conformer_recipe))
+    assert names == {"batch_type dynamic -> static", "max_frames_in_batch 48000 -> 12000"}

@@ -131,6 +131,18 @@ def test_a_seed_without_room_is_skipped_and_said_so_and_a_lone_candidate_is_not_
     assert "2 skipped: no room" in plans[-1].describe()
 
 
+def test_with_only_the_baseline_measured_a_seed_runs_on_half_its_estimate_and_wins(tmp_path, cpu_hardware, caplog):
+    """Measured on a loaded 2-core machine (2026-11-24): the baseline took 147 s of a 5-min run, both seeds were
+    skipped with 90 s left (their estimate rests on the fp32 baseline's rate), and the run ended at 2.4 min with
+    the recipe as the winner. Now the first seed runs while half its estimate is left (the budget still stops it)."""
+    outcome, plans = _issue_run(tmp_path, cpu_hardware, budget_s=190.0, baseline_s=128.0, trial_s=25.0)
+    roles = [record.role for record in outcome.records]
+    assert roles[:2] == ["baseline", "seed"]
+    assert outcome.winner.config.precision == "bf16"
+    assert outcome.elapsed_s <= 190.0
+    assert "nothing but the baseline is measured yet" in caplog.text
+
+
 def test_a_trial_is_stopped_when_the_budget_runs_out_however_long_its_own_timeout(tmp_path, cpu_hardware):
     now, timeouts = [0.0], []
 

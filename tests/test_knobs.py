@@ -72,6 +72,10 @@ def test_trial_line_is_unchanged_by_the_declarations() -> None:
     assert full.short() == (
         "bs=32 w=4 pf=2 pin persist bf16 thr=3 x2dev accum=4 preload batch_type=dynamic max_frames_in_batch=12000"
     )
+    # Knobs added since keep these lines at their default and add their word after it.
+    assert dataclasses.replace(plain, optimizer_impl="fused").short() == "bs=64 w=0 fp32 fused"
+    foreach = dataclasses.replace(full, optimizer_impl="foreach").short()
+    assert foreach.startswith("bs=32 w=4 pf=2 pin persist bf16 foreach thr=3 ")
 
 
 def test_space_parameters_derive_from_the_declarations() -> None:
@@ -82,6 +86,7 @@ def test_space_parameters_derive_from_the_declarations() -> None:
         "pin_memory": bool,
         "persistent_workers": bool,
         "precision": str,
+        "optimizer_impl": str,
         "intra_op_threads": int,
         "cudnn_benchmark": bool,
     }

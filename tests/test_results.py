@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -174,8 +175,21 @@ def _edited_result(old: str, new: str) -> str:
         ("dataloader: 5\nbatch: {}\nprecision: {}\n", "not an autotune result"),
         (_edited_result("threads:\n  intra_op_threads: 2\n", "threads: [2]\n"), "not an autotune result"),
         (_edited_result("workload_knobs:\n", "workload_knobs: [ab, cde]\nx:\n"), "not an autotune result"),
+        (_edited_result("implementation: default", "implementation: apex"), "'apex' is not one of default"),
+        (_edited_result("name: bf16", "name: bf17"), "'bf17' is not one of fp32"),
     ],
-    ids=["missing", "not-yaml", "not-text", "not-a-mapping", "other-yaml", "wrong-types", "threads-list", "knobs-list"],
+    ids=[
+        "missing",
+        "not-yaml",
+        "not-text",
+        "not-a-mapping",
+        "other-yaml",
+        "wrong-types",
+        "threads-list",
+        "knobs-list",
+        "optimizer-unknown",
+        "precision-unknown",
+    ],
 )
 def test_load_config_errors_are_one_line(tmp_path: Path, content: str | bytes | None, message: str) -> None:
     path = tmp_path / "missing.yaml" if content is None else _write(tmp_path, content)
@@ -235,7 +249,8 @@ def test_summary_of_nothing_is_missing() -> None:
 
 
 def test_header_mentions_every_public_helper() -> None:
-    assert all(name in results._HEADER for name in ("load_config", "dataloader_kwargs", "autocast", "grad_scaler"))
+    helpers = ("load_config", "dataloader_kwargs", "autocast", "grad_scaler", "optimizer_kwargs")
+    assert all(name in results._HEADER for name in helpers)
 
 
 def test_dynamic_batches_leave_batching_to_the_dataset_and_name_the_frame_budget(tmp_path: Path) -> None:
@@ -271,3 +286,27 @@ def test_the_speedup_comes_with_the_range_its_measurements_allow() -> None:
     }
     failed = summarise_measurements([TrialResult(status="oom", reason="out of memory")])
     assert results.speedup_range(winner, failed) is None
+
+
+@pytest.mark.parametrize(
+    ("implementation", "kwargs"), [("default", {}), ("foreach", {"foreach": True}), ("fused", {"fused": True})]
+)
+def test_the_optimizer_section_hands_over_the_constructor_keyword(
+    tmp_path: Path, implementation: str, kwargs: dict
+) -> None:
+    tuned = make_tuned(replace(WITH_WORKERS, optimizer_impl=implementation))
+    assert tuned.to_dict()["optimizer"] == {"implementation": implementation, "torch_kwargs": kwargs}
+    loaded = load_config(write_config(tuned, tmp_path / "result.yaml"))
+    assert loaded.config.optimizer_impl == implementation and loaded.optimizer_kwargs() == kwargs
+    torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=0.1, **loaded.optimizer_kwargs())  # torch takes it
+
+
+def test_a_result_written_before_the_optimizer_knob_loads_as_default(tmp_path: Path) -> None:
+    """Results from before issue 20 have no optimizer section: they stepped the recipe's optimizer as built."""
+    written = make_tuned().to_dict()
+    del written["optimizer"]
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(written))
+    loaded = load_config(path)
+    assert loaded.config.optimizer_impl == "default" and loaded.optimizer_kwargs() == {}
+    assert loaded.config == WITH_WORKERS

@@ -178,9 +178,9 @@ def test_points_leave_out_knobs_whose_condition_fails():
     loaded = space.load(CAM, make_cpu(cores=2))
     points = loaded.points()
     without_workers = [point for point in points if point["num_workers"] == 0]
-    assert len(without_workers) == 4 * 2 * 2  # batch sizes x precisions x threads
+    assert len(without_workers) == 4 * 2 * 3 * 2  # batch sizes x precisions x optimizer kernels x threads
     assert not any("prefetch_factor" in point or "persistent_workers" in point for point in without_workers)
-    assert len(points) == 4 * 2 * 2 * (1 + 2 * 8 * 2)  # ... x (no workers, or 1-2 workers x prefetch x persistence)
+    assert len(points) == 4 * 2 * 3 * 2 * (1 + 2 * 8 * 2)  # ... x (no workers, or 1-2 workers x prefetch x persist)
     assert len({tuple(sorted(point.items())) for point in points}) == len(points)
     assert all(point["cudnn_benchmark"] is True for point in points)  # the space's fixed values fill in the rest
 

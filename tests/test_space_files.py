@@ -12,7 +12,7 @@ from autotune import space, space_files, yamlio
 from autotune.errors import SpaceError
 from tests.conftest import make_cpu, make_cuda
 from tests.faults.conftest import error_line, invoke
-from tests.fixtures.space_loads import BUILTINS, RECORDED, load_everywhere
+from tests.fixtures.space_loads import BUILTINS, FIRST_RECORDED, RECORDED, load_everywhere
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -25,6 +25,38 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
     assert now["source"] == recorded["source"]
     assert json.dumps(now) == json.dumps(recorded)  # and every mapping's keys in the same order
     assert "extends" not in now["source"]  # the result file records the whole space, not a reference
+
+
+def _without_optimizer_impl(recorded: dict) -> dict:
+    """A recording with the optimizer_impl knob (issue 20) taken out: its parameter, baseline and seed values, and
+    the space's notes (on the choices left out on a device; a8cb464 recorded no such key)."""
+    stripped = json.loads(json.dumps(recorded))
+    for load in stripped["loads"].values():
+        if "error" in load:
+            continue
+        load["params"] = [param for param in load["params"] if param["name"] != "optimizer_impl"]
+        load["baseline"].pop("optimizer_impl", None)
+        for seed in load["seeds"]:
+            seed.pop("optimizer_impl", None)
+        assert all(note.startswith("optimizer_impl ") for note in load.pop("space_notes"))
+    stripped["source"]["params"].pop("optimizer_impl", None)
+    return stripped
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
+    """The spaces were re-recorded when shared/core.yaml gained optimizer_impl: without it they are a8cb464's loads,
+    and with it every space searches it from a `default` baseline, foreach left out on CUDA (torch's default there)."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    assert _without_optimizer_impl(recorded) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
+    for machine, load in recorded["loads"].items():
+        (param,) = [param for param in load["params"] if param["name"] == "optimizer_impl"]
+        on_cuda = load["device_type"] == "cuda"
+        assert json.loads(param["distribution"])["attributes"]["choices"] == (
+            ["default", "fused"] if on_cuda else ["default", "foreach", "fused"]
+        ), machine
+        assert load["baseline"]["optimizer_impl"] == "default"
+        assert any(note.startswith("optimizer_impl foreach left out") for note in load["space_notes"]) == on_cuda
 
 
 def test_builtin_spaces_say_only_what_differs():

@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune import knobs
 from autotune.errors import UserError
+from autotune.optimizer_kernels import constructor_kwargs
 from autotune.results import TunedConfig
 from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 from autotune.trial.spec import TrialConfig
@@ -24,6 +25,7 @@ __all__ = [
     "cannot",
     "export",
     "knob_table",
+    "optimizer_note",
     "preload_note",
     "register",
     "takes",
@@ -125,6 +127,10 @@ class ExportContext:
             extras["prefetch_factor"] = self.config.prefetch_factor
         extras["persistent_workers"] = self.config.persistent_workers
         return extras
+
+    def optimizer_flag(self) -> dict[str, bool]:
+        """The keyword the tuned optimizer implementation adds to a torch.optim constructor (none for `default`)."""
+        return constructor_kwargs(self.config.optimizer_impl)
 
     def env_prefix(self) -> str:
         threads = self.config.intra_op_threads
@@ -274,6 +280,27 @@ def preload_note(framework: str) -> KnobNotes:
             "The tuned run decoded every utterance into RAM once before training (preload_audio, the result's audio "
             f"section); {framework} reads the audio as it trains, so without that change to its dataset it waits for "
             "data as the configurations without preloading did, not as measured"
+        ]
+
+    return note
+
+
+def optimizer_note(how: str) -> KnobNotes:
+    """The note for a tuned optimizer implementation: what carries it in this target, and that the maths is the same.
+
+    Args:
+        how: where the target's optimizer takes the flag, e.g. "the optimizer block's args (train.py builds it)".
+    """
+
+    def note(context: ExportContext) -> list[str]:
+        flag = context.optimizer_flag()
+        if not flag:
+            return []
+        (key,) = flag
+        return [
+            f"optimizer_impl {key}: {key}=True reaches torch.optim through {how}; it computes the same update as the "
+            "recipe's optimizer (up to rounding) with fewer kernel launches. It needs a torch that has it for your "
+            "device (fused on a CPU: torch 2.4+)"
         ]
 
     return note

@@ -22,6 +22,7 @@ from autotune.exports.base import (
     KnobNotes,
     cannot,
     knob_table,
+    optimizer_note,
     preload_note,
     register,
     takes,
@@ -96,6 +97,10 @@ def trainer_overrides(context: ExportContext, recipe: Recipe) -> dict[str, str]:
         "cudnn_benchmark": _bool(config.cudnn_benchmark),
         "cudnn_deterministic": "false",
     }
+    # --optim_conf key=value is merged into the recipe's optim_conf (NestedDictAction), which build_optimizers passes
+    # to the optimizer class: optim_class(model.parameters(), **args.optim_conf) (espnet2/tasks/abs_task.py).
+    for key in context.optimizer_flag():
+        values["optim_conf"] = f"{key}=true"
     return values
 
 
@@ -213,6 +218,10 @@ KNOB_TABLE = knob_table(
         "persistent_workers": cannot(_unexposed("persistent_workers")),
         "precision": takes(
             "--use_amp and --use_tf32 (and the TF32 environment for strict fp32)", notes=_precision_notes
+        ),
+        "optimizer_impl": takes(
+            "--optim_conf fused=true / foreach=true (merged into the recipe's optim_conf)",
+            notes=optimizer_note("--optim_conf, merged into the recipe's optim_conf (build_optimizers passes it)"),
         ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": takes("--cudnn_benchmark"),

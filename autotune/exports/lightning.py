@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.exports.base import THREADS, Export, ExportContext, cannot, knob_table, preload_note, register, takes
+from autotune.exports.base import (
+    THREADS,
+    Export,
+    ExportContext,
+    KnobNotes,
+    cannot,
+    knob_table,
+    optimizer_note,
+    preload_note,
+    register,
+    takes,
+)
 from autotune.trial.precision import TORCH_DEFAULT_FP32
 
 _PRECISION = {
@@ -58,6 +69,9 @@ def export_lightning(context: ExportContext) -> Export:
     if context.on_cuda:
         lines += _TF32_LINES.get(context.precision, [])
     lines.append(_call("trainer = Trainer", trainer))
+    flag = context.optimizer_flag()
+    if flag:
+        lines.append(f"optimizer_kwargs = {flag!r}  # add to the torch.optim constructor in configure_optimizers")
     if dynamic:
         lines += _batch_sampler_lines(context)
         lines.append(_call("train_loader = DataLoader", loader, first=["train_dataset", "batch_sampler=batch_sampler"]))
@@ -121,6 +135,22 @@ def _precision_notes(context: ExportContext) -> list[str]:
     return []
 
 
+def _optimizer_notes(context: ExportContext) -> list[str]:
+    notes = optimizer_note("optimizer_kwargs, passed by your configure_optimizers (Lightning does not build it)")
+    flag = context.optimizer_flag()
+    precision = _PRECISION[context.precision]
+    if flag.get("fused") and precision != "32-true":
+        return [
+            *notes(context),
+            f'Lightning refuses gradient_clip_val with a fused optimizer under precision="{precision}"'
+            " (MixedPrecision.clip_gradients, lightning/pytorch/plugins/precision/amp.py: the optimizer unscales "
+            "itself): a recipe that clips (conformer, FastSpeech 2) needs foreach there, or its clipping done "
+            "before optimizer.step",
+        ]
+    return notes(context)
+
+
+_OPTIMIZER: KnobNotes = _optimizer_notes
 _LOADER = takes("DataLoader(...) in the snippet")
 KNOB_TABLE = knob_table(
     "lightning",
@@ -131,6 +161,7 @@ KNOB_TABLE = knob_table(
         "pin_memory": _LOADER,
         "persistent_workers": _LOADER,
         "precision": takes("Trainer(precision=...) and the TF32 flags it sets", notes=_precision_notes),
+        "optimizer_impl": takes("optimizer_kwargs in the snippet, for configure_optimizers", notes=_OPTIMIZER),
         "intra_op_threads": takes("torch.set_num_threads(...) in the snippet", notes=THREADS.notes),
         "cudnn_benchmark": takes("Trainer(benchmark=...)"),
         "world_size": takes("Trainer(devices=...)"),

@@ -21,6 +21,7 @@ from autotune.exports.base import (
     ExportContext,
     cannot,
     knob_table,
+    optimizer_note,
     preload_note,
     register,
     takes,
@@ -32,6 +33,9 @@ _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 _DATA_ARGS = ("--data", "data/vox2_dev/train.csv", "--noise", "data/musan/wav.scp", "--reverb", "data/rirs/wav.scp")
 # The recipe's dataloader block (conf/*.yaml): what the tuned loader must keep.
 _RECIPE_LOADER = {"pin_memory": True, "drop_last": True}
+# The recipes' optimizer block (conf/cam++.yaml, eres2net.yaml, ecapa_tdnn.yaml: the same SGD in each); an override
+# replaces a top-level key whole, so the tuned implementation's flag is passed with the rest of the block.
+_RECIPE_OPTIMIZER = {"params": None, "lr": "<lr>", "momentum": 0.9, "nesterov": True, "weight_decay": 0.0001}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +88,9 @@ def export_3d_speaker(context: ExportContext) -> Export:
     loader = _dataloader_override(context)
     if loader is not None:
         words.append(f"--dataloader {shlex.quote(loader)}")
+    optimizer = _optimizer_override(context)
+    if optimizer is not None:
+        words.append(f"--optimizer {shlex.quote(optimizer)}")
     command = context.env_prefix() + context.tf32_env() + " \\\n    ".join(words)
     return Export(target="3d-speaker", command=command, notes=_notes(context, recipe, loader is not None))
 
@@ -100,7 +107,19 @@ def _dataloader_override(context: ExportContext) -> str | None:
     return "{obj: torch.utils.data.DataLoader, args: {" + body + "}}"
 
 
+def _optimizer_override(context: ExportContext) -> str | None:
+    """The recipe's optimizer block with the tuned implementation's flag (speakerlab/bin/train.py fills its params and
+    builds it: build('optimizer', config)); None for `default`, which is the recipe's block."""
+    flag = context.optimizer_flag()
+    if not flag:
+        return None
+    body = ", ".join(f"{key}: {_yaml_scalar(value)}" for key, value in {**_RECIPE_OPTIMIZER, **flag}.items())
+    return "{obj: torch.optim.SGD, args: {" + body + "}}"
+
+
 def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
@@ -174,6 +193,10 @@ KNOB_TABLE = knob_table(
         "pin_memory": _LOADER_BLOCK,
         "persistent_workers": _LOADER_BLOCK,
         "precision": takes("TF32 through the command's environment; AMP is a code change", notes=_precision_notes),
+        "optimizer_impl": takes(
+            "the --optimizer block (the recipe's SGD with the flag)",
+            notes=optimizer_note("--optimizer, the recipe's SGD block plus the flag (train.py builds it)"),
+        ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": cannot(_cudnn_notes),
         "world_size": takes("torchrun --nproc_per_node and --gpu"),

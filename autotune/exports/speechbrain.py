@@ -22,6 +22,7 @@ from autotune.exports.base import (
     ExportContext,
     cannot,
     knob_table,
+    optimizer_note,
     preload_note,
     register,
     takes,
@@ -34,6 +35,9 @@ RECIPE_SCRIPT = "train_speaker_embeddings.py"
 RECIPE_HPARAMS = "hparams/train_ecapa_tdnn.yaml"
 _ECAPA = {"ecapa-tdnn": None, "ecapa-tdnn-512": 512}
 _QUIRK_OFF = "SB_DISABLE_QUIRKS=allow_tf32"
+# hparams/train_ecapa_tdnn.yaml's opt_class (9c826ef): `!name:torch.optim.Adam` with these arguments. An override
+# replaces it whole, so the tuned implementation's flag is passed with the recipe's arguments.
+_RECIPE_OPTIMIZER = "!name:torch.optim.Adam {lr: !ref <lr>, weight_decay: 0.000002"
 
 
 @register("speechbrain")
@@ -52,6 +56,10 @@ def export_speechbrain(context: ExportContext) -> Export:
         f"{RECIPE_SCRIPT} {RECIPE_HPARAMS} --data_folder /path/to/VoxCeleb",
         f"--dataloader_options {shlex.quote(_flow_mapping(options))}",
     ]
+    flag = context.optimizer_flag()
+    if flag:
+        (key,) = flag
+        words.append(f"--opt_class {shlex.quote(f'{_RECIPE_OPTIMIZER}, {key}: true}}')}")
     precision = _precision_flag(context)
     if precision is not None:
         words.append(f"--precision {precision}")
@@ -169,6 +177,10 @@ KNOB_TABLE = knob_table(
         "pin_memory": _LOADER_OPTIONS,
         "persistent_workers": _LOADER_OPTIONS,
         "precision": takes("--precision, SB_DISABLE_QUIRKS and the TF32 environment", notes=_precision_notes),
+        "optimizer_impl": takes(
+            "--opt_class (the recipe's Adam with the flag)",
+            notes=optimizer_note("--opt_class, the recipe's !name:torch.optim.Adam plus the flag"),
+        ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": cannot(_cudnn_notes),
         "world_size": takes("torchrun --nproc_per_node (python for one process)"),

@@ -19,6 +19,7 @@ from autotune.exports.base import (
     ExportContext,
     cannot,
     knob_table,
+    optimizer_note,
     preload_note,
     register,
     takes,
@@ -28,6 +29,9 @@ from autotune.exports.base import (
 _TORCH_DEFAULT_PREFETCH = 2  # what an unset prefetch_factor measured; WeNet's own --prefetch default is 100
 RECIPE_CONFIG = "conf/train_conformer.yaml"
 MODEL_DIR = "exp/conformer"  # run.sh: dir=exp/conformer
+# conf/train_conformer.yaml's optim_conf (optim: adam); init_optimizer_and_scheduler passes it whole to
+# optim.Adam(params, **optim_conf) (wenet/utils/train_utils.py).
+RECIPE_OPTIM_CONF = {"lr": 0.002}
 
 
 @register("wenet")
@@ -40,10 +44,12 @@ def export_wenet(context: ExportContext) -> Export:
             "conformer (autotune's `conformer` workload)",
         )
     frames = context.max_frames_in_batch
-    yaml_text = None
+    edits: dict[str, Any] = {}
     if frames is not None:  # batch_conf has no max_frames_in_batch key to override: the config needs editing
-        batch_conf: dict[str, Any] = {"batch_type": "dynamic", "max_frames_in_batch": frames}
-        yaml_text = yamlio.dump_yaml({"dataset_conf": {"batch_conf": batch_conf}})
+        edits["dataset_conf"] = {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": frames}}
+    if context.optimizer_flag():  # neither has optim_conf a fused/foreach key to override
+        edits["optim_conf"] = {**RECIPE_OPTIM_CONF, **context.optimizer_flag()}
+    yaml_text = yamlio.dump_yaml(edits) if edits else None
     return Export(target="wenet", yaml_text=yaml_text, command=_command(context), notes=_notes(context))
 
 
@@ -168,6 +174,10 @@ KNOB_TABLE = knob_table(
         "pin_memory": takes("--pin_memory"),
         "persistent_workers": cannot(_persistent_notes),
         "precision": takes("--use_amp (fp16) and the TF32 environment", notes=_precision_notes),
+        "optimizer_impl": takes(
+            "optim_conf in the config (the YAML to merge): override_config cannot add a key",
+            notes=optimizer_note("optim_conf, which init_optimizer_and_scheduler passes to optim.Adam"),
+        ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": cannot(_cudnn_notes),
         "world_size": takes("torchrun --nproc_per_node"),

@@ -83,6 +83,7 @@ class TrialConfig:
     pin_memory: bool = False
     persistent_workers: bool = False
     precision: str = "fp32"  # one of autotune.trial.precision.PRECISIONS
+    optimizer_impl: str = "default"  # the recipe's optimizer as torch builds it (autotune/optimizer_kernels.py)
     cudnn_benchmark: bool = True
     intra_op_threads: int | None = None
     world_size: int = 1

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError
+from autotune.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
 from autotune.workloads.registry import register
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from autotune.data.offline import Preparation
     from autotune.trial.spec import TrialConfig
 
-__all__ = ["PUBLISHED_VOCAB_SIZE", "load_asr_data", "warmup_lr"]
+__all__ = ["PUBLISHED_VOCAB_SIZE", "load_asr_data", "recipe_optimizer", "warmup_lr"]
 
 RECIPE_LR = 0.002
 RECIPE_WARMUP_STEPS = 25000
@@ -81,8 +82,17 @@ def _recipe_step_hook(model: torch.nn.Module) -> Any:
     return scheduled_step_hook(model, warmup_lr, RECIPE_GRAD_CLIP)
 
 
-def _build_conformer(context: WorkloadContext) -> TrainingSetup:
+def recipe_optimizer(model: torch.nn.Module, implementation: str) -> torch.optim.Optimizer:
+    """WeNet's Adam over the model, stepping with `implementation` (optimizer_kernels.py), with the recipe's warm-up
+    and clipping in a step pre-hook (GradScaler unscales first, so the hook clips true gradients, as WeNet does)."""
     import torch
+
+    optimizer = build_optimizer(torch.optim.Adam, model.parameters(), implementation, lr=warmup_lr(1))
+    optimizer.register_step_pre_hook(_recipe_step_hook(model))
+    return optimizer
+
+
+def _build_conformer(context: WorkloadContext) -> TrainingSetup:
     from torch import nn
 
     from autotune.data.asr import WENET_SPEEDS, AsrDataset, CharVocabulary, SpecAugmentConfig, collate_asr_batch
@@ -108,9 +118,7 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
     model = ConformerASR(**{**options["model"], "vocab_size": len(vocabulary), "sos_eos": vocabulary.SOS_EOS_ID})
     cmvn, _ = global_cmvn(utterances, dataset.fbank)  # prepared before the trials: read from the cache
     model.encoder.global_cmvn.set_stats(*cmvn.mean_istd())
-    optimizer = torch.optim.Adam(model.parameters(), lr=warmup_lr(1))
-    # GradScaler.step unscales before it calls optimizer.step, so the hook clips true gradients, as WeNet does.
-    optimizer.register_step_pre_hook(_recipe_step_hook(model))
+    optimizer = recipe_optimizer(model, context.config.optimizer_impl)
 
     def loss_fn(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return module(batch["feats"], batch["feat_lengths"], batch["tokens"], batch["token_lengths"])["loss"]

@@ -14,7 +14,14 @@ if TYPE_CHECKING:
     from autotune.data import DataSource
     from autotune.workloads.base import WorkloadContext
 
-__all__ = ["load_transcribed_data", "longest_batch", "longest_indices", "preload_if_asked", "scheduled_step_hook"]
+__all__ = [
+    "load_transcribed_data",
+    "longest_batch",
+    "longest_indices",
+    "preload_if_asked",
+    "scheduled_step_hook",
+    "unscale_for_clipping",
+]
 
 
 def load_transcribed_data(path: str | None, *, task: str) -> DataSource:
@@ -68,8 +75,9 @@ def scheduled_step_hook(
     model: torch.nn.Module, lr_at: Callable[[int], float], max_grad_norm: float
 ) -> Callable[..., None]:
     """An optimiser step pre-hook doing a recipe's per-step work: set the learning rate of this (1-based) step from
-    its schedule, then clip the gradients' global norm. GradScaler.step unscales before it calls optimizer.step, so
-    the hook clips true gradients under fp16 too, as the recipes do."""
+    its schedule, then clip the gradients' global norm. GradScaler.step unscales before it calls optimizer.step, or
+    hands a fused optimizer the scale instead (unscaled here: `unscale_for_clipping`), so the hook clips true
+    gradients under fp16 too, as the recipes do."""
     import torch
 
     steps = 0
@@ -79,9 +87,31 @@ def scheduled_step_hook(
         steps += 1
         for group in optimizer.param_groups:
             group["lr"] = lr_at(steps)
+        unscale_for_clipping(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
 
     return hook
+
+
+def unscale_for_clipping(optimizer: torch.optim.Optimizer) -> None:
+    """Unscale the gradients GradScaler left scaled for a fused optimizer, before they are clipped.
+
+    For an optimizer with its own scale handling (fused SGD/Adam: `_step_supports_amp_scaling`) GradScaler.step does
+    not unscale: it sets `optimizer.grad_scale` and `optimizer.found_inf` and the fused kernel divides by the scale
+    (torch/amp/grad_scaler.py). A recipe clipping in a step pre-hook would then clip gradients 2**16 times too large,
+    which shrinks every step to nothing. Dividing here and clearing grad_scale is what `scaler.unscale_(optimizer)`
+    before the clip does in the recipes' own loops (WeNet's executor); found_inf stays set, so the kernel still skips
+    a step whose gradients overflowed. Without a scale (no GradScaler, or not fused) nothing changes.
+    """
+    import torch
+
+    scale = getattr(optimizer, "grad_scale", None)
+    if scale is None:
+        return
+    grads = [param.grad for group in optimizer.param_groups for param in group["params"] if param.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, scale.double().reciprocal().float())  # GradScaler's own inverse, as unscale_
+    optimizer.grad_scale = None  # type: ignore[attr-defined]
 
 
 def longest_indices(count: int, lengths: Sequence[int], *more_lengths: Sequence[int]) -> list[int]:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import UserError
+from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
+from autotune.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import preload_if_asked
 from autotune.workloads.registry import register
@@ -14,7 +16,7 @@ from autotune.workloads.registry import register
 if TYPE_CHECKING:
     from autotune.data import DataSource
 
-__all__ = ["speaker_workload", "load_speaker_data"]
+__all__ = ["speaker_workload", "load_speaker_data", "speaker_optimizer"]
 
 Pipeline = Literal["3d-speaker", "speechbrain"]
 AUGMENT_KINDS = ("noise", "reverb")  # the options naming 3D-Speaker's wav.scp lists, as its recipe YAMLs name them
@@ -34,12 +36,14 @@ ERES2NET_RECIPE = {**THREED_SPEAKER_PIPELINE, "lr": 0.2, "margin": 0.3, "aug_pro
 SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2, "augment_copies": 4}
 
 
-def _optimizer(name: str, lr: float, parameters: Any) -> Any:
+def speaker_optimizer(name: str, lr: float, parameters: Any, implementation: str = DEFAULT_OPTIMIZER) -> Any:
+    """The recipe's optimizer (`name`: sgd or adam) stepping with `implementation` (optimizer_kernels.py)."""
     import torch
 
     if name == "sgd":
-        return torch.optim.SGD(parameters, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
-    return torch.optim.Adam(parameters, lr=lr, weight_decay=2e-6)
+        recipe: dict[str, Any] = {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-4}
+        return build_optimizer(torch.optim.SGD, parameters, implementation, lr=lr, **recipe)
+    return build_optimizer(torch.optim.Adam, parameters, implementation, lr=lr, weight_decay=2e-6)
 
 
 def load_speaker_data(path: str | None) -> Any:
@@ -165,7 +169,9 @@ def _build_speaker_setup(
 
     return TrainingSetup(
         model=model,
-        optimizer=_optimizer(options["optimizer"], options["lr"], model.parameters()),
+        optimizer=speaker_optimizer(
+            options["optimizer"], options["lr"], model.parameters(), context.config.optimizer_impl
+        ),
         dataset=dataset,
         collate_fn=collate_speaker_batch,
         loss_fn=loss_fn,

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError, WorkloadError
+from autotune.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
 from autotune.workloads.registry import register
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from autotune.data.offline import Preparation
     from autotune.trial.spec import TrialConfig
 
-__all__ = ["load_tts_data", "noam_lr"]
+__all__ = ["load_tts_data", "noam_lr", "recipe_optimizer"]
 
 RECIPE_BETAS = (0.9, 0.98)
 RECIPE_EPS = 1e-9
@@ -126,8 +127,19 @@ def _dataset(context: WorkloadContext) -> tuple[Any, dict[str, Any], float]:
     return features, ranges, features.preload() if context.config.preload_audio else 0.0
 
 
-def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
+def recipe_optimizer(model: torch.nn.Module, d_model: int, implementation: str) -> torch.optim.Optimizer:
+    """ming024's Adam over the model, stepping with `implementation` (optimizer_kernels.py), with ScheduledOptim's
+    learning rate and the recipe's clipping in a step pre-hook."""
     import torch
+
+    optimizer = build_optimizer(
+        torch.optim.Adam, model.parameters(), implementation, lr=noam_lr(1, d_model), betas=RECIPE_BETAS, eps=RECIPE_EPS
+    )
+    optimizer.register_step_pre_hook(scheduled_step_hook(model, lambda step: noam_lr(step, d_model), RECIPE_GRAD_CLIP))
+    return optimizer
+
+
+def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
     from torch import nn
 
     from autotune.data.tts import SYMBOLS, collate_tts_batch
@@ -137,8 +149,7 @@ def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
     options = {"n_symbols": len(SYMBOLS) + 1, **bin_ranges, **context.options["model"]}
     model = FastSpeech2(**options)
     d_model = int(options.get("d_model", 256))
-    optimizer = torch.optim.Adam(model.parameters(), lr=noam_lr(1, d_model), betas=RECIPE_BETAS, eps=RECIPE_EPS)
-    optimizer.register_step_pre_hook(scheduled_step_hook(model, lambda step: noam_lr(step, d_model), RECIPE_GRAD_CLIP))
+    optimizer = recipe_optimizer(model, d_model, context.config.optimizer_impl)
 
     def loss_fn(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         outputs = module(

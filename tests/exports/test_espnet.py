@@ -266,3 +266,23 @@ def test_asr_recipe_trains_an_epoch_with_the_exported_arguments(tmp_path: Path, 
     assert loader.num_workers == 1 and loader.pin_memory is False
     assert [len(batch) for batch in loader.batch_sampler] == [2, 2, 2]  # 7 utterances: the short batch dropped
     assert (tmp_path / "exp/asr_train/1epoch.pth").exists()
+
+
+@pytest.mark.slow  # ESPnet's task import (see above)
+@pytest.mark.parametrize("implementation", ("default", "fused"))
+def test_optimizer_kernel_reaches_espnets_optimizer(implementation: str, tmp_path: Path) -> None:
+    """--optim_conf fused=true is merged into the recipe's optim_conf, and ESPnet's build_optimizers hands it to
+    torch's Adam; `default` leaves the recipe's optim_conf as it is."""
+    import torch
+    from espnet2.tasks.spk import SpeakerTask
+
+    result = _export(optimizer_impl=implementation)
+    _, options = run_sh(result.command)
+    args = SpeakerTask.get_parser().parse_args(spk_train_argv(options, tmp_path, SPK_RECIPE))
+    recipe = {"lr": 0.001, "weight_decay": 0.00005, "amsgrad": False}  # train_ECAPA_mel.yaml's optim_conf
+    assert args.optim == "adam"
+    assert args.optim_conf == (recipe if implementation == "default" else {**recipe, implementation: True})
+    (optimizer,) = SpeakerTask.build_optimizers(args, torch.nn.Linear(4, 2))
+    assert isinstance(optimizer, torch.optim.Adam)
+    assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
+    assert ("optimizer_impl fused" in notes_text(result)) == (implementation == "fused")

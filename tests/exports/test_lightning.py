@@ -85,7 +85,7 @@ class _Probe:
         self.autocast: list[tuple[bool, torch.dtype]] = []
 
 
-def _module(probe: _Probe) -> Any:
+def _module(probe: _Probe, optimizer_kwargs: dict[str, Any] | None = None) -> Any:
     import lightning.pytorch as pl
 
     class Tiny(pl.LightningModule):
@@ -100,7 +100,7 @@ def _module(probe: _Probe) -> Any:
             return torch.nn.functional.cross_entropy(self.layer(features), labels)
 
         def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+            return torch.optim.SGD(self.parameters(), lr=0.1, **(optimizer_kwargs or {}))
 
     return Tiny()
 
@@ -109,7 +109,7 @@ def _fit(python_text: str, namespace: dict[str, Any], probe: _Probe) -> Any:
     exec(compile(ast.parse(python_text), "<autotune export>", "exec"), namespace)  # exactly as printed
     trainer = namespace["trainer"]
     trainer.fit_loop.max_epochs = 1
-    trainer.fit(_module(probe), namespace["train_loader"])
+    trainer.fit(_module(probe, namespace.get("optimizer_kwargs")), namespace["train_loader"])
     return trainer
 
 
@@ -159,3 +159,35 @@ def test_dynamic_snippet_trains_with_its_batch_sampler(tmp_path: Path, monkeypat
     assert sum(probe.batch_sizes) == len(frames) and max(probe.batch_sizes) > 1  # every item once, real batches
     batches = list(namespace["batch_sampler"])
     assert all(max(frames[i] for i in batch) * len(batch) <= 400 or len(batch) == 1 for batch in batches)
+
+
+@pytest.mark.slow
+def test_snippet_passes_the_optimizer_kernel_to_configure_optimizers(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    tuned = cpu_result("cam++", "fp32-default", 6, optimizer_impl="fused")
+    text = export(tuned, "lightning").python_text or ""
+    assert "optimizer_kwargs = {'fused': True}" in text
+    trainer = _fit(text, {"train_dataset": _dataset(20)}, _Probe())
+    (optimizer,) = trainer.optimizers
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["fused"] is True
+    assert "optimizer_kwargs" not in (export(cpu_result("cam++", "fp32-default", 6), "lightning").python_text or "")
+
+
+@pytest.mark.parametrize("precision", ("bf16", "fp16", "fp32-default"))
+def test_fused_under_mixed_precision_cannot_clip_as_the_note_says(precision: str) -> None:
+    """Lightning's MixedPrecision (16-mixed and bf16-mixed) refuses gradient clipping for an optimizer that unscales
+    itself; 32-true clips it. The note is given exactly where Lightning refuses."""
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    result = export(make_tuned(model="conformer", precision=precision, optimizer_impl="fused"), "lightning")
+    layer = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(layer.parameters(), fused=True)
+    layer(torch.ones(1, 4)).sum().backward()
+    mixed = precision in ("bf16", "fp16")
+    plugin = MixedPrecision("bf16-mixed", "cpu") if mixed else Precision()
+    if mixed:
+        with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+            plugin.clip_gradients(optimizer, clip_val=1.0)
+    else:
+        plugin.clip_gradients(optimizer, clip_val=1.0)
+    assert ("refuses gradient_clip_val" in notes_text(result)) == mixed

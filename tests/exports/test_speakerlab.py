@@ -207,3 +207,39 @@ def test_the_old_command_failed_in_speakerlabs_config_builder(tmp_path: Path) ->
         build_config(str(recipe), [], True)
     with pytest.raises(TypeError):
         build_config(str(recipe), ["--batch_size", "64"], True)
+
+
+@pytest.mark.parametrize("implementation", ("default", "foreach", "fused"))
+def test_optimizer_kernel_reaches_speakerlabs_sgd(implementation: str, tmp_path: Path) -> None:
+    """--optimizer carries the recipe's SGD block plus the tuned flag; speakerlab's builder makes torch's SGD with it,
+    as train.py does (params filled in, then build('optimizer', config)), and it steps."""
+    from speakerlab.utils.builder import build
+
+    result = _export(optimizer_impl=implementation)
+    _, argv = bash_words(result.command)
+    recipe = tmp_path / "cam++.yaml"
+    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", recipe)
+    _, config = _config(argv[3:], recipe)
+    recipe_block = {"obj": "torch.optim.SGD", **_recipe_optimizer("3d-speaker_cam++.yaml")}
+    assert _recipe_optimizer("3d-speaker_eres2net.yaml") == _recipe_optimizer("3d-speaker_cam++.yaml")
+    if implementation == "default":
+        assert "--optimizer" not in argv and config.optimizer == recipe_block
+        assert "optimizer_impl" not in notes_text(result)
+    else:
+        assert config.optimizer == {**recipe_block, "args": {**recipe_block["args"], implementation: True}}
+        assert f"optimizer_impl {implementation}" in notes_text(result)
+    parameter = torch.nn.Parameter(torch.ones(3))
+    config.optimizer["args"]["params"] = [parameter]
+    optimizer = build("optimizer", config)
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["lr"] == config.lr
+    assert optimizer.defaults["foreach"] is (True if implementation == "foreach" else None)
+    assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
+    parameter.grad = torch.ones(3)
+    optimizer.step()
+    assert parameter.detach().lt(1).all()
+
+
+def _recipe_optimizer(name: str) -> dict[str, Any]:
+    import yaml
+
+    return {"args": yaml.safe_load((RECIPES / name).read_text())["optimizer"]["args"]}

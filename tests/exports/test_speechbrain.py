@@ -177,3 +177,25 @@ def test_speechbrain_rejects_fp16_on_a_cpu_as_the_note_says() -> None:
     _, run_opts, _ = sb.parse_arguments(["hparams.yaml", "--precision", "fp16", "--device", "cpu"])
     with pytest.raises(ValueError, match="not yet supported on CPU"):
         sb.Brain(modules={"layer": torch.nn.Linear(2, 2)}, run_opts=run_opts)
+
+
+@pytest.mark.parametrize("implementation", ("default", "fused"))
+def test_optimizer_kernel_reaches_the_recipes_opt_class(implementation: str, tmp_path: Path) -> None:
+    """--opt_class replaces the recipe's `!name:torch.optim.Adam` with the same arguments plus the tuned flag;
+    SpeechBrain's parser and hyperpyyaml make the partial the Brain calls with the modules' parameters."""
+    import speechbrain as sb
+    from hyperpyyaml import load_hyperpyyaml
+
+    (tmp_path / "hparams").mkdir()
+    shutil.copy(RECIPE, tmp_path / "hparams" / "train_ecapa_tdnn.yaml")
+    _, argv = bash_words(_export(optimizer_impl=implementation).command, cwd=tmp_path)
+    assert ("--opt_class" in argv) == (implementation != "default")
+    hparams_file, _, overrides = sb.parse_arguments(argv[2:])
+    with open(tmp_path / hparams_file) as stream:
+        hparams = load_hyperpyyaml(stream, overrides)
+    partial = hparams["opt_class"]
+    recipe = {"lr": hparams["lr"], "weight_decay": 0.000002}  # train_ecapa_tdnn.yaml's opt_class arguments
+    assert partial.func is torch.optim.Adam
+    assert partial.keywords == (recipe if implementation == "default" else {**recipe, implementation: True})
+    optimizer = partial(torch.nn.Linear(4, 2).parameters())
+    assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)

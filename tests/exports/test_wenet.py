@@ -163,3 +163,35 @@ def test_recorded_argument_list_names_its_source() -> None:
     assert source["repository"] == "wenet-e2e/wenet" and source["commit"].startswith("0154699")
     flags = {entry["flags"][0] for entry in RECORDED["arguments"]}
     assert {"--num_workers", "--prefetch", "--pin_memory", "--use_amp", "--device", "--override_config"} <= flags
+
+
+def wenet_optimizer(configs: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer init_optimizer_and_scheduler builds from a config (recorded): optim_conf as keyword arguments."""
+    rule = RECORDED["optimizer"]
+    conf = {key: value for key, value in configs["optim_conf"].items() if key not in rule["removed_keys"]}
+    module, name = rule["optim_keys"][configs["optim"]].rsplit(".", 1)
+    assert module == "torch.optim"
+    return getattr(torch.optim, name)(model.parameters(), **conf)
+
+
+@pytest.mark.parametrize("implementation", ("default", "foreach", "fused"))
+@pytest.mark.parametrize("dynamic", (False, True), ids=("static", "dynamic"))
+def test_optimizer_kernel_is_yaml_in_optim_conf(implementation: str, dynamic: bool) -> None:
+    """optim_conf has no fused/foreach key for override_config to set: the flag is a config edit, beside the recipe's
+    lr, and WeNet's optimizer construction hands it to torch's Adam."""
+    result = _export(optimizer_impl=implementation, dynamic=dynamic)
+    with pytest.raises(AssertionError, match="not in the recipe"):
+        override(RECIPE, ["optim_conf.fused true"])
+    edits = parsed(result) if (dynamic or implementation != "default") else {}
+    assert result.yaml_text is None or edits
+    if implementation == "default":
+        assert "optim_conf" not in edits and "optimizer_impl" not in notes_text(result)
+    else:
+        assert edits["optim_conf"] == {**RECIPE["optim_conf"], implementation: True}
+        assert f"optimizer_impl {implementation}" in notes_text(result)
+    assert ("dataset_conf" in edits) == dynamic
+    configs = {**RECIPE, "optim_conf": {**RECIPE["optim_conf"], **edits.get("optim_conf", {})}}
+    optimizer = wenet_optimizer(configs, torch.nn.Linear(4, 2))
+    assert isinstance(optimizer, torch.optim.Adam) and optimizer.defaults["lr"] == 0.002
+    assert optimizer.defaults["foreach"] is (True if implementation == "foreach" else None)
+    assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)

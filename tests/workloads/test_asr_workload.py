@@ -19,6 +19,7 @@ from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 from autotune.trial.dataloader import build_loader
 from autotune.workloads.asr import warmup_lr
 from autotune.workloads.base import WorkloadContext
+from tests.workloads.short_trial import run_two_steps
 
 # The recipe's architecture at a fraction of its size, so that CPU steps take well under a second; the full model is
 # what the workload builds by default (and the contract test trains).
@@ -196,3 +197,23 @@ def test_a_run_prepares_cmvn_once_before_the_trials_and_reports_it(corpus: Path,
     assert any(note.startswith("global CMVN statistics") and "outside their throughput" in note for note in tuned.notes)
     assert tuned.search["baseline_config"]["grad_accum_steps"] == 4 == tuned.config.grad_accum_steps
     assert tuned.metrics["baseline"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("implementation", ("default", "foreach", "fused"))
+def test_builds_wenets_adam_with_the_tuned_optimizer_kernel(
+    conformer: workloads.Workload, corpus: Path, implementation: str
+) -> None:
+    setup = _setup(conformer, corpus, TrialConfig(per_device_batch_size=2, optimizer_impl=implementation))
+    optimizer = setup.optimizer
+    assert type(optimizer) is torch.optim.Adam and optimizer.param_groups[0]["lr"] == warmup_lr(1)
+    assert optimizer.defaults["foreach"] is (True if implementation == "foreach" else None)
+    assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1  # the recipe's warm-up and clipping, whatever the kernel
+
+
+@pytest.mark.slow
+def test_trains_with_the_fused_adam_in_a_trial_subprocess(corpus: Path, tmp_path: Path) -> None:
+    data = workloads.get("conformer").load_data(str(corpus))
+    config = TrialConfig(per_device_batch_size=2, optimizer_impl="fused")
+    result = run_two_steps("conformer", data, {"model": SMALL_MODEL}, config, tmp_path)
+    assert result.samples_per_second and result.samples_per_second > 0

@@ -171,3 +171,27 @@ def test_features_option_is_checked_before_any_trial(fastspeech2: workloads.Work
     assert fastspeech2.prepare_data(data, {**fastspeech2.options, "features": "on_the_fly"}) is None
     with pytest.raises(WorkloadError, match="features='npy' is not one of precomputed, on_the_fly"):
         fastspeech2.prepare_data(data, {**fastspeech2.options, "features": "npy"})
+
+
+@pytest.mark.parametrize("implementation", ("default", "foreach", "fused"))
+def test_builds_ming024s_adam_with_the_tuned_optimizer_kernel(
+    fastspeech2: workloads.Workload, tiny_corpus: Path, implementation: str
+) -> None:
+    setup = _setup(fastspeech2, tiny_corpus, TrialConfig(per_device_batch_size=2, optimizer_impl=implementation))
+    optimizer = setup.optimizer
+    assert type(optimizer) is torch.optim.Adam
+    assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9  # the recipe's
+    assert optimizer.defaults["foreach"] is (True if implementation == "foreach" else None)
+    assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1  # the Noam schedule and clipping, whatever the kernel
+
+
+@pytest.mark.slow
+def test_trains_with_the_foreach_adam_in_a_trial_subprocess(
+    fastspeech2: workloads.Workload, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    config = TrialConfig(per_device_batch_size=2, num_workers=0, optimizer_impl="foreach")
+    result = run_two_steps(
+        "fastspeech2", fastspeech2.load_data(str(tiny_corpus)), {"model": SMALL_MODEL}, config, tmp_path
+    )
+    assert result.samples_per_second and result.samples_per_second > 0
