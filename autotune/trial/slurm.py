@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -139,6 +140,11 @@ def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -
     if settings.partition:
         parameters["partition"] = settings.partition
     parameters.update(settings.options)
+    for key in ("setup", "teardown"):  # shell lines of the job script: one from the command line
+        if isinstance(parameters.get(key), str):
+            parameters[key] = [parameters[key]]
+    if isinstance(parameters.get("srun_args"), str):
+        parameters["srun_args"] = shlex.split(parameters["srun_args"])
     if parameters.get("exclusive") is False:
         del parameters["exclusive"]  # submitit writes a flag for any value it is given
     return parameters

@@ -100,3 +100,12 @@ def test_a_hopeless_trial_is_pruned_from_its_progress_on_the_shared_folder(slurm
     while (state := read_state(job_id)) is not None and not state.final and time.monotonic() < deadline:
         time.sleep(0.2)
     assert state is not None and state.state == "CANCELLED"  # the job was taken down with the trial
+
+
+def test_a_job_that_ends_without_a_result_is_an_error_with_its_log(slurm_cluster, tiny_corpus, tmp_path) -> None:
+    # The job script fails before the trial starts (a site's module load that fails, say): no result file.
+    launcher = _launcher(setup="echo 'module: cuda/99 not found' >&2; exit 3")
+    result = launcher(faulty_spec(tmp_path, tiny_corpus, 5), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "error", (result.reason, result.log_tail)
+    assert "ended FAILED with exit code 3:0 and no result" in result.reason and "\n" not in result.reason
+    assert "module: cuda/99 not found" in result.log_tail

@@ -32,10 +32,20 @@ def test_a_cuda_trial_asks_for_its_gpus_cpus_and_a_whole_node() -> None:
 
 def test_a_cpu_trial_asks_for_no_gpu_and_options_override() -> None:
     cpu = dataclasses.replace(SPEC, device_type="cpu", config=TrialConfig(per_device_batch_size=2))
-    options = parse_slurm_options(["exclusive=false", "mem=64G", "cpus-per-task=16", "time=20"])
+    options = parse_slurm_options(
+        [
+            "exclusive=false",
+            "mem=64G",
+            "cpus-per-task=16",
+            "time=20",
+            "setup=module load cuda",
+            "srun_args=--mpi=none -l",
+        ]
+    )
     parameters = job_parameters(cpu, 30.0, SlurmSettings(options=options))
     assert "gpus_per_node" not in parameters and "exclusive" not in parameters and "partition" not in parameters
     assert (parameters["mem"], parameters["cpus_per_task"], parameters["time"]) == ("64G", 16, 20)
+    assert parameters["setup"] == ["module load cuda"] and parameters["srun_args"] == ["--mpi=none", "-l"]
 
 
 @pytest.mark.parametrize(
