@@ -15,7 +15,8 @@ classified as today's statuses:
 | BOOT_FAIL, DEADLINE (killed from outside)|           |
 | FAILED and anything else                 | error     |
 
-A trial that ran and failed (an OOM, a NaN, a crashed rank) keeps the status its own launcher gave it.
+A trial that ran and failed (an OOM, a NaN, a crashed rank) keeps the status its own launcher gave it; one whose
+ranks died of the SIGTERM the scheduler sends when it ends a job takes the scheduler's status and reason.
 
 The job's state comes from `scontrol show job` (the controller's own view, on every cluster, accounting or not; it
 keeps a finished job for MinJobAge, 300 s by default) and from submitit's `sacct` watcher once the controller has
