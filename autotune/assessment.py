@@ -101,10 +101,16 @@ def budget_left(settings: TunerSettings, amp: AmpCheckResult | None) -> TunerSet
 
 
 def measure_ceiling(
-    outcome: TuningOutcome, make_spec: MakeSpec, workdir: Path, timeout_s: float, left_s: float | None = None
+    outcome: TuningOutcome,
+    make_spec: MakeSpec,
+    workdir: Path,
+    timeout_s: float,
+    left_s: float | None = None,
+    launcher: Callable[..., TrialResult] | None = None,
 ) -> TrialResult | None:
     """One compute-only trial of the winner (batches already on the device), with its FLOPs per sample counted.
 
+    launcher: the run's executor (trial.launch when None), so that the ceiling is measured where the winner was.
     left_s: what is left of the run's budget (None: no budget). The search keeps time for this trial, but trials
     can run longer than the ones before them; a ceiling that would end past the budget is skipped, and says so.
     """
@@ -120,7 +126,8 @@ def measure_ceiling(
         return TrialResult(status="skipped", reason=reason)
     folder = workdir / "ceiling"
     spec = make_spec(outcome.winner.config, str(folder / "result.json"))
-    result = launch(dataclasses.replace(spec, compute_only=True, count_flops=True), workdir=folder, timeout_s=timeout_s)
+    ceiling_spec = dataclasses.replace(spec, compute_only=True, count_flops=True)
+    result = (launcher or launch)(ceiling_spec, workdir=folder, timeout_s=timeout_s)
     if result.feasible:
         shutil.rmtree(folder, ignore_errors=True)
     else:

@@ -20,7 +20,7 @@ import typer
 
 from autotune import cli_commands, cli_doctor
 from autotune.cli_output import fail, plain, stderr_console, stdout_console
-from autotune.cli_parsing import parse_budget, parse_duration, parse_workload_options
+from autotune.cli_parsing import parse_budget, parse_duration, parse_executor, parse_workload_options
 from autotune.errors import MACHINE_FAILURE_EXIT_CODE, UserError
 
 if TYPE_CHECKING:
@@ -209,6 +209,24 @@ def run(
         float,
         typer.Option(help="Relative change that counts: a slower previous winner (exit 3) or a faster new one."),
     ] = 0.10,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where trials run: local (subprocesses on this machine) or slurm (each trial a SLURM job through "
+            "submitit, its files on the shared file system: docs/cluster.md)."
+        ),
+    ] = "local",
+    slurm_partition: Annotated[
+        Optional[str], typer.Option(help="--executor slurm: the partition trials are submitted to.")
+    ] = None,
+    slurm_option: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--slurm-option",
+            help="--executor slurm: a job parameter KEY=VALUE as submitit names it (mem=64G, account=speech, "
+            "exclusive=false, time=30), repeatable; overrides what autotune asks for each trial.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
     _setup_logging(verbose)
@@ -254,6 +272,7 @@ def run(
             drift_threshold=drift_threshold,
             amp_check=AmpCheckSettings() if amp_check else None,
             compute_ceiling=ceiling,
+            slurm=parse_executor(executor, slurm_partition, slurm_option),
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
         if data is None:

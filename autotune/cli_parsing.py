@@ -1,4 +1,4 @@
-"""Turning the command line's text into values: durations and workload options.
+"""Turning the command line's text into values: durations, workload options and the executor.
 
 Kept apart from the commands so that they can be tested and reused without typer, and free of heavy imports so that
 `autotune --help` stays fast.
@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UserError
 
-__all__ = ["NO_BUDGET", "parse_budget", "parse_duration", "parse_workload_options"]
+if TYPE_CHECKING:
+    from autotune.trial.slurm import SlurmSettings
+
+__all__ = ["NO_BUDGET", "EXECUTORS", "parse_budget", "parse_duration", "parse_executor", "parse_workload_options"]
 
 NO_BUDGET = ("none", "off")  # --budget none: only --trials limits the run
+EXECUTORS = ("local", "slurm")
 
 
 def parse_duration(text: str) -> float:
@@ -49,4 +54,33 @@ def parse_workload_options(pairs: list[str] | None, crop_seconds: float | None) 
             options[key.strip()] = json.loads(value)
         except ValueError:
             options[key.strip()] = value
+    return options
+
+
+def parse_executor(executor: str, partition: str | None, options: list[str] | None) -> SlurmSettings | None:
+    """--executor and its --slurm-* options: None for local trials, the SLURM settings for slurm. The cluster itself
+    is checked later, with the other inputs (runner.prepare: trial/slurm.py check_slurm)."""
+    name = executor.strip().lower()
+    if name not in EXECUTORS:
+        raise UserError(f"--executor {executor!r}: unknown; use one of {', '.join(EXECUTORS)}")
+    if name == "local":
+        given = [flag for flag, value in (("--slurm-partition", partition), ("--slurm-option", options)) if value]
+        if given:
+            raise UserError(f"{' and '.join(given)} apply to SLURM trials only; add --executor slurm")
+        return None
+    from autotune.trial.slurm import SlurmSettings
+
+    return SlurmSettings(partition=partition, options=parse_slurm_options(options))
+
+
+def parse_slurm_options(pairs: list[str] | None) -> dict[str, Any]:
+    """`--slurm-option KEY=VALUE` pairs: integers and true/false take that type (time=30, exclusive=false); keys
+    may be written with dashes as sbatch spells them (cpus-per-task) or underscores as submitit does."""
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if not sep or not key or not value:
+            raise UserError(f"--slurm-option {pair!r} is not KEY=VALUE; write it like --slurm-option mem=64G")
+        options[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value.lower(), value)
     return options

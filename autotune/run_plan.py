@@ -12,6 +12,7 @@ from autotune import drift, warmstart, workloads
 from autotune import space as space_module
 from autotune.hardware import Hardware
 from autotune.trial.amp_check import AmpCheckSettings
+from autotune.trial.slurm import SlurmSettings
 from autotune.tuner import TunerSettings
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class RunRequest:
     drift_threshold: float = drift.DEFAULT_THRESHOLD
     amp_check: AmpCheckSettings | None = field(default_factory=AmpCheckSettings)  # None: --no-amp-check
     compute_ceiling: bool = True  # measure the winner once more on batches already in memory
+    slurm: SlurmSettings | None = None  # --executor slurm: each trial a SLURM job (trial/slurm.py); None: local
 
 
 @dataclass(kw_only=True, slots=True)

@@ -145,6 +145,14 @@ def predict_epoch(
     }
 
 
+def _executor(plan: RunPlan) -> dict[str, Any]:
+    """Where the trials ran: local, or SLURM with the partition and options they were submitted with."""
+    slurm = plan.request.slurm
+    if slurm is None:
+        return {"name": "local"}
+    return {"name": "slurm", "partition": slurm.partition, "options": dict(slurm.options)}
+
+
 def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
     settings = plan.request.settings
     return {
@@ -154,6 +162,7 @@ def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
         "sampler": settings.sampler,
         "study_name": plan.study_name,
         "storage": redact_url(plan.storage_url),
+        "executor": _executor(plan),
         "trials_this_run": len(outcome.records),
         "trial_statuses": dict(Counter(r.result.status for r in outcome.records)),
         "stopped_by": outcome.stopped_by,

@@ -37,6 +37,7 @@ from autotune.run_output import check_writable, make_folders, remove_empty, writ
 from autotune.run_plan import RunPlan, RunRequest
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
+from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.tuner import STORAGE_FAILED, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
 
@@ -106,6 +107,8 @@ def prepare(request: RunRequest) -> RunPlan:
     """
     started_s = time.monotonic()
     check_request(request)
+    if request.slurm is not None:
+        check_slurm(request.slurm)  # the cluster answers, the partition and options are its own
     settings = request.settings
     workload = workloads.get(request.model)
     check_workload_options(workload, request.workload_options)
@@ -218,6 +221,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     machine = preflight.check_precisions(machine, plan, make_spec)  # the trials get what is left of the budget
     search_settings, amp = machine.settings, machine.amp
+    launcher = SlurmLauncher(settings=request.slurm) if request.slurm is not None else None  # None: trial.launch
     tuner = Tuner(
         study=study,
         space=plan.space,
@@ -239,12 +243,15 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         ),
         closing_trials=1 if request.compute_ceiling else 0,
         before=machine.stages,
+        launcher=launcher,
     )
     outcome = tuner.run()
     ceiling = None
     if request.compute_ceiling and outcome.stopped_by != STORAGE_FAILED:
         left_s = search_settings.budget_s - outcome.elapsed_s if search_settings.budget_s is not None else None
-        ceiling = assessment.measure_ceiling(outcome, make_spec, plan.workdir, settings.trial_timeout_s, left_s)
+        ceiling = assessment.measure_ceiling(
+            outcome, make_spec, plan.workdir, settings.trial_timeout_s, left_s, launcher=launcher
+        )
     (plan.workdir / "data.json").unlink(missing_ok=True)
     if outcome.winner is None and outcome.stopped_by == "interrupted":
         raise KeyboardInterrupt  # nothing stable measured yet: nothing to write

@@ -217,6 +217,7 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     assert spread["low"] <= tuned.metrics["speedup"] <= spread["high"] and spread["winner_measurements"] >= 1
     assert f"{spread['low']:.2f}-{spread['high']:.2f}x across" in " ".join(result.output.split())
     assert tuned.search["trials_this_run"] >= 3 and tuned.data["n_speakers"] == 4
+    assert tuned.search["executor"] == {"name": "local"}  # the default: trials in subprocesses here
     assert any("autotune's synthetic 16 noise clips and 24 room responses" in note for note in tuned.notes)
     epoch = tuned.metrics["epoch"]  # 12 utterances at the measured rates
     assert epoch["samples"] == 12

@@ -1,0 +1,77 @@
+"""`autotune run --executor slurm` as a person meets it: bad input is one line and exit code 2 before any trial; a
+short run on the test cluster runs its trials as SLURM jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune import load_config
+from autotune.cli import app
+from tests.fixtures.runs import run_args
+from tests.fixtures.slurm import PARTITION
+
+runner = CliRunner()
+
+
+def _error_line(args: list[str]) -> str:
+    result = runner.invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--executor", "kubernetes"], "--executor 'kubernetes': unknown; use one of local, slurm"),
+        (["--slurm-partition", "gpu"], "--slurm-partition apply to SLURM trials only; add --executor slurm"),
+        (["--executor", "slurm", "--slurm-option", "mem"], "--slurm-option 'mem' is not KEY=VALUE"),
+    ],
+    ids=["unknown-executor", "slurm-option-without-slurm", "option-form"],
+)
+def test_bad_executor_input_is_one_line_and_exit_2(extra, words, tiny_corpus: Path, tmp_path: Path) -> None:
+    assert words in _error_line(run_args(tiny_corpus, tmp_path / "results", *extra))
+    assert not (tmp_path / "results").exists()  # refused before anything was written
+
+
+def test_slurm_without_its_commands_is_refused(tiny_corpus: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, scontrol, scancel or sinfo
+    line = _error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm"))
+    assert "sbatch, scontrol, scancel, sinfo not found on PATH" in line and "--executor local" in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--slurm-partition", "nope"], "--slurm-partition nope: no such partition on this cluster"),
+        (["--slurm-option", "memory=4G"], "--slurm-option memory: not a parameter submitit passes to sbatch"),
+    ],
+    ids=["partition", "option-key"],
+)
+def test_the_cluster_checks_the_partition_and_options(slurm_cluster, extra, words, tiny_corpus, tmp_path) -> None:
+    assert words in _error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm", *extra))
+
+
+@pytest.mark.slow
+def test_a_run_submits_its_trials_as_slurm_jobs(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
+    before = _autotune_jobs(slurm_cluster)
+    args = ["--trials", "2", "--no-amp-check", "--executor", "slurm", "--slurm-partition", PARTITION]
+    args += ["--max-throughput-cv", "0"]  # the erratic gate has its own tests; other jobs load this machine
+    out = tmp_path / "best.yaml"
+    result = runner.invoke(app, [*run_args(tiny_corpus, tmp_path / "results", *args), "--out", str(out)])
+    assert result.exit_code == 0, (result.output, slurm_cluster.logs())
+    tuned = load_config(out)
+    assert tuned.metrics["winner"]["samples_per_second"] > 0 and tuned.metrics["compute"]["pipeline_efficiency"] > 0
+    assert tuned.search["executor"] == {"name": "slurm", "partition": PARTITION, "options": {}}
+    jobs = _autotune_jobs(slurm_cluster) - before
+    assert len(jobs) == 3, jobs  # the baseline, one search trial and the compute-only ceiling, each a job
+    assert all("JobState=COMPLETED" in job for job in jobs)
+
+
+def _autotune_jobs(cluster) -> set[str]:
+    lines = cluster.command("scontrol", "show", "jobs", "--oneliner").splitlines()
+    return {line for line in lines if "JobName=autotune-" in line}

@@ -1,0 +1,66 @@
+"""What a trial asks of SLURM, and how a job the scheduler ended is classified (no cluster needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.cli_parsing import parse_slurm_options
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+from autotune.trial.slurm import JobState, SlurmSettings, classify, job_parameters
+
+SPEC = TrialSpec(
+    workload="cam++",
+    workload_options={},
+    data_file="data.json",
+    config=TrialConfig(per_device_batch_size=64, num_workers=4, world_size=8),
+    timing=TimingSettings(),
+    device_type="cuda",
+    result_path="/shared/run/trial-0007/result.json",
+)
+
+
+def test_a_cuda_trial_asks_for_its_gpus_cpus_and_a_whole_node() -> None:
+    parameters = job_parameters(SPEC, 300.0, SlurmSettings(partition="gpu"))
+    assert parameters["nodes"] == 1 and parameters["ntasks_per_node"] == 1  # trial.launch starts the ranks
+    assert parameters["gpus_per_node"] == 8 and parameters["cpus_per_task"] == 8 * (1 + 4)
+    assert parameters["exclusive"] is True and parameters["partition"] == "gpu"
+    assert parameters["time"] == 7  # 300 s of trial, 60 s to start, 30 s of warning, in whole minutes
+    assert parameters["job_name"] == "autotune-trial-0007"
+
+
+def test_a_cpu_trial_asks_for_no_gpu_and_options_override() -> None:
+    cpu = dataclasses.replace(SPEC, device_type="cpu", config=TrialConfig(per_device_batch_size=2))
+    options = parse_slurm_options(
+        [
+            "exclusive=false",
+            "mem=64G",
+            "cpus-per-task=16",
+            "time=20",
+            "setup=module load cuda",
+            "srun_args=--mpi=none -l",
+        ]
+    )
+    parameters = job_parameters(cpu, 30.0, SlurmSettings(options=options))
+    assert "gpus_per_node" not in parameters and "exclusive" not in parameters and "partition" not in parameters
+    assert (parameters["mem"], parameters["cpus_per_task"], parameters["time"]) == ("64G", 16, 20)
+    assert parameters["setup"] == ["module load cuda"] and parameters["srun_args"] == ["--mpi=none", "-l"]
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "words"),
+    [
+        (JobState("TIMEOUT", "TimeLimit", "0:15", "node1"), "timeout", "SLURM job 12 on node1 reached its time limit"),
+        (JobState("OUT_OF_MEMORY", nodes="node2"), "oom", "killed for exceeding its memory"),
+        (JobState("NODE_FAIL", "NodeDown", nodes="node2"), "signal", "on node2 lost its node mid-trial (NodeDown)"),
+        (JobState("PREEMPTED"), "signal", "SLURM job 12 was preempted mid-trial"),
+        (JobState("CANCELLED", "None", "0:15", "node1"), "signal", "was cancelled mid-trial"),
+        (JobState("FAILED", "NonZeroExitCode", "1:0"), "error", "ended FAILED with exit code 1:0 and no result"),
+    ],
+    ids=["timeout", "oom", "node-fail", "preempted", "cancelled", "failed"],
+)
+def test_a_job_the_scheduler_ended_is_classified(state: JobState, status: str, words: str) -> None:
+    assert state.final
+    found, reason = classify("12", state)
+    assert found == status and words in reason and "\n" not in reason
