@@ -105,13 +105,13 @@ def report(result_path: str, winner: TrialConfig, values: dict[str, list[float]]
         f"median over the winner's, from the same interleaved rounds. The winner's own windows spread {spread:.0%}: a "
         "ratio closer to 1 than that is not resolved here.",
         "",
-        "| configuration | samples/s (median) | windows | ratio to the winner | the knob's share of the win |",
+        "| configuration | samples/s (median) | windows | ratio to the winner | throughput lost when set back |",
         "|---|---|---|---|---|",
     ]
     for name, rates in values.items():
         median = statistics.median(rates) if rates else 0.0
         ratio = median / reference if reference else 0.0
-        share = "" if name == "winner" else f"{1 - ratio:+.0%}" if rates else "failed"
+        share = "" if name == "winner" else f"{1 - ratio:.0%}" if rates else "failed"
         lines.append(f"| {name} | {median:.2f} | {len(rates)} | {ratio:.2f} | {share} |")
     return "\n".join(lines) + "\n"
 
