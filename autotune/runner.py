@@ -9,6 +9,7 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -196,19 +197,14 @@ def resolve_world_size(request: RunRequest, hardware: Hardware) -> int:
     return request.devices
 
 
-def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
-    """Run the study and write the result YAML atomically."""
-    request = plan.request
-    plan.workdir.mkdir(parents=True, exist_ok=True)
-    data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
-    plan.preparation = prepare_data(plan)  # before the trials; its time comes off --budget (preflight)
-    machine = preflight.measure_machine(request.settings, reporter)  # a busy machine gets longer windows
-    settings = machine.settings
+def spec_maker(plan: RunPlan, settings: TunerSettings, data_file: Path) -> Callable[[TrialConfig, str], TrialSpec]:
+    """How this run's trials are specified: a configuration and a result path give the TrialSpec its child runs (the
+    workload, its options, the data list, the timing, the seed). Also what benchmarks/ablation.py measures with."""
 
     def make_spec(config: TrialConfig, result_path: str) -> TrialSpec:
         return TrialSpec(
-            workload=request.model,
-            workload_options=dict(request.workload_options),
+            workload=plan.request.model,
+            workload_options=dict(plan.request.workload_options),
             data_file=str(data_file),
             config=config,
             timing=settings.timing,
@@ -218,6 +214,19 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
             collective_timeout_s=settings.trial_timeout_s,
         )
 
+    return make_spec
+
+
+def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
+    """Run the study and write the result YAML atomically."""
+    request = plan.request
+    plan.workdir.mkdir(parents=True, exist_ok=True)
+    data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
+    plan.preparation = prepare_data(plan)  # before the trials; its time comes off --budget (preflight)
+    machine = preflight.measure_machine(request.settings, reporter)  # a busy machine gets longer windows
+    settings = machine.settings
+
+    make_spec = spec_maker(plan, settings, data_file)
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     machine = preflight.check_precisions(machine, plan, make_spec)  # the trials get what is left of the budget
     search_settings, amp = machine.settings, machine.amp

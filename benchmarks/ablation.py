@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 
 from autotune import knobs, load_config, runner, yamlio  # noqa: E402
 from autotune.run_plan import RunRequest  # noqa: E402
-from autotune.trial import TrialConfig, TrialSpec, launch  # noqa: E402
+from autotune.trial import TrialConfig, launch  # noqa: E402
 from autotune.tuner import TunerSettings  # noqa: E402
 
-# Knobs that only exist with DataLoader workers: with num_workers flipped back to 0 they go to their unset values.
-_WORKER_ONLY = {"prefetch_factor": None, "persistent_workers": False}
+# Knobs that only exist with DataLoader workers: no row for them when the winner has none (and with num_workers
+# flipped back to 0, TrialConfig itself unsets them).
+_WORKER_ONLY = ("prefetch_factor", "persistent_workers")
 
 
 def baseline_config(plan: Any) -> TrialConfig:
@@ -53,10 +54,7 @@ def flips(winner: TrialConfig, baseline: TrialConfig) -> dict[str, TrialConfig]:
         won, recipe = getattr(winner, knob.name), getattr(baseline, knob.name)
         if won == recipe or (knob.name in _WORKER_ONLY and winner.num_workers == 0):
             continue
-        changes: dict[str, Any] = {knob.name: recipe}
-        if knob.name == "num_workers" and recipe == 0:
-            changes.update(_WORKER_ONLY)
-        found[f"{knob.name} {won} -> {recipe}"] = dataclasses.replace(winner, **changes)
+        found[f"{knob.name} {won} -> {recipe}"] = dataclasses.replace(winner, **{knob.name: recipe})
     for name, won in winner.workload_knobs.items():
         recipe = baseline.workload_knobs.get(name)
         if recipe is not None and won != recipe:
@@ -69,23 +67,14 @@ def measure(configs: dict[str, TrialConfig], plan: Any, rounds: int, workdir: Pa
     data_file = yamlio.write_json(workdir / "data.json", plan.data.to_dict())
     runner.prepare_data(plan)  # the recipe's one-off preparation (CMVN, TTS targets), as a run does it
     settings = plan.request.settings
+    make_spec = runner.spec_maker(plan, settings, data_file)  # trials specified exactly as a run specifies them
     values: dict[str, list[float]] = {name: [] for name in configs}
     names = list(configs)
     for round_number in range(rounds):
         order = names[round_number % len(names) :] + names[: round_number % len(names)]
         for name in order:
             folder = workdir / f"r{round_number}-{names.index(name)}"
-            spec = TrialSpec(
-                workload=plan.request.model,
-                workload_options=dict(plan.request.workload_options),
-                data_file=str(data_file),
-                config=configs[name],
-                timing=settings.timing,
-                device_type=plan.hardware.device_type,
-                result_path=str(folder / "result.json"),
-                seed=settings.seed,
-                collective_timeout_s=settings.trial_timeout_s,
-            )
+            spec = make_spec(configs[name], str(folder / "result.json"))
             result = launch(spec, workdir=folder, timeout_s=settings.trial_timeout_s)
             rate = result.samples_per_second if result.feasible else None
             print(json.dumps({"round": round_number, "config": name, "status": result.status, "rate": rate}))
