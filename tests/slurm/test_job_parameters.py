@@ -8,7 +8,7 @@ import pytest
 
 from autotune.cli_parsing import parse_slurm_options
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec
-from autotune.trial.slurm import JobState, SlurmSettings, classify, job_parameters
+from autotune.trial.slurm import JobState, SlurmSettings, classify, job_parameters, same_trial
 
 SPEC = TrialSpec(
     workload="cam++",
@@ -28,6 +28,26 @@ def test_a_cuda_trial_asks_for_its_gpus_cpus_and_a_whole_node() -> None:
     assert parameters["exclusive"] is True and parameters["partition"] == "gpu"
     assert parameters["time"] == 7  # 300 s of trial, 60 s to start, 30 s of warning, in whole minutes
     assert parameters["job_name"] == "autotune-trial-0007"
+
+
+def test_trial_jobs_are_not_requeued_by_slurm(tmp_path) -> None:
+    # autotune measures a trial that lost its node again itself; submitit's own sbatch script says so to SLURM.
+    pytest.importorskip("submitit")
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    script = _make_sbatch_string(command="true", folder=tmp_path, **job_parameters(SPEC, 300.0, SlurmSettings()))
+    assert "#SBATCH --no-requeue\n" in script and "#SBATCH --exclusive\n" in script
+
+
+def test_a_recorded_job_measures_the_same_trial_whatever_its_paths_and_timing() -> None:
+    moved = dataclasses.replace(
+        SPEC, data_file="/shared/run2/data.json", result_path="/x/result.json", timing=TimingSettings(window_s=9.0)
+    )
+    assert same_trial(SPEC.to_dict(), moved)
+    other = dataclasses.replace(SPEC, config=TrialConfig(per_device_batch_size=32, num_workers=4, world_size=8))
+    assert not same_trial(SPEC.to_dict(), other)
+    assert not same_trial(SPEC.to_dict(), dataclasses.replace(SPEC, workload_options={"crop_s": 2.0}))
+    assert not same_trial({}, SPEC)
 
 
 def test_a_cpu_trial_asks_for_no_gpu_and_options_override() -> None:
