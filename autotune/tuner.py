@@ -214,6 +214,7 @@ class Tuner:
         collects those first (the job ran on while no run watched it; its result is the study's, not to be lost)."""
         if getattr(self.launcher, "can_reattach", None) is None:
             return False
+        storage.recover_stale_trials(self.study)  # a run that died on another host is seen once its grace is over
         waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         folders = [t.user_attrs.get(storage.RESUME_ATTR) for t in waiting]
         return any(self._reattaches(Path(folder)) for folder in folders if folder)

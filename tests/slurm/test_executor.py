@@ -3,6 +3,7 @@ a job killed for its time limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from autotune import workloads, yamlio
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec
-from autotune.trial.slurm import SlurmLauncher, SlurmSettings, read_state
+from autotune.trial.slurm import JOB_FILE, SlurmLauncher, SlurmSettings, read_state
 from tests.fixtures import slurm
 from tests.fixtures.slurm import PARTITION
 from tests.trial.tiny_setups import faulty_spec
@@ -146,3 +147,17 @@ def test_a_trial_whose_node_dies_is_measured_again_on_another_node(slurm_cluster
     assert first.state == "NODE_FAIL" and first.nodes == killed["node"], first
     assert second.state == "COMPLETED" and second.nodes != killed["node"], second
     assert "#SBATCH --no-requeue" in next((tmp_path / "trial" / "slurm").glob(f"{jobs[0]}_submission.sh")).read_text()
+
+
+def test_a_recorded_job_of_another_trial_is_cancelled_not_re_attached(slurm_cluster, tiny_corpus, tmp_path) -> None:
+    # The folder records a job that measures another configuration (a rerun with other settings): it is cancelled,
+    # and the trial runs in a job of its own.
+    spec = faulty_spec(tmp_path, tiny_corpus, 5)
+    other = dataclasses.replace(spec, config=TrialConfig(per_device_batch_size=7))
+    stranger = slurm_cluster.command("sbatch", "--parsable", f"--partition={PARTITION}", "--wrap", "sleep 120").strip()
+    (tmp_path / "trial").mkdir()
+    yamlio.write_json(tmp_path / "trial" / JOB_FILE, {"job_id": stranger, "spec": other.to_dict()})
+    result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", (result.reason, result.log_tail)
+    assert read_state(stranger).state == "CANCELLED"
+    assert yamlio.read_json(tmp_path / "trial" / JOB_FILE)["job_id"] != stranger  # the trial's own job now
