@@ -84,3 +84,45 @@ def test_a_job_the_scheduler_ended_is_classified(state: JobState, status: str, w
     assert state.final
     found, reason = classify("12", state)
     assert found == status and words in reason and "\n" not in reason
+
+
+@pytest.mark.parametrize(
+    ("states", "jobs", "status"),
+    [
+        (["NODE_FAIL", "COMPLETED"], 2, "ok"),  # measured again, on a node that is up
+        (["NODE_FAIL", "NODE_FAIL"], 2, "signal"),  # twice: it may be what takes nodes down
+        (["PREEMPTED", "COMPLETED"], 2, "ok"),
+        (["CANCELLED"], 1, "signal"),  # someone ended it on purpose: not measured again
+        (["OUT_OF_MEMORY"], 1, "oom"),  # the configuration's own doing
+    ],
+    ids=["lost-once", "lost-twice", "preempted", "cancelled", "oom"],
+)
+def test_a_trial_whose_node_is_lost_is_measured_once_more(states, jobs, status, tmp_path, monkeypatch) -> None:
+    # The rule alone, jobs and their ends stood in for (the real thing: test_executor.py kills a node mid-trial).
+    from autotune.trial import slurm
+
+    submitted: list[str] = []
+
+    class Job:
+        def __init__(self, job_id: str) -> None:
+            self.job_id = job_id
+
+    def submit(self, spec, workdir, timeout_s):
+        submitted.append(str(40 + len(submitted)))
+        return Job(submitted[-1])
+
+    def wait(self, job, spec, workdir, should_prune):
+        state = JobState(states[len(submitted) - 1], nodes=f"node{len(submitted)}")
+        if state.state == "COMPLETED":
+            return slurm.TrialResult(status="ok", samples_per_second=10.0), None
+        ended, reason = classify(job.job_id, state)
+        return slurm.TrialResult(status=ended, reason=reason), state
+
+    monkeypatch.setattr(slurm.SlurmLauncher, "_submit", submit)
+    monkeypatch.setattr(slurm.SlurmLauncher, "_wait", wait)
+    result = slurm.SlurmLauncher()(SPEC, workdir=tmp_path / "trial", timeout_s=60)
+    assert len(submitted) == jobs and result.status == status
+    if states == ["NODE_FAIL", "NODE_FAIL"]:
+        assert "SLURM job 41 on node2 lost its node" in result.reason and "earlier job 40 had lost its node too" in (
+            result.reason
+        )
