@@ -43,6 +43,8 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "JOURNAL_PREFIX",
     "GRACE_PERIOD_S",
+    "FOLDER_ATTR",
+    "RESUME_ATTR",
     "redact_url",
     "open_storage",
     "ask_trial",
@@ -59,6 +61,8 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 30
 GRACE_PERIOD_S = 120  # four missed beats: a busy database is not a dead run
 LEASE_ATTR = "lease"  # the wall-clock time a journal trial's owner last said it was alive
+FOLDER_ATTR = "folder"  # where a trial's files are (its log; a SLURM trial's job)
+RESUME_ATTR = "resume_folder"  # on a dead run's trial enqueued again: the folder it was measured in
 JOURNAL_PREFIX = "journal://"
 _SQLITE_TIMEOUT_S = 60
 _SCHEMA_ATTEMPTS = 4  # concurrent runs on one SQLite file wait for its lock instead of failing
@@ -285,10 +289,13 @@ def _is_stale(trial: FrozenTrial, *, heartbeats: bool) -> bool:
 
 
 def _retry_once(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Enqueue a dead run's trial again, once: its configuration was never measured, it may well be fine."""
+    """Enqueue a dead run's trial again, once: its configuration was never measured, it may well be fine. Its
+    folder goes with it: where the trial ran as a job that outlived its run (SLURM), the retry re-attaches to it."""
     if "retry_of" in trial.user_attrs:
         return  # it died twice: perhaps it takes the machine down; leave it failed
     attrs = {"retry_of": trial.number, "role": trial.user_attrs.get("role", "search")}
+    if FOLDER_ATTR in trial.user_attrs:
+        attrs[RESUME_ATTR] = trial.user_attrs[FOLDER_ATTR]
     study.enqueue_trial(dict(trial.params), user_attrs=attrs)
 
 

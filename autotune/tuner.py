@@ -170,7 +170,8 @@ class Tuner:
             values = self.space.suggest(trial)
             config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
             self.reporter.trial_started(trial.number, role, config)
-            folder = self.workdir / f"trial-{trial.number:04d}"
+            folder = self._folder(trial)
+            trial.set_user_attr(storage.FOLDER_ATTR, str(folder))
             pruner = Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
             if config.precision in self.rejected_precisions:  # infeasible without launching: the AMP check said so
@@ -194,6 +195,29 @@ class Tuner:
             shutil.rmtree(folder, ignore_errors=True)
         self._plan_changed()
         return record
+
+    def _folder(self, trial: optuna.Trial) -> Path:
+        """Where a trial's files go: a folder of this run's, or, for the retry of a dead run's trial whose job
+        outlived it (SLURM), that trial's folder, where the executor re-attaches to the job. A local trial died with
+        its run; its retry gets a new folder, so that the dead one's log stays."""
+        previous = trial.user_attrs.get(storage.RESUME_ATTR)
+        if previous and self._reattaches(Path(previous)):
+            return Path(previous)
+        return self.workdir / f"trial-{trial.number:04d}"
+
+    def _reattaches(self, folder: Path) -> bool:
+        can_reattach = getattr(self.launcher, "can_reattach", None)  # executors whose trials outlive the run
+        return bool(can_reattach and can_reattach(folder))
+
+    def _orphan_waiting(self) -> bool:
+        """Whether a dead run's trial waits to be retried where its job may still give its result: the search
+        collects those first (the job ran on while no run watched it; its result is the study's, not to be lost)."""
+        if getattr(self.launcher, "can_reattach", None) is None:
+            return False
+        storage.recover_stale_trials(self.study)  # a run that died on another host is seen once its grace is over
+        waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        folders = [t.user_attrs.get(storage.RESUME_ATTR) for t in waiting]
+        return any(self._reattaches(Path(folder)) for folder in folders if folder)
 
     def _launch(self, spec: TrialSpec, folder: Path, pruner: Pruner | None) -> TrialResult:
         """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
@@ -330,7 +354,9 @@ class Tuner:
         queue = self.warm_start or self.seeds
         launched, unlaunched = 1, 0
         while launched < self.settings.trials:
-            if queue:
+            if self._orphan_waiting():
+                record = self._run_one("search")  # Optuna's queue hands out the waiting retry
+            elif queue:
                 role, params = queue.pop(0)
                 if not self.budget.fits(self._queued_s(params), keep_s=self._closing_s()):
                     if not self._last_chance(role, params):

@@ -74,6 +74,7 @@ def test_a_trial_of_a_dead_process_is_failed_at_once_and_retried_once(tmp_path):
     study = _study(f"journal://{tmp_path / 'study.log'}")
     trial = storage.ask_trial(study)
     trial.suggest_categorical("x", [1, 2])
+    trial.set_user_attr(storage.FOLDER_ATTR, str(tmp_path / "trial-0000"))
     alive = storage.ask_trial(study)  # owned by this live process: left alone
     gone = subprocess.Popen(["true"])  # a pid that has just exited
     gone.wait()
@@ -86,6 +87,7 @@ def test_a_trial_of_a_dead_process_is_failed_at_once_and_retried_once(tmp_path):
     retry = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("retry_of") == trial.number]
     assert len(retry) == 1 and retry[0].state == TrialState.WAITING
     assert retry[0].system_attrs["fixed_params"] == trial.params
+    assert retry[0].user_attrs[storage.RESUME_ATTR] == str(tmp_path / "trial-0000")  # where a SLURM job may live on
 
     # A retry that is itself left behind by a dead run is failed, not retried again.
     again = storage.ask_trial(study)

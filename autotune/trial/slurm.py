@@ -4,23 +4,21 @@ The job runs trial.launch on its node (the same ranks, process groups, hard time
 trial), in the trial's folder, which must be on a file system the node shares with this process: the spec goes out
 there, and the result, the progress file (for pruning) and every log come back there. What only the scheduler knows
 (the job cancelled, preempted, killed for its time limit or its memory, its node lost) is read from the controller and
-classified as today's statuses:
-
-| how the job ended without a result       | status    |
-|------------------------------------------|-----------|
-| its time limit (TIMEOUT, or submitit's   | timeout   |
-| warning signal before it)                |           |
-| OUT_OF_MEMORY (the node's memory cgroup) | oom       |
-| CANCELLED, PREEMPTED, NODE_FAIL,         | signal    |
-| BOOT_FAIL, DEADLINE (killed from outside)|           |
-| FAILED and anything else                 | error     |
+classified as today's statuses (trial/slurm_state.py).
 
 A trial that ran and failed (an OOM, a NaN, a crashed rank) keeps the status its own launcher gave it; one whose
 ranks died of the SIGTERM the scheduler sends when it ends a job takes the scheduler's status and reason.
 
-The job's state comes from `scontrol show job` (the controller's own view, on every cluster, accounting or not; it
-keeps a finished job for MinJobAge, 300 s by default) and from submitit's `sacct` watcher once the controller has
-forgotten the job.
+A job whose node the scheduler lost or took away (NODE_FAIL, BOOT_FAIL, PREEMPTED) says nothing about the trial's
+configuration: the trial is measured once more in a new job (never SLURM's own requeue, which jobs are submitted
+without: it holds a requeued job back two minutes, hides the loss from autotune and reruns it over the first run's
+files). A trial that loses its node twice keeps the status above, as a local trial that took its run down twice stays
+failed (storage.py): perhaps it takes nodes down.
+
+A job outlives the autotune process that submitted it. The job's id and spec are written beside the trial's files
+(JOB_FILE), and the trial's folder is recorded in the study, so a rerun that retries a trial of a run that died
+re-attaches to its job in that folder (running, queued or finished: its result is read from the shared folder) instead
+of measuring it again; see SlurmLauncher.can_reattach.
 """
 
 from __future__ import annotations
@@ -28,10 +26,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import shlex
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,23 +36,32 @@ from typing import Any
 from autotune import yamlio
 from autotune.errors import UserError
 from autotune.trial.launch import ShouldPrune, launch
+from autotune.trial.slurm_state import NODE_LOSSES, SCHEDULER_KILLS, JobState, classify, read_state, slurm_command
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
-__all__ = ["SlurmSettings", "SlurmLauncher", "check_slurm", "job_parameters", "run_on_node"]
+__all__ = [
+    "SlurmSettings",
+    "SlurmLauncher",
+    "check_slurm",
+    "job_parameters",
+    "run_on_node",
+    "result_file",
+    "same_trial",
+]
 
 logger = logging.getLogger(__name__)
-RESULT_FILE = "slurm-result.json"  # beside the trial's own files: what run_on_node returns, as JSON
+RESULT_FILE = "slurm-result-{job_id}.json"  # beside the trial's own files: what run_on_node returns, as JSON
 JOB_FOLDER = "slurm"  # submitit's pickles and the job's stdout/stderr, inside the trial's folder
+JOB_FILE = "slurm-job.json"  # the trial's current job: its id and spec, for a rerun to re-attach to
 START_GRACE_S = 60.0  # the job's time limit covers the trial's timeout plus the interpreter's start and the unpickling
 WARNING_SIGNAL_S = 30  # submitit's USR2 before the time limit: the trial is stopped and its result written in time
 POLL_S = 0.5  # the trial's files on the shared folder
 STATE_POLL_S = 5.0  # the controller (scontrol): a trial's end is read from its result file, not from here
 FINAL_STATE_WAIT_S = 10.0  # after a signalled trial's result: how long to wait for the job's final state
-_STATE_CALL_TIMEOUT_S = 30.0
-_OUTSIDE_KILLS = ("CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
-_SCHEDULER_KILLS = ("TIMEOUT", "OUT_OF_MEMORY", *_OUTSIDE_KILLS)  # the scheduler ended the job, not its task
-_FINAL_STATES = ("COMPLETED", "FAILED", *_SCHEDULER_KILLS)
-_KNOWN_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", *_FINAL_STATES)
+NODE_LOSS_ATTEMPTS = 2  # jobs a trial may lose its node in: the last one's status stands
+# What may differ between two specs of one trial: paths (each run has its own data file) and the timing, which a run
+# lengthens on a busy machine (preflight); the configuration, workload, options, device and seed may not.
+_RUN_FIELDS = ("data_file", "result_path", "timing", "collective_timeout_s")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,19 +107,12 @@ def check_slurm(settings: SlurmSettings) -> None:
             + ", ".join(sorted(name for name in valid if not name.startswith("_")))
         )
     partition = settings.partition or settings.options.get("partition")
-    done = _slurm_command("sinfo", "--noheader", "--format=%P", *(["--partition", str(partition)] if partition else []))
+    done = slurm_command("sinfo", "--noheader", "--format=%P", *(["--partition", str(partition)] if partition else []))
     if done.returncode != 0:
         detail = (done.stderr.strip().splitlines() or ["no answer"])[-1]
         raise UserError(f"--executor slurm: the SLURM controller does not answer sinfo ({detail})")
     if partition and not done.stdout.strip():
         raise UserError(f"--slurm-partition {partition}: no such partition on this cluster (sinfo lists the ones)")
-
-
-def _slurm_command(*args: str) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=_STATE_CALL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return subprocess.CompletedProcess(list(args), 1, "", str(error))
 
 
 def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -> dict[str, Any]:
@@ -148,12 +146,17 @@ def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -
         parameters["srun_args"] = shlex.split(parameters["srun_args"])
     if parameters.get("exclusive") is False:
         del parameters["exclusive"]  # submitit writes a flag for any value it is given
+    # autotune measures a trial again when its node is lost (SlurmLauncher); SLURM's own requeue would hold the job
+    # back two minutes and run it again unseen, over the first run's files.
+    parameters["additional_parameters"] = {"no_requeue": True, **(parameters.get("additional_parameters") or {})}
     return parameters
 
 
 def run_on_node(spec_data: dict[str, Any], workdir: str, timeout_s: float) -> dict[str, Any]:
     """The job: one trial through trial.launch on this node; its result also written to RESULT_FILE (atomically),
-    so that the submitting process reads it from the shared file system whatever submitit does afterwards.
+    so that the submitting process reads it from the shared file system whatever submitit does afterwards. The
+    file is named by the job: a job on a node the controller gave up for lost (cut off, not dead) may still finish,
+    and must not pass its result for that of the job that measures the trial again.
 
     submitit's warning signal (USR2, WARNING_SIGNAL_S before the time limit) raises in here: trial.launch then kills
     its ranks, and the result says the time limit came first (or the job was preempted)."""
@@ -173,54 +176,14 @@ def run_on_node(spec_data: dict[str, Any], workdir: str, timeout_s: float) -> di
             "--trial-timeout, or --slurm-option time=MINUTES)",
         )
     data = result.to_dict()
-    yamlio.write_json(folder / RESULT_FILE, data)
+    yamlio.write_json(result_file(folder, os.environ.get("SLURM_JOB_ID", "")), data)
     return data
 
 
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """A job as the controller reports it: JobState, Reason, ExitCode, NodeList (empty where it does not say)."""
-
-    state: str
-    reason: str = ""
-    exit_code: str = ""
-    nodes: str = ""
-
-    @property
-    def final(self) -> bool:
-        return self.state in _FINAL_STATES
-
-
-def read_state(job_id: str, fallback: Any = None) -> JobState | None:
-    """The job's state from `scontrol show job`, else from submitit's sacct watcher (fallback: the submitit job);
-    None when neither knows it (yet)."""
-    done = _slurm_command("scontrol", "show", "job", "--oneliner", job_id)
-    if done.returncode == 0 and done.stdout.strip():
-        fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
-        state = fields.get("JobState", "")
-        if state:
-            return JobState(state, fields.get("Reason", ""), fields.get("ExitCode", ""), fields.get("NodeList", ""))
-    if fallback is not None:
-        state = str(fallback.state).split()[0]  # sacct says "CANCELLED by 0"
-        if state in _KNOWN_STATES:
-            return JobState(state)
-    return None
-
-
-def classify(job_id: str, state: JobState) -> tuple[str, str]:
-    """(status, reason) for a job that ended without writing its result (the table in this module's docstring)."""
-    where = f"SLURM job {job_id}" + (f" on {state.nodes}" if state.nodes and state.nodes != "(null)" else "")
-    why = f" ({state.reason})" if state.reason and state.reason != "None" else ""
-    if state.state == "TIMEOUT":
-        return "timeout", f"{where} reached its time limit before the trial wrote a result"
-    if state.state == "OUT_OF_MEMORY":
-        return "oom", f"{where} was killed for exceeding its memory (the node's out-of-memory handler)"
-    if state.state in _OUTSIDE_KILLS:
-        words = {"NODE_FAIL": "lost its node", "BOOT_FAIL": "could not boot its node"}
-        ended = words.get(state.state, f"was {state.state.lower().replace('_', ' ')}")
-        return "signal", f"{where} {ended} mid-trial{why}"
-    code = f" with exit code {state.exit_code}" if state.exit_code else ""
-    return "error", f"{where} ended {state.state}{code} and no result{why}"
+def same_trial(recorded: dict[str, Any], spec: TrialSpec) -> bool:
+    """Whether a recorded spec (JOB_FILE) measures the same trial as this one: only paths and timing may differ."""
+    mine = spec.to_dict()
+    return all(recorded.get(key) == value for key, value in mine.items() if key not in _RUN_FIELDS)
 
 
 @dataclass(kw_only=True)
@@ -235,38 +198,94 @@ class SlurmLauncher:
         self, spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
     ) -> TrialResult:
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / RESULT_FILE).unlink(missing_ok=True)
+        started = time.perf_counter()
+        job, lost = self._reattach(spec, workdir), []
+        while True:
+            if job is None:
+                job = self._submit(spec, workdir, timeout_s)
+                if isinstance(job, TrialResult):
+                    return job
+            try:
+                result, state = self._wait(job, spec, workdir, should_prune)
+            except BaseException:  # Ctrl-C in the controller: the job goes with it
+                job.cancel(check=False)
+                raise
+            if not _lost_its_node(result, state) or len(lost) + 1 >= NODE_LOSS_ATTEMPTS:
+                break
+            lost.append(job.job_id)
+            logger.warning("%s; the trial is measured again in a new job", result.reason)
+            job = None
+        Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
+        if lost and _lost_its_node(result, state):
+            result.reason += f"; its earlier job {', '.join(lost)} had lost its node too"
+        if result.wall_s is None:
+            result.wall_s = time.perf_counter() - started
+        return result
+
+    @staticmethod
+    def can_reattach(workdir: Path) -> bool:
+        """Whether a trial folder holds a job that a rerun may re-attach to (the Tuner then measures a dead run's
+        trial in its own folder rather than a new one)."""
+        return (workdir / JOB_FILE).is_file()
+
+    def _submit(self, spec: TrialSpec, workdir: Path, timeout_s: float) -> Any:
+        """A new job for the trial (a submitit job), or the error TrialResult when sbatch refuses it. The progress an
+        earlier job of this trial left goes first (the pruner reads it); its logs and result file stay."""
+        Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
         executor = _submitit().SlurmExecutor(folder=workdir / JOB_FOLDER)
         executor.update_parameters(**job_parameters(spec, timeout_s, self.settings))
-        started = time.perf_counter()
         try:
             job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s)
         except Exception as error:  # sbatch refused it (a resource the cluster lacks): this trial, not the study
             line = (str(error).strip().splitlines() or [type(error).__name__])[-1]
             return TrialResult(status="error", reason=f"sbatch refused the trial's job: {line}", wall_s=0.0)
+        yamlio.write_json(workdir / JOB_FILE, {"job_id": job.job_id, "spec": spec.to_dict()})
         logger.info("trial %s: SLURM job %s", spec.config.short(), job.job_id)
-        try:
-            result = self._wait(job, spec, workdir, should_prune)
-        except BaseException:  # Ctrl-C in the controller: the job goes with it
-            job.cancel(check=False)
-            raise
-        Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
-        if result.wall_s is None:
-            result.wall_s = time.perf_counter() - started
-        return result
+        return job
 
-    def _wait(self, job: Any, spec: TrialSpec, workdir: Path, should_prune: ShouldPrune | None) -> TrialResult:
-        """Files every poll_s (the result, the progress for pruning: the shared file system, cheap); the controller
-        every state_poll_s (an RPC to slurmctld, which busy clusters ration)."""
-        result_file = workdir / RESULT_FILE
+    def _reattach(self, spec: TrialSpec, workdir: Path) -> Any | None:
+        """The job an earlier autotune process submitted for this trial in this folder, if its result can still be
+        had: the job is queued or running (its measurement is as good as a new one: the node is its own, the
+        controller takes no part in it), or it ended and the controller or its result file says how. A job that
+        measures another configuration is cancelled; one nobody knows any more, without a result, is lost. None
+        then: the trial runs in a new job."""
+        try:
+            recorded = yamlio.read_json(workdir / JOB_FILE)
+            job_id = str(recorded["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        job = _submitit().SlurmJob(folder=workdir / JOB_FOLDER, job_id=job_id)
+        if not same_trial(recorded.get("spec") or {}, spec):
+            job.cancel(check=False)
+            logger.warning("SLURM job %s in %s measured another trial; cancelled, the trial runs anew", job_id, workdir)
+            return None
+        state = read_state(job_id, job)
+        if not result_file(workdir, job_id).exists() and state is None:
+            logger.warning("SLURM job %s of an earlier run is gone without a result; the trial runs anew", job_id)
+            return None
+        logger.info(
+            "trial %s: re-attached to SLURM job %s of an earlier run (%s)",
+            spec.config.short(),
+            job_id,
+            state.state if state else "its result is written",
+        )
+        return job
+
+    def _wait(
+        self, job: Any, spec: TrialSpec, workdir: Path, should_prune: ShouldPrune | None
+    ) -> tuple[TrialResult, JobState | None]:
+        """The trial's result and the job's final state where it was read. Files every poll_s (the result, the
+        progress for pruning: the shared file system, cheap); the controller every state_poll_s (an RPC to
+        slurmctld, which busy clusters ration)."""
+        written = result_file(workdir, job.job_id)
         seen, asked_at = None, -math.inf
         while True:
-            if result_file.exists():
-                return self._killed_from_outside(job, TrialResult.from_dict(yamlio.read_json(result_file)))
+            if written.exists():
+                return self._killed_from_outside(job, TrialResult.from_dict(yamlio.read_json(written)))
             reason = _prune_reason(spec, should_prune)  # a progress file exists only while the trial runs
             if reason:
                 job.cancel(check=False)
-                return TrialResult(status="pruned", reason=reason)
+                return TrialResult(status="pruned", reason=reason), None
             if time.monotonic() - asked_at >= self.state_poll_s:
                 asked_at, state = time.monotonic(), read_state(job.job_id, job)
                 if state is not None and (state.state, state.reason) != seen:
@@ -274,27 +293,37 @@ class SlurmLauncher:
                     logger.info("SLURM job %s: %s (%s)", job.job_id, state.state, state.reason)
                 if state is not None and state.final:
                     time.sleep(self.poll_s)  # a result renamed into place as the job ended: read it, not the state
-                    if result_file.exists():
+                    if written.exists():
                         continue
                     status, reason = classify(job.job_id, state)
-                    return TrialResult(status=status, reason=reason, log_tail=_log_tail(workdir, job))
+                    return TrialResult(status=status, reason=reason, log_tail=_log_tail(workdir, job)), state
             time.sleep(self.poll_s)
 
-    def _killed_from_outside(self, job: Any, result: TrialResult) -> TrialResult:
+    def _killed_from_outside(self, job: Any, result: TrialResult) -> tuple[TrialResult, JobState | None]:
         """A trial killed by a signal in a job the scheduler ended (cancelled, preempted, its time limit, its memory,
         its node): the scheduler's reason is the cause (its SIGTERM reached the ranks, which the trial's launcher saw
         as a signal)."""
         if result.status != "signal":
-            return result
+            return result, None
         deadline = time.monotonic() + FINAL_STATE_WAIT_S
         state = read_state(job.job_id, job)
         while (state is None or not state.final) and time.monotonic() < deadline:
             time.sleep(self.poll_s)  # the job ends a moment after its task wrote the result
             state = read_state(job.job_id, job)
-        if state is not None and state.state in _SCHEDULER_KILLS:
+        if state is not None and state.state in SCHEDULER_KILLS:
             result.status, reason = classify(job.job_id, state)
             result.reason = f"{reason}; the trial was {result.reason}"
-        return result
+        return result, state
+
+
+def result_file(workdir: Path, job_id: str) -> Path:
+    """Where a job writes the trial's result (RESULT_FILE)."""
+    return workdir / RESULT_FILE.format(job_id=job_id)
+
+
+def _lost_its_node(result: TrialResult, state: JobState | None) -> bool:
+    """Whether a trial failed because the scheduler lost or took away its node (its configuration is not at fault)."""
+    return not result.feasible and state is not None and state.state in NODE_LOSSES
 
 
 def _prune_reason(spec: TrialSpec, should_prune: ShouldPrune | None) -> str | None:

@@ -3,6 +3,7 @@ a job killed for its time limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 
 from autotune import workloads, yamlio
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec
-from autotune.trial.slurm import SlurmLauncher, SlurmSettings, read_state
+from autotune.trial.slurm import JOB_FILE, SlurmLauncher, SlurmSettings, read_state
+from tests.fixtures import slurm
 from tests.fixtures.slurm import PARTITION
 from tests.trial.tiny_setups import faulty_spec
 
@@ -109,3 +111,53 @@ def test_a_job_that_ends_without_a_result_is_an_error_with_its_log(slurm_cluster
     assert result.status == "error", (result.reason, result.log_tail)
     assert "ended FAILED with exit code 3:0 and no result" in result.reason and "\n" not in result.reason
     assert "module: cuda/99 not found" in result.log_tail
+
+
+def test_a_trial_whose_node_dies_is_measured_again_on_another_node(slurm_cluster, tiny_corpus, tmp_path) -> None:
+    # The node running the trial dies mid-window (its slurmd, slurmstepd and ranks killed, the controller told it is
+    # down): the job ends NODE_FAIL, which says nothing of the configuration, so the trial runs again in a new job,
+    # on the node left. SLURM's own requeue (two minutes later, over the same files) is off for trial jobs.
+    timing = TimingSettings(warmup_steps=1, window_s=3.0, min_window_steps=2)
+    spec = faulty_spec(tmp_path, tiny_corpus, 7, timing=timing)  # trains, 0.3 s a step
+    progress = Path(spec.result_path + ".progress")
+    killed: dict[str, str] = {}
+
+    def kill_its_node_mid_trial() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not killed:
+            scripts = list((tmp_path / "trial" / "slurm").glob("*_submission.sh"))
+            state = read_state(scripts[0].name.split("_")[0]) if scripts else None
+            if state and state.state == "RUNNING" and progress.exists():  # the trial is training
+                killed.update(node=state.nodes, jobs=",".join(slurm.kill_node(slurm_cluster, state.nodes)))
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_its_node_mid_trial)
+    killer.start()
+    try:
+        result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=120)
+    finally:
+        killer.join()
+        if killed:
+            slurm.revive_node(slurm_cluster, killed["node"])
+    assert killed, "the trial's node was never seen running it"
+    assert result.status == "ok" and result.samples_per_second > 0, (result.reason, slurm_cluster.logs())
+    jobs = sorted(int(path.name.split("_")[0]) for path in (tmp_path / "trial" / "slurm").glob("*_submission.sh"))
+    assert len(jobs) == 2 and killed["jobs"] == str(jobs[0])  # the lost job and the one that measured the trial
+    first, second = read_state(str(jobs[0])), read_state(str(jobs[1]))
+    assert first.state == "NODE_FAIL" and first.nodes == killed["node"], first
+    assert second.state == "COMPLETED" and second.nodes != killed["node"], second
+    assert "#SBATCH --no-requeue" in next((tmp_path / "trial" / "slurm").glob(f"{jobs[0]}_submission.sh")).read_text()
+
+
+def test_a_recorded_job_of_another_trial_is_cancelled_not_re_attached(slurm_cluster, tiny_corpus, tmp_path) -> None:
+    # The folder records a job that measures another configuration (a rerun with other settings): it is cancelled,
+    # and the trial runs in a job of its own.
+    spec = faulty_spec(tmp_path, tiny_corpus, 5)
+    other = dataclasses.replace(spec, config=TrialConfig(per_device_batch_size=7))
+    stranger = slurm_cluster.command("sbatch", "--parsable", f"--partition={PARTITION}", "--wrap", "sleep 120").strip()
+    (tmp_path / "trial").mkdir()
+    yamlio.write_json(tmp_path / "trial" / JOB_FILE, {"job_id": stranger, "spec": other.to_dict()})
+    result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", (result.reason, result.log_tail)
+    assert read_state(stranger).state == "CANCELLED"
+    assert yamlio.read_json(tmp_path / "trial" / JOB_FILE)["job_id"] != stranger  # the trial's own job now

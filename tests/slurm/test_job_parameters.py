@@ -8,7 +8,7 @@ import pytest
 
 from autotune.cli_parsing import parse_slurm_options
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec
-from autotune.trial.slurm import JobState, SlurmSettings, classify, job_parameters
+from autotune.trial.slurm import JobState, SlurmSettings, classify, job_parameters, same_trial
 
 SPEC = TrialSpec(
     workload="cam++",
@@ -28,6 +28,26 @@ def test_a_cuda_trial_asks_for_its_gpus_cpus_and_a_whole_node() -> None:
     assert parameters["exclusive"] is True and parameters["partition"] == "gpu"
     assert parameters["time"] == 7  # 300 s of trial, 60 s to start, 30 s of warning, in whole minutes
     assert parameters["job_name"] == "autotune-trial-0007"
+
+
+def test_trial_jobs_are_not_requeued_by_slurm(tmp_path) -> None:
+    # autotune measures a trial that lost its node again itself; submitit's own sbatch script says so to SLURM.
+    pytest.importorskip("submitit")
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    script = _make_sbatch_string(command="true", folder=tmp_path, **job_parameters(SPEC, 300.0, SlurmSettings()))
+    assert "#SBATCH --no-requeue\n" in script and "#SBATCH --exclusive\n" in script
+
+
+def test_a_recorded_job_measures_the_same_trial_whatever_its_paths_and_timing() -> None:
+    moved = dataclasses.replace(
+        SPEC, data_file="/shared/run2/data.json", result_path="/x/result.json", timing=TimingSettings(window_s=9.0)
+    )
+    assert same_trial(SPEC.to_dict(), moved)
+    other = dataclasses.replace(SPEC, config=TrialConfig(per_device_batch_size=32, num_workers=4, world_size=8))
+    assert not same_trial(SPEC.to_dict(), other)
+    assert not same_trial(SPEC.to_dict(), dataclasses.replace(SPEC, workload_options={"crop_s": 2.0}))
+    assert not same_trial({}, SPEC)
 
 
 def test_a_cpu_trial_asks_for_no_gpu_and_options_override() -> None:
@@ -64,3 +84,45 @@ def test_a_job_the_scheduler_ended_is_classified(state: JobState, status: str, w
     assert state.final
     found, reason = classify("12", state)
     assert found == status and words in reason and "\n" not in reason
+
+
+@pytest.mark.parametrize(
+    ("states", "jobs", "status"),
+    [
+        (["NODE_FAIL", "COMPLETED"], 2, "ok"),  # measured again, on a node that is up
+        (["NODE_FAIL", "NODE_FAIL"], 2, "signal"),  # twice: it may be what takes nodes down
+        (["PREEMPTED", "COMPLETED"], 2, "ok"),
+        (["CANCELLED"], 1, "signal"),  # someone ended it on purpose: not measured again
+        (["OUT_OF_MEMORY"], 1, "oom"),  # the configuration's own doing
+    ],
+    ids=["lost-once", "lost-twice", "preempted", "cancelled", "oom"],
+)
+def test_a_trial_whose_node_is_lost_is_measured_once_more(states, jobs, status, tmp_path, monkeypatch) -> None:
+    # The rule alone, jobs and their ends stood in for (the real thing: test_executor.py kills a node mid-trial).
+    from autotune.trial import slurm
+
+    submitted: list[str] = []
+
+    class Job:
+        def __init__(self, job_id: str) -> None:
+            self.job_id = job_id
+
+    def submit(self, spec, workdir, timeout_s):
+        submitted.append(str(40 + len(submitted)))
+        return Job(submitted[-1])
+
+    def wait(self, job, spec, workdir, should_prune):
+        state = JobState(states[len(submitted) - 1], nodes=f"node{len(submitted)}")
+        if state.state == "COMPLETED":
+            return slurm.TrialResult(status="ok", samples_per_second=10.0), None
+        ended, reason = classify(job.job_id, state)
+        return slurm.TrialResult(status=ended, reason=reason), state
+
+    monkeypatch.setattr(slurm.SlurmLauncher, "_submit", submit)
+    monkeypatch.setattr(slurm.SlurmLauncher, "_wait", wait)
+    result = slurm.SlurmLauncher()(SPEC, workdir=tmp_path / "trial", timeout_s=60)
+    assert len(submitted) == jobs and result.status == status
+    if states == ["NODE_FAIL", "NODE_FAIL"]:
+        assert "SLURM job 41 on node2 lost its node" in result.reason and "earlier job 40 had lost its node too" in (
+            result.reason
+        )
