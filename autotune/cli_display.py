@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -174,11 +175,24 @@ def print_summary(console: Console, report: RunReport) -> None:
         console.print(f"[yellow]note:[/yellow] {plain(note)}")
     if outcome.plan is not None:
         console.print(f"[dim]{plain(outcome.plan.describe())}[/dim]", highlight=False, soft_wrap=True)
-    console.print(f"stopped by {plain(report.tuned.search['stopped_by'])} after {outcome.elapsed_s / 60:.1f} min")
+    console.print(_stopped_line(report), highlight=False)
     if report.written:
         console.print(f"result written to [bold]{plain(report.result_path)}[/bold]  (load with autotune.load_config)")
     else:
         console.print(f"result kept as it was: [bold]{plain(report.result_path)}[/bold]")
+
+
+def _stopped_line(report: RunReport) -> str:
+    """What ended the search and how long the whole run took: the search's own minutes alone read as if most of the
+    budget were unused, while input checks, the AMP check and the closing ceiling spent the rest."""
+    budget_s = report.plan.request.settings.budget_s
+    run_min = (time.monotonic() - report.plan.started_s) / 60
+    of_budget = f" of its {budget_s / 60:.1f}-min budget" if budget_s is not None else ""
+    search_min = report.outcome.elapsed_s / 60
+    return (
+        f"search stopped by {plain(report.tuned.search['stopped_by'])} after {search_min:.1f} min; "
+        f"the run took {run_min:.1f} min{of_budget}"
+    )
 
 
 def _print_top(console: Console, records: list[TrialRecord]) -> None:

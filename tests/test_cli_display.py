@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import time
+from types import SimpleNamespace
 
 from rich.console import Console
 
-from autotune.cli_display import _print_assessment
+from autotune.cli_display import _print_assessment, _stopped_line
 
 
 def _shown(metrics: dict) -> str:
@@ -81,7 +83,9 @@ def test_the_summary_reads_the_typed_measurements_and_says_why_a_baseline_has_no
             tuned, metrics={"winner": winner, "baseline": baseline}, search={**tuned.search, "stopped_by": "trials"}
         )
         console = Console(file=io.StringIO(), width=200)
-        print_summary(console, SimpleNamespace(tuned=tuned, outcome=outcome, written=True, result_path="r.yaml"))
+        plan = SimpleNamespace(request=SimpleNamespace(settings=SimpleNamespace(budget_s=None)), started_s=0.0)
+        report = SimpleNamespace(tuned=tuned, outcome=outcome, written=True, result_path="r.yaml", plan=plan)
+        print_summary(console, report)
         lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
         return [" ".join(line.replace("│", " ").split()) for line in lines]
 
@@ -89,3 +93,19 @@ def test_the_summary_reads_the_typed_measurements_and_says_why_a_baseline_has_no
     assert "samples/s (median) 123.5 oom" in failed and "measurements 3 oom" in failed
     assert "trial setup s / wall s 2.0 / 20.0 -" in failed
     assert "samples/s (median) 123.5 -" in shown({})  # no baseline in this run
+
+
+def test_the_closing_line_gives_the_whole_run_beside_the_search():
+    """A 15-min run whose search stopped at 8 min said 'after 8.0 min', as if 7 were unused, while the set-up, the AMP
+    check and the ceiling had spent them: the line now names both, and the budget."""
+    started = time.monotonic() - 14 * 60
+    report = SimpleNamespace(
+        plan=SimpleNamespace(request=SimpleNamespace(settings=SimpleNamespace(budget_s=900.0)), started_s=started),
+        outcome=SimpleNamespace(elapsed_s=480.0),
+        tuned=SimpleNamespace(search={"stopped_by": "budget"}),
+    )
+    expected = "search stopped by budget after 8.0 min; the run took 14.0 min of its 15.0-min budget"
+    assert _stopped_line(report) == expected
+    report.plan.request.settings.budget_s = None
+    report.tuned.search["stopped_by"] = "trials"
+    assert _stopped_line(report).endswith("the run took 14.0 min")
