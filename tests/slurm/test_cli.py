@@ -10,18 +10,10 @@ from typer.testing import CliRunner
 
 from autotune import load_config
 from autotune.cli import app
-from tests.fixtures.runs import run_args
+from tests.fixtures.runs import error_line, run_args
 from tests.fixtures.slurm import PARTITION
 
 runner = CliRunner()
-
-
-def _error_line(args: list[str]) -> str:
-    result = runner.invoke(app, args, catch_exceptions=False)
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -34,13 +26,13 @@ def _error_line(args: list[str]) -> str:
     ids=["unknown-executor", "slurm-option-without-slurm", "option-form"],
 )
 def test_bad_executor_input_is_one_line_and_exit_2(extra, words, tiny_corpus: Path, tmp_path: Path) -> None:
-    assert words in _error_line(run_args(tiny_corpus, tmp_path / "results", *extra))
+    assert words in error_line(run_args(tiny_corpus, tmp_path / "results", *extra))
     assert not (tmp_path / "results").exists()  # refused before anything was written
 
 
 def test_slurm_without_its_commands_is_refused(tiny_corpus: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, scontrol, scancel or sinfo
-    line = _error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm"))
+    line = error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm"))
     assert "sbatch, scontrol, scancel, sinfo not found on PATH" in line and "--executor local" in line
 
 
@@ -53,7 +45,7 @@ def test_slurm_without_its_commands_is_refused(tiny_corpus: Path, tmp_path: Path
     ids=["partition", "option-key"],
 )
 def test_the_cluster_checks_the_partition_and_options(slurm_cluster, extra, words, tiny_corpus, tmp_path) -> None:
-    assert words in _error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm", *extra))
+    assert words in error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm", *extra))
 
 
 @pytest.mark.slow

@@ -1,0 +1,132 @@
+"""A trial between the study's ask and its tell, and search trials in flight at once (--parallel N with --executor
+slurm): each trial's launch waits in a thread of its own while its job runs on a node of its own; everything else
+stays in the Tuner's main thread.
+
+The design keeps all bookkeeping single-threaded: the main thread asks Optuna for each trial, builds its spec, starts
+it here, and takes each result back (InFlight.next_done) to tell the study, append the record, move the budget and
+call the reporter, exactly as for a trial measured alone. A thread only runs `measure` (the launcher's wait for its
+job, with the trial's heartbeat), so no lock guards the Tuner's records, reporter or budget. Optuna's storage is the
+one coordinator between trials in flight (ask and tell are the main thread's; the heartbeats are threads already).
+
+Ctrl-C reaches the main thread only: InFlight.cancel_all sets the launcher's stop event, each waiting thread cancels
+its job (scancel through submitit) and ends, and the main thread tells the study each of those trials FAILED.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.candidates import TrialRecord
+from autotune.pruning import Pruner
+from autotune.trial import TrialConfig, TrialResult, TrialSpec
+
+__all__ = ["Started", "InFlight", "tell", "FEASIBILITY"]
+
+logger = logging.getLogger(__name__)
+FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
+WAIT_S = 0.5  # the main thread's wait for a finished trial, in slices Ctrl-C can interrupt
+
+
+@dataclass(kw_only=True, slots=True)
+class Started:
+    """A trial asked from the study and specified, not yet told: what its launch and its record need."""
+
+    trial: optuna.Trial
+    role: str
+    config: TrialConfig
+    folder: Path
+    spec: TrialSpec
+    pruner: Pruner | None
+
+
+class InFlight:
+    """Up to `size` trials measured side by side; `measure` runs in a worker thread per trial.
+
+    Args:
+        size: trials in flight at most (--parallel).
+        measure: launches one started trial and returns its result (the Tuner's heartbeat-wrapped launch).
+        stop: the launcher's stop event (SlurmLauncher.stop), set on Ctrl-C; None where the launcher has none.
+    """
+
+    def __init__(
+        self, size: int, measure: Callable[[Started], TrialResult], stop: threading.Event | None = None
+    ) -> None:
+        self.size, self.measure, self.stop = size, measure, stop
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="autotune-trial")
+        self._running: dict[concurrent.futures.Future[TrialResult], Started] = {}
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    @property
+    def full(self) -> bool:
+        return len(self._running) >= self.size
+
+    def start(self, started: Started) -> None:
+        self._running[self._pool.submit(self.measure, started)] = started
+
+    def next_done(self) -> tuple[Started, TrialResult]:
+        """Wait for any trial in flight to end; its result (an exception in its thread is raised here)."""
+        while True:
+            done, _ = concurrent.futures.wait(self._running, timeout=WAIT_S, return_when="FIRST_COMPLETED")
+            if done:
+                future = next(iter(done))
+                started = self._running.pop(future)
+                return started, future.result()
+
+    def cancel_all(self) -> list[tuple[Started, Any]]:
+        """Cancel every trial in flight (their jobs with them) and wait for their threads; each trial with its result
+        where it ended meanwhile, else with the exception that ended it."""
+        if self.stop is not None:
+            self.stop.set()
+        ended = []
+        for future, started in list(self._running.items()):
+            try:
+                ended.append((started, future.result()))
+            except BaseException as error:  # the KeyboardInterrupt each cancelled wait raises
+                ended.append((started, error))
+        self._running.clear()
+        if self.stop is not None:
+            self.stop.clear()  # the launcher serves the run's closing trials
+        if ended:
+            logger.warning("cancelled %d trial(s) in flight", len(ended))
+        return ended
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def tell(study: optuna.Study, started: Started, record: TrialRecord) -> None:
+    """Record the trial in the study. If another run has meanwhile failed it as stale (this run's heartbeat went
+    unheard, e.g. the database was unreachable), the study keeps that verdict; this run keeps its measurement."""
+    trial, result, pruner = started.trial, record.result, started.pruner
+    try:
+        trial.set_user_attr("role", record.role)
+        trial.set_user_attr("config", record.config.to_dict())
+        trial.set_user_attr("result", {k: v for k, v in result.to_dict().items() if k != "log_tail"})
+        if result.status == "pruned" and pruner is not None:
+            # Optuna's samplers read a pruned trial through its last intermediate value.
+            trial.report(pruner.last_rate, step=0)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            trial.set_constraint(FEASIBILITY, 0.0 if result.feasible else 1.0)
+            study.tell(trial, record.value)
+    except (RuntimeError, ValueError) as error:
+        state = study._storage.get_trial(trial._trial_id).state  # noqa: SLF001 - no public accessor
+        if not state.is_finished():
+            raise
+        logger.warning(
+            "trial #%d was marked %s by another run while this one measured it (%s); its result counts in this run "
+            "only",
+            trial.number,
+            state.name,
+            error,
+        )
