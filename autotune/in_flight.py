@@ -15,20 +15,21 @@ its job (scancel through submitit) and ends, and the main thread tells the study
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from autotune.candidates import TrialRecord
+from autotune.candidates import Candidate, TrialRecord
 from autotune.pruning import Pruner
 from autotune.trial import TrialConfig, TrialResult, TrialSpec
 
-__all__ = ["Started", "InFlight", "tell", "FEASIBILITY"]
+__all__ = ["Started", "InFlight", "tell", "on_node", "FEASIBILITY"]
 
 logger = logging.getLogger(__name__)
 FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
@@ -130,3 +131,20 @@ def tell(study: optuna.Study, started: Started, record: TrialRecord) -> None:
             state.name,
             error,
         )
+
+
+@contextlib.contextmanager
+def on_node(launcher: Any, leader: Candidate) -> Iterator[None]:
+    """Trials launched in the block ask for the node that first measured `leader` (SlurmLauncher.node), so that a
+    leader's confirmations compare like with like when its search trials ran on several nodes at once. Where that
+    node is not available the trial runs on another, and its result's node says so. A launcher without nodes (a
+    local run) is left as it is."""
+    node = next((record.result.node for record in leader.records if record.result.node), "")
+    if not node or not hasattr(launcher, "node"):
+        yield
+        return
+    launcher.node = node
+    try:
+        yield
+    finally:
+        launcher.node = None

@@ -17,7 +17,7 @@ from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
 from autotune.errors import WorkloadError
-from autotune.in_flight import InFlight, Started, tell
+from autotune.in_flight import InFlight, Started, on_node, tell
 from autotune.pruning import Pruner
 from autotune.reporting import Reporter, SilentReporter
 from autotune.samplers import grid_points, make_sampler
@@ -472,7 +472,8 @@ class Tuner:
             if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
                 logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
                 return False
-            self._run_one("confirm", config_params(leader.config, self.space))
+            with on_node(self.launcher, leader):  # where it was first measured (--executor slurm)
+                self._run_one("confirm", config_params(leader.config, self.space))
         return True
 
     def plan(self) -> BudgetPlan:

@@ -241,6 +241,9 @@ class SlurmLauncher:
     # Set by the controller (in_flight.py) when Ctrl-C reaches it: every trial waiting in another thread cancels its
     # job and raises KeyboardInterrupt there (a signal reaches only the main thread).
     stop: threading.Event = field(default_factory=threading.Event)
+    # The node the next jobs ask for (a leader's confirmations, where it was measured first: in_flight.on_node);
+    # None: any node of the partition.
+    node: str | None = None
 
     def __call__(
         self, spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
@@ -281,7 +284,12 @@ class SlurmLauncher:
         earlier job of this trial left goes first (the pruner reads it); its logs and result file stay."""
         Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
         executor = _submitit().SlurmExecutor(folder=workdir / JOB_FOLDER)
-        executor.update_parameters(**job_parameters(spec, timeout_s, self.settings))
+        parameters = job_parameters(spec, timeout_s, self.settings)
+        if self.node and _available(self.node):
+            parameters["nodelist"] = self.node
+        elif self.node:
+            logger.warning("node %s is not available; trial %s runs on another node", self.node, spec.config.short())
+        executor.update_parameters(**parameters)
         try:
             job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s, self.fingerprint)
         except Exception as error:  # sbatch refused it (a resource the cluster lacks): this trial, not the study
@@ -369,6 +377,14 @@ class SlurmLauncher:
 def result_file(workdir: Path, job_id: str) -> Path:
     """Where a job writes the trial's result (RESULT_FILE)."""
     return workdir / RESULT_FILE.format(job_id=job_id)
+
+
+def _available(node: str) -> bool:
+    """Whether the controller can give a job this node soon: up and answering, not drained or down (a job asking for
+    a node that is not would wait for it without end). sinfo's short states: `idle*` is not answering."""
+    done = slurm_command("sinfo", "--noheader", "--nodes", node, "--format=%t")
+    states = done.stdout.split() if done.returncode == 0 else []
+    return bool(states) and all(state.rstrip("~#%$@^-") in ("idle", "mix", "alloc", "comp") for state in states)
 
 
 def _lost_its_node(result: TrialResult, state: JobState | None) -> bool:

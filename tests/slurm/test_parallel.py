@@ -56,11 +56,17 @@ def test_two_search_trials_run_at_once_on_both_nodes(slurm_cluster, tiny_corpus:
     url = f"journal://{tmp_path / 'study.log'}"
     before = set(_jobs(slurm_cluster))
     args = run_args(tiny_corpus, tmp_path / "results", *SLURM, "--parallel", "2", "--trials", "5", "--storage", url)
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, [*args, "--confirm", "1"])  # the leader measured twice more (the last --confirm)
     assert result.exit_code == 0, (result.output, slurm_cluster.logs())
 
     trials = all_trials(url)
-    assert len(trials) == 5 and all(t.state == TrialState.COMPLETE for t in trials), trials  # none twice, none lost
+    assert all(t.state == TrialState.COMPLETE for t in trials), trials
+    confirmations = [t for t in trials if t.user_attrs["role"] == "confirm"]
+    first = next(t for t in trials if t.params == confirmations[0].params)  # where the leader was first measured
+    assert len(confirmations) == 2 and all(t.params == first.params for t in confirmations), confirmations
+    assert {t.user_attrs["result"]["node"] for t in confirmations} == {first.user_attrs["result"]["node"]}
+    trials = [t for t in trials if t.user_attrs["role"] != "confirm"]
+    assert len(trials) == 5, trials  # none counted twice, none lost
     assert [t.user_attrs["role"] for t in trials].count("baseline") == 1
     nodes = [t.user_attrs["result"]["node"] for t in trials]
     assert set(nodes) == set(NODES), nodes  # each result says where it was measured; both nodes were used
@@ -73,7 +79,10 @@ def test_two_search_trials_run_at_once_on_both_nodes(slurm_cluster, tiny_corpus:
     wait_for(lambda: _all_ended(slurm_cluster, before), "every trial job to end", timeout_s=60)  # COMPLETING
     jobs = {job: fields for job, fields in _jobs(slurm_cluster).items() if job not in before}
     states = {job: fields["JobState"] for job, fields in jobs.items()}
-    assert len(jobs) == 5 and set(states.values()) == {"COMPLETED"}, states  # one job a trial
+    assert len(jobs) == 7 and set(states.values()) == {"COMPLETED"}, states  # one job a trial
+    asked = {f["JobName"]: f.get("ReqNodeList", "") for f in jobs.values()}
+    node = first.user_attrs["result"]["node"]
+    assert all(asked[f"autotune-trial-{t.number:04d}"] == node for t in confirmations), asked  # pinned, not by luck
     spans = sorted((_time(f["StartTime"]), _time(f["EndTime"]), f["NodeList"]) for f in jobs.values())
     overlapping = [(a, b) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
     assert overlapping and all(a[2] != b[2] for a, b in overlapping), spans  # side by side, on different nodes
