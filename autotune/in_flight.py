@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from autotune.candidates import Candidate, TrialRecord
 from autotune.pruning import Pruner
 from autotune.trial import TrialConfig, TrialResult, TrialSpec
 
-__all__ = ["Started", "InFlight", "tell", "on_node", "FEASIBILITY"]
+__all__ = ["Started", "InFlight", "measure", "tell", "on_node", "FEASIBILITY"]
 
 logger = logging.getLogger(__name__)
 FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
@@ -103,6 +104,43 @@ class InFlight:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def measure(
+    launch_trial: Callable[..., TrialResult],
+    spec: TrialSpec,
+    folder: Path,
+    pruner: Pruner | None,
+    *,
+    timeout_s: float,
+    cut_by_budget: bool,
+    room: Callable[[float], bool],
+) -> TrialResult:
+    """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
+    condemns it (a passing load on a shared machine must not; a configuration that stalls does it again).
+
+    A window other processes disturbed (trial/child.py's gate) is kept as it is, not retried at once into the same
+    load: a disturbed leader is re-measured in confirmation, interleaved with the others.
+
+    timeout_s: the trial's, cut to what is left of --budget where cut_by_budget; room(seconds): whether the budget
+    has room for measuring it once more."""
+    result = launch_trial(spec, workdir=folder, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
+    if result.status == "timeout" and cut_by_budget:
+        result.reason = f"stopped when --budget ran out, after {timeout_s:.0f} s"
+    if result.disturbed:
+        logger.warning("%s: %s", spec.config.short(), result.reason)
+    if result.status != "erratic":
+        return result
+    if not room(result.wall_s or 0.0):
+        result.reason += "; no room left in --budget to measure it again"
+        return result
+    logger.warning("%s: %s; measuring it once more", spec.config.short(), result.reason)
+    retry_spec = dataclasses.replace(spec, result_path=str(folder / "retry" / "result.json"))
+    retry = launch_trial(retry_spec, workdir=folder / "retry", timeout_s=timeout_s, should_prune=pruner)
+    retry.wall_s = (retry.wall_s or 0.0) + (result.wall_s or 0.0)
+    if retry.status == "erratic":
+        retry.reason = f"{retry.reason}, and CV {result.throughput_cv:.2f} in the first window"
+    return retry
 
 
 def tell(study: optuna.Study, started: Started, record: TrialRecord) -> None:

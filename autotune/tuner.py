@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import time
@@ -17,8 +16,9 @@ from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
 from autotune.errors import WorkloadError
-from autotune.in_flight import InFlight, Started, on_node, tell
+from autotune.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.pruning import Pruner
+from autotune.reattach import orphan_waiting, trial_folder
 from autotune.reporting import Reporter, SilentReporter
 from autotune.samplers import grid_points, make_sampler
 from autotune.space import SearchSpace
@@ -184,7 +184,7 @@ class Tuner:
             values = self.space.suggest(trial)
             config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
             self.reporter.trial_started(trial.number, role, config)
-            folder = self._folder(trial)
+            folder = trial_folder(trial, self.workdir, self.launcher)
             trial.set_user_attr(storage.FOLDER_ATTR, str(folder))
             pruner = Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
@@ -194,7 +194,8 @@ class Tuner:
         return Started(trial=trial, role=role, config=config, folder=folder, spec=spec, pruner=pruner)
 
     def _measure(self, started: Started) -> TrialResult:
-        """The trial's result; in a thread of its own when trials run side by side (in_flight.py)."""
+        """The trial's result; in a thread of its own when trials run side by side (in_flight.py), where it only reads
+        the records (for the budget's room to measure an erratic trial again), which the main thread appends to."""
         if started.config.precision in self.rejected_precisions:  # infeasible unlaunched: the AMP check said so
             return TrialResult(status="precision", reason=self.rejected_precisions[started.config.precision])
         with storage.heartbeat(self.study, started.trial):
@@ -219,56 +220,14 @@ class Tuner:
         self._plan_changed()
         return record
 
-    def _folder(self, trial: optuna.Trial) -> Path:
-        """Where a trial's files go: a folder of this run's, or, for the retry of a dead run's trial whose job
-        outlived it (SLURM), that trial's folder, where the executor re-attaches to the job. A local trial died with
-        its run; its retry gets a new folder, so that the dead one's log stays."""
-        previous = trial.user_attrs.get(storage.RESUME_ATTR)
-        if previous and self._reattaches(Path(previous)):
-            return Path(previous)
-        return self.workdir / f"trial-{trial.number:04d}"
-
-    def _reattaches(self, folder: Path) -> bool:
-        can_reattach = getattr(self.launcher, "can_reattach", None)  # executors whose trials outlive the run
-        return bool(can_reattach and can_reattach(folder))
-
-    def _orphan_waiting(self) -> bool:
-        """Whether a dead run's trial waits to be retried where its job may still give its result: the search
-        collects those first (the job ran on while no run watched it; its result is the study's, not to be lost)."""
-        if getattr(self.launcher, "can_reattach", None) is None:
-            return False
-        storage.recover_stale_trials(self.study)  # a run that died on another host is seen once its grace is over
-        waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        folders = [t.user_attrs.get(storage.RESUME_ATTR) for t in waiting]
-        return any(self._reattaches(Path(folder)) for folder in folders if folder)
-
     def _launch(self, spec: TrialSpec, folder: Path, pruner: Pruner | None) -> TrialResult:
-        """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
-        condemns it (a passing load on a shared machine must not; a configuration that stalls does it again).
-
-        A window other processes disturbed (trial/child.py's gate) is kept as it is, not retried at once into the same
-        load: a disturbed leader is re-measured in confirmation, interleaved with the others."""
         # --budget is a ceiling: a trial still running when it ends (a machine that got loaded) is stopped there.
         left_s = self.budget.left_s()
         timeout_s = self.settings.trial_timeout_s if left_s is None else min(self.settings.trial_timeout_s, left_s)
         launch_trial = self.launcher or launch  # looked up per call: tests replace trial.launch in this module
-        result = launch_trial(spec, workdir=folder, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
-        if result.status == "timeout" and timeout_s < self.settings.trial_timeout_s:
-            result.reason = f"stopped when --budget ran out, after {timeout_s:.0f} s"
-        if result.disturbed:
-            logger.warning("%s: %s", spec.config.short(), result.reason)
-        if result.status != "erratic":
-            return result
-        if not self.budget.fits(result.wall_s or 0.0, keep_s=self._closing_s()):
-            result.reason += "; no room left in --budget to measure it again"
-            return result
-        logger.warning("%s: %s; measuring it once more", spec.config.short(), result.reason)
-        retry_spec = dataclasses.replace(spec, result_path=str(folder / "retry" / "result.json"))
-        retry = launch_trial(retry_spec, workdir=folder / "retry", timeout_s=timeout_s, should_prune=pruner)
-        retry.wall_s = (retry.wall_s or 0.0) + (result.wall_s or 0.0)
-        if retry.status == "erratic":
-            retry.reason = f"{retry.reason}, and CV {result.throughput_cv:.2f} in the first window"
-        return retry
+        room = lambda wall_s: self.budget.fits(wall_s, keep_s=self._closing_s())  # noqa: E731
+        cut = timeout_s < self.settings.trial_timeout_s
+        return measure(launch_trial, spec, folder, pruner, timeout_s=timeout_s, cut_by_budget=cut, room=room)
 
     def best(self) -> TrialRecord | None:
         feasible = [record for record in self.records if record.result.feasible]
@@ -372,7 +331,7 @@ class Tuner:
         while launched < self.settings.trials:
             while flight is not None and flight.full:
                 self._back_off(self._finish(*flight.next_done()))
-            if self._orphan_waiting():
+            if orphan_waiting(self.study, self.launcher):
                 started = self._begin("search", None, flight)  # Optuna's queue hands out the waiting retry
             elif queue:
                 role, params = queue.pop(0)
