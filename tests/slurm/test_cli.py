@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from autotune import load_config
 from autotune.cli import app
-from tests.fixtures.runs import error_line, run_args
+from tests.fixtures.runs import error_line, run_args, wait_for
 from tests.fixtures.slurm import PARTITION
 
 runner = CliRunner()
@@ -59,9 +59,12 @@ def test_a_run_submits_its_trials_as_slurm_jobs(slurm_cluster, tiny_corpus: Path
     tuned = load_config(out)
     assert tuned.metrics["winner"]["samples_per_second"] > 0 and tuned.metrics["compute"]["pipeline_efficiency"] > 0
     assert tuned.search["executor"] == {"name": "slurm", "partition": PARTITION, "options": {}}
+    # A run ends when it has read its last result; its job is still exiting (the interpreter, SLURM's epilog) then.
+    busy = ("JobState=RUNNING", "JobState=COMPLETING")
+    wait_for(lambda: not any(s in job for job in _autotune_jobs(slurm_cluster) for s in busy), "jobs to end", 60)
     jobs = _autotune_jobs(slurm_cluster) - before
     assert len(jobs) == 3, jobs  # the baseline, one search trial and the compute-only ceiling, each a job
-    assert all("JobState=COMPLETED" in job for job in jobs)
+    assert all("JobState=COMPLETED" in job for job in jobs), jobs
 
 
 def _autotune_jobs(cluster) -> set[str]:
