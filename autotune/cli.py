@@ -227,6 +227,13 @@ def run(
             "exclusive=false, time=30), repeatable; overrides what autotune asks for each trial.",
         ),
     ] = None,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            help="--executor slurm: search trials in flight at once, each a job on a node of its own (at most the "
+            "partition's nodes); the baseline and the confirmations run one at a time."
+        ),
+    ] = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
     _setup_logging(verbose)
@@ -250,6 +257,7 @@ def run(
             seed=seed,
             confirm_top_k=confirm,
             prune=prune,
+            parallel=parallel,
             trial_timeout_s=parse_duration(trial_timeout),
             timing=timing,
         )

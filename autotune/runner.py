@@ -38,7 +38,7 @@ from autotune.run_output import check_writable, make_folders, remove_empty, writ
 from autotune.run_plan import RunPlan, RunRequest
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
-from autotune.trial.slurm import SlurmLauncher, check_slurm
+from autotune.trial.slurm import SlurmLauncher, check_parallel, check_slurm
 from autotune.tuner import STORAGE_FAILED, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
 
@@ -110,6 +110,7 @@ def prepare(request: RunRequest) -> RunPlan:
     check_request(request)
     if request.slurm is not None:
         check_slurm(request.slurm)  # the cluster answers, the partition and options are its own
+        check_parallel(request.slurm, request.settings.parallel)  # no more trials in flight than nodes
     settings = request.settings
     workload = workloads.get(request.model)
     check_workload_options(workload, request.workload_options)
@@ -230,7 +231,9 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     machine = preflight.check_precisions(machine, plan, make_spec)  # the trials get what is left of the budget
     search_settings, amp = machine.settings, machine.amp
-    launcher = SlurmLauncher(settings=request.slurm) if request.slurm is not None else None  # None: trial.launch
+    launcher = None  # trial.launch
+    if request.slurm is not None:  # each job checks that its node is like this machine (the study's fingerprint)
+        launcher = SlurmLauncher(settings=request.slurm, fingerprint=plan.hardware.fingerprint())
     tuner = Tuner(
         study=study,
         space=plan.space,

@@ -19,7 +19,12 @@ def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.Ba
     if name == "tpe":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group=True is marked experimental
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4)
+            # constant_liar: a trial still RUNNING (in flight beside this one with --parallel, or another controller's
+            # on a shared study) counts as a bad one, so parallel asks do not all land on the same point; with none
+            # running, the points are the same as without it.
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, n_startup_trials=4, constant_liar=True
+            )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":

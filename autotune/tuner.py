@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import time
@@ -17,7 +16,9 @@ from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
 from autotune.errors import WorkloadError
+from autotune.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.pruning import Pruner
+from autotune.reattach import orphan_waiting, trial_folder
 from autotune.reporting import Reporter, SilentReporter
 from autotune.samplers import grid_points, make_sampler
 from autotune.space import SearchSpace
@@ -38,7 +39,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 STORAGE_FAILED = "storage failure"  # TuningOutcome.stopped_by when the machine failed the study mid-run
-FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
 # A queued trial runs, with nothing but the baseline measured, while this share of its estimated cost is left
 # (Tuner._last_chance): on a loaded 2-core machine a 5-min run measured the baseline (147 s) and skipped both seeds
 # with 90 s left, ending at 2.4 min with the recipe as its winner.
@@ -60,6 +60,7 @@ class TunerSettings:
     prune: bool = True
     prune_window_fraction: float = 0.5  # stop a search trial running below this share of the best so far...
     prune_warmup_fraction: float = 0.25  # ...or, from its warm-up steps, projected below this share
+    parallel: int = 1  # search trials in flight at once, each on a node of its own (--executor slurm; in_flight.py)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -165,114 +166,68 @@ class Tuner:
         return TrialConfig.from_dict({**config.to_dict(), "grad_accum_steps": accum})
 
     def _run_one(self, role: str, params: dict[str, Any] | None = None) -> TrialRecord:
+        return self._run_started(self._start(role, params))
+
+    def _run_started(self, started: Started) -> TrialRecord:
+        try:
+            result = self._measure(started)
+        except BaseException:
+            self._fail(started.trial)
+            raise
+        return self._finish(started, result)
+
+    def _start(self, role: str, params: dict[str, Any] | None) -> Started:
+        """Ask the study for a trial and specify it; from here on it is RUNNING in the study: whatever stops this run
+        tells it FAIL."""
         trial = storage.ask_trial(self.study, params)  # race-free on a study shared with other runs
-        try:  # from here on the trial is RUNNING in the study: whatever stops this run tells it FAIL
+        try:
             values = self.space.suggest(trial)
             config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
             self.reporter.trial_started(trial.number, role, config)
-            folder = self._folder(trial)
+            folder = trial_folder(trial, self.workdir, self.launcher)
             trial.set_user_attr(storage.FOLDER_ATTR, str(folder))
             pruner = Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
-            if config.precision in self.rejected_precisions:  # infeasible without launching: the AMP check said so
-                result = TrialResult(status="precision", reason=self.rejected_precisions[config.precision])
-            else:
-                with storage.heartbeat(self.study, trial):
-                    result = self._launch(spec, folder, pruner)
         except BaseException:
-            try:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            except Exception as error:  # the storage itself failed: the next run fails and retries the trial
-                logger.warning("trial #%d could not be marked failed (%s)", trial.number, type(error).__name__)
+            self._fail(trial)
             raise
-        record = TrialRecord(number=trial.number, role=role, config=config, result=result)
+        return Started(trial=trial, role=role, config=config, folder=folder, spec=spec, pruner=pruner)
+
+    def _measure(self, started: Started) -> TrialResult:
+        """The trial's result; in a thread of its own when trials run side by side (in_flight.py), where it only reads
+        the records (for the budget's room to measure an erratic trial again), which the main thread appends to."""
+        if started.config.precision in self.rejected_precisions:  # infeasible unlaunched: the AMP check said so
+            return TrialResult(status="precision", reason=self.rejected_precisions[started.config.precision])
+        with storage.heartbeat(self.study, started.trial):
+            return self._launch(started.spec, started.folder, started.pruner)
+
+    def _fail(self, trial: optuna.Trial) -> None:
+        try:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except Exception as error:  # the storage itself failed: the next run fails and retries the trial
+            logger.warning("trial #%d could not be marked failed (%s)", trial.number, type(error).__name__)
+
+    def _finish(self, started: Started, result: TrialResult) -> TrialRecord:
+        """Record a measured trial: in the run, in the study, to the reporter and the plan (the main thread only)."""
+        record = TrialRecord(number=started.trial.number, role=started.role, config=started.config, result=result)
         self.records.append(record)  # measured: it counts in this run even if the storage fails to record it
         try:
-            self._tell(trial, record, pruner)
+            tell(self.study, started, record)
         finally:
             self.reporter.trial_finished(record, self.best())
         if result.feasible:
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(started.folder, ignore_errors=True)
         self._plan_changed()
         return record
 
-    def _folder(self, trial: optuna.Trial) -> Path:
-        """Where a trial's files go: a folder of this run's, or, for the retry of a dead run's trial whose job
-        outlived it (SLURM), that trial's folder, where the executor re-attaches to the job. A local trial died with
-        its run; its retry gets a new folder, so that the dead one's log stays."""
-        previous = trial.user_attrs.get(storage.RESUME_ATTR)
-        if previous and self._reattaches(Path(previous)):
-            return Path(previous)
-        return self.workdir / f"trial-{trial.number:04d}"
-
-    def _reattaches(self, folder: Path) -> bool:
-        can_reattach = getattr(self.launcher, "can_reattach", None)  # executors whose trials outlive the run
-        return bool(can_reattach and can_reattach(folder))
-
-    def _orphan_waiting(self) -> bool:
-        """Whether a dead run's trial waits to be retried where its job may still give its result: the search
-        collects those first (the job ran on while no run watched it; its result is the study's, not to be lost)."""
-        if getattr(self.launcher, "can_reattach", None) is None:
-            return False
-        storage.recover_stale_trials(self.study)  # a run that died on another host is seen once its grace is over
-        waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        folders = [t.user_attrs.get(storage.RESUME_ATTR) for t in waiting]
-        return any(self._reattaches(Path(folder)) for folder in folders if folder)
-
     def _launch(self, spec: TrialSpec, folder: Path, pruner: Pruner | None) -> TrialResult:
-        """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
-        condemns it (a passing load on a shared machine must not; a configuration that stalls does it again).
-
-        A window other processes disturbed (trial/child.py's gate) is kept as it is, not retried at once into the same
-        load: a disturbed leader is re-measured in confirmation, interleaved with the others."""
         # --budget is a ceiling: a trial still running when it ends (a machine that got loaded) is stopped there.
         left_s = self.budget.left_s()
         timeout_s = self.settings.trial_timeout_s if left_s is None else min(self.settings.trial_timeout_s, left_s)
         launch_trial = self.launcher or launch  # looked up per call: tests replace trial.launch in this module
-        result = launch_trial(spec, workdir=folder, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
-        if result.status == "timeout" and timeout_s < self.settings.trial_timeout_s:
-            result.reason = f"stopped when --budget ran out, after {timeout_s:.0f} s"
-        if result.disturbed:
-            logger.warning("%s: %s", spec.config.short(), result.reason)
-        if result.status != "erratic":
-            return result
-        if not self.budget.fits(result.wall_s or 0.0, keep_s=self._closing_s()):
-            result.reason += "; no room left in --budget to measure it again"
-            return result
-        logger.warning("%s: %s; measuring it once more", spec.config.short(), result.reason)
-        retry_spec = dataclasses.replace(spec, result_path=str(folder / "retry" / "result.json"))
-        retry = launch_trial(retry_spec, workdir=folder / "retry", timeout_s=timeout_s, should_prune=pruner)
-        retry.wall_s = (retry.wall_s or 0.0) + (result.wall_s or 0.0)
-        if retry.status == "erratic":
-            retry.reason = f"{retry.reason}, and CV {result.throughput_cv:.2f} in the first window"
-        return retry
-
-    def _tell(self, trial: optuna.Trial, record: TrialRecord, pruner: Pruner | None) -> None:
-        """Record the trial in the study. If another run has meanwhile failed it as stale (this run's heartbeat went
-        unheard, e.g. the database was unreachable), the study keeps that verdict; this run keeps its measurement."""
-        result = record.result
-        try:
-            trial.set_user_attr("role", record.role)
-            trial.set_user_attr("config", record.config.to_dict())
-            trial.set_user_attr("result", {k: v for k, v in result.to_dict().items() if k != "log_tail"})
-            if result.status == "pruned" and pruner is not None:
-                # Optuna's samplers read a pruned trial through its last intermediate value.
-                trial.report(pruner.last_rate, step=0)
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                trial.set_constraint(FEASIBILITY, 0.0 if result.feasible else 1.0)
-                self.study.tell(trial, record.value)
-        except (RuntimeError, ValueError) as error:
-            state = self.study._storage.get_trial(trial._trial_id).state  # noqa: SLF001 - no public accessor
-            if not state.is_finished():
-                raise
-            logger.warning(
-                "trial #%d was marked %s by another run while this one measured it (%s); its result counts in "
-                "this run only",
-                trial.number,
-                state.name,
-                error,
-            )
+        room = lambda wall_s: self.budget.fits(wall_s, keep_s=self._closing_s())  # noqa: E731
+        cut = timeout_s < self.settings.trial_timeout_s
+        return measure(launch_trial, spec, folder, pruner, timeout_s=timeout_s, cut_by_budget=cut, room=room)
 
     def best(self) -> TrialRecord | None:
         feasible = [record for record in self.records if record.result.feasible]
@@ -350,37 +305,67 @@ class Tuner:
             # An exception (not OOM, not a signal) in the recipe's own configuration is the workload's bug.
             log = self.workdir / f"trial-{baseline.number:04d}" / "trial.log"
             raise WorkloadError(f"the workload failed its first training step: {baseline.result.reason} (log: {log})")
+        if self.settings.parallel == 1:
+            return self._search_loop(None)
+        flight = InFlight(self.settings.parallel, self._measure, getattr(self.launcher, "stop", None))
+        try:
+            stopped_by = self._search_loop(flight)
+            while len(flight):  # what is in flight ends before confirmation, which compares like with like
+                self._back_off(self._finish(*flight.next_done()))
+            return stopped_by
+        except BaseException:  # Ctrl-C, a storage failure: every job in flight is cancelled, its trial told FAIL
+            for started, ended in flight.cancel_all():
+                self._finish(started, ended) if isinstance(ended, TrialResult) else self._fail(started.trial)
+            raise
+        finally:
+            flight.close()
+
+    def _search_loop(self, flight: InFlight | None) -> str:
+        """The search after the baseline; with trials in flight (--parallel), each next trial is chosen when one of
+        theirs ended and left its node free, from every record so far. A trial in flight runs beside the others, so
+        the budget's room for the next one is its own cost (it ends on its node when it ends); the trial count
+        counts each trial as it starts, so none is counted twice and no more than --trials run."""
         grid = grid_points(self.space, self.settings.seed) if self.settings.sampler == "grid" else None
         queue = self.warm_start or self.seeds
         launched, unlaunched = 1, 0
         while launched < self.settings.trials:
-            if self._orphan_waiting():
-                record = self._run_one("search")  # Optuna's queue hands out the waiting retry
+            while flight is not None and flight.full:
+                self._back_off(self._finish(*flight.next_done()))
+            if orphan_waiting(self.study, self.launcher):
+                started = self._begin("search", None, flight)  # Optuna's queue hands out the waiting retry
             elif queue:
                 role, params = queue.pop(0)
                 if not self.budget.fits(self._queued_s(params), keep_s=self._closing_s()):
                     if not self._last_chance(role, params):
                         self._skip(role, params)
                         continue
-                record = self._run_one(role, params)
-                self._back_off(record)
+                started = self._begin(role, params, flight)
             elif not self._search_fits():
                 return "budget"
             elif (launched == self.settings.trials - 1 or not self._search_fits(spare_trials=1)) and (
                 point := self._preload_point()
             ) is not None:
-                record = self._run_one("preload", point)  # the search's last trial: the best so far, preloaded
+                started = self._begin("preload", point, flight)  # the search's last trial: the best so far, preloaded
             elif grid is not None and not grid:
                 return "grid exhausted"
             else:
-                record = self._run_one("search", grid.pop(0) if grid is not None else None)
+                started = self._begin("search", grid.pop(0) if grid is not None else None, flight)
             # A precision the AMP check rejected costs no measuring time, so it does not use up a trial; the sampler
             # learns to avoid it (value 0), and a space that offers nothing else cannot loop forever.
-            if record.result.status != "precision":
+            if started.config.precision not in self.rejected_precisions:
                 launched += 1
             elif (unlaunched := unlaunched + 1) >= max(self.settings.trials, 10):
                 return "rejected precisions"
         return "trials"
+
+    def _begin(self, role: str, params: dict[str, Any] | None, flight: InFlight | None) -> Started:
+        """Start a trial: put in flight, or (alone, or a rejected precision, which runs nothing) measured now."""
+        started = self._start(role, params)
+        if flight is None or started.config.precision in self.rejected_precisions:
+            self._back_off(self._run_started(started))
+        else:
+            flight.start(started)
+        return started
 
     def _back_off(self, record: TrialRecord) -> None:
         """A seed that did not fit the device's memory is tried next at half its batch (as Lightning's batch-size finder
@@ -446,7 +431,8 @@ class Tuner:
             if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
                 logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
                 return False
-            self._run_one("confirm", config_params(leader.config, self.space))
+            with on_node(self.launcher, leader):  # where it was first measured (--executor slurm)
+                self._run_one("confirm", config_params(leader.config, self.space))
         return True
 
     def plan(self) -> BudgetPlan:

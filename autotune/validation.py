@@ -66,6 +66,12 @@ def check_request(request: RunRequest) -> None:
         f"--seed must be between 0 and {MAX_SEED} (2**32 - 1), got {settings.seed}",
     )
     _require(settings.confirm_top_k >= 0, f"--confirm must be 0 or more, got {settings.confirm_top_k}")
+    _require(settings.parallel >= 1, f"--parallel must be at least 1 (trials in flight), got {settings.parallel}")
+    _require(
+        settings.parallel == 1 or request.slurm is not None,
+        f"--parallel {settings.parallel} needs --executor slurm: each trial in flight takes a node of its own "
+        "(trials side by side on this machine would measure each other)",
+    )
     _require(
         _finite(timing.window_s) and timing.window_s > 0,
         f"--window must be a positive number of seconds, got {timing.window_s}",

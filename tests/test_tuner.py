@@ -215,21 +215,18 @@ def test_trials_with_a_rejected_precision_do_not_use_up_the_trial_count_and_seed
 def test_a_trial_another_run_failed_meanwhile_keeps_the_studys_verdict_and_this_runs_measurement(caplog, tmp_path):
     """If a run's heartbeat went unheard (database unreachable), another run may fail its trial as stale; telling
     Optuna the result must not crash the measuring run."""
-    from autotune import space
+    from autotune.in_flight import Started, tell
     from autotune.trial import TrialConfig, TrialResult
-    from autotune.tuner import TrialRecord, Tuner
-    from tests.conftest import make_cpu
+    from autotune.tuner import TrialRecord
 
     study = optuna.create_study(direction="maximize")
-    params = {"per_device_batch_size": {"type": "categorical", "choices": [5]}}
-    searched = space.from_dict({"params": params}, make_cpu())
-    tuner = Tuner(study=study, space=searched, make_spec=None, settings=TunerSettings(), workdir=tmp_path)  # type: ignore[arg-type]
     trial = study.ask()
     study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)  # the other run's verdict
     measured = TrialResult(status="ok", samples_per_second=3.0)
     config = TrialConfig(per_device_batch_size=5)
     record = TrialRecord(number=trial.number, role="search", config=config, result=measured)
-    tuner._tell(trial, record, None)
+    started = Started(trial=trial, role="search", config=config, folder=tmp_path, spec=None, pruner=None)  # type: ignore[arg-type]
+    tell(study, started, record)
     assert study.trials[0].state == optuna.trial.TrialState.FAIL
     assert "marked FAIL by another run" in caplog.text
 

@@ -28,6 +28,8 @@ import math
 import os
 import shlex
 import shutil
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,7 @@ __all__ = [
     "SlurmSettings",
     "SlurmLauncher",
     "check_slurm",
+    "check_parallel",
     "job_parameters",
     "run_on_node",
     "result_file",
@@ -115,6 +118,22 @@ def check_slurm(settings: SlurmSettings) -> None:
         raise UserError(f"--slurm-partition {partition}: no such partition on this cluster (sinfo lists the ones)")
 
 
+def check_parallel(settings: SlurmSettings, parallel: int) -> None:
+    """--parallel N: at most as many trials in flight as the partition has nodes (each trial takes a node to itself;
+    more would only wait in the queue while their budget runs). Raises UserError with one line."""
+    if parallel <= 1:
+        return
+    partition = settings.partition or settings.options.get("partition")
+    done = slurm_command("sinfo", "--noheader", "--format=%D", *(["--partition", str(partition)] if partition else []))
+    counts = [int(word) for word in done.stdout.split() if word.isdigit()] if done.returncode == 0 else []
+    if counts and parallel > sum(counts):
+        where = f"partition {partition}" if partition else "the default partition"
+        raise UserError(
+            f"--parallel {parallel}: {where} has {sum(counts)} node(s) and each trial takes one to itself; "
+            f"use --parallel {sum(counts)} or less"
+        )
+
+
 def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -> dict[str, Any]:
     """What one trial asks of the scheduler, as submitit's SlurmExecutor parameters.
 
@@ -152,19 +171,26 @@ def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -
     return parameters
 
 
-def run_on_node(spec_data: dict[str, Any], workdir: str, timeout_s: float) -> dict[str, Any]:
+def run_on_node(
+    spec_data: dict[str, Any], workdir: str, timeout_s: float, fingerprint: str | None = None
+) -> dict[str, Any]:
     """The job: one trial through trial.launch on this node; its result also written to RESULT_FILE (atomically),
     so that the submitting process reads it from the shared file system whatever submitit does afterwards. The
     file is named by the job: a job on a node the controller gave up for lost (cut off, not dead) may still finish,
     and must not pass its result for that of the job that measures the trial again.
 
     submitit's warning signal (USR2, WARNING_SIGNAL_S before the time limit) raises in here: trial.launch then kills
-    its ranks, and the result says the time limit came first (or the job was preempted)."""
+    its ranks, and the result says the time limit came first (or the job was preempted).
+
+    fingerprint: the study's hardware fingerprint (hardware.py); a node whose own differs measures nothing and the
+    result is an error naming both, so that unlike nodes of a partition never mix their measurements into a study."""
     from submitit.core.utils import UncompletedJobError
 
-    folder = Path(workdir)
+    folder, spec = Path(workdir), TrialSpec.from_dict(spec_data)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     try:
-        result = launch(TrialSpec.from_dict(spec_data), workdir=folder, timeout_s=timeout_s)
+        mismatch = _unlike_node(spec, node, fingerprint)
+        result = mismatch or launch(spec, workdir=folder, timeout_s=timeout_s)
     except UncompletedJobError:
         # submitit's handler calls any USR2 a time-out for jobs under 50 minutes (core/job_environment.py
         # has_timed_out), which trials are; USR2 is what --signal asked for before the limit. A preemption sends
@@ -175,9 +201,27 @@ def run_on_node(spec_data: dict[str, Any], workdir: str, timeout_s: float) -> di
             reason=f"SLURM job {job} reached its time limit's warning signal before the trial ended (raise it: "
             "--trial-timeout, or --slurm-option time=MINUTES)",
         )
+    result.node = node
     data = result.to_dict()
     yamlio.write_json(result_file(folder, os.environ.get("SLURM_JOB_ID", "")), data)
     return data
+
+
+def _unlike_node(spec: TrialSpec, node: str, fingerprint: str | None) -> TrialResult | None:
+    """The error result for a node whose hardware is not the study's (None where it is, or nothing was asked)."""
+    if fingerprint is None:
+        return None
+    from autotune.hardware import probe
+
+    own = probe(spec.device_type).fingerprint()
+    if own == fingerprint:
+        return None
+    return TrialResult(
+        status="error",
+        reason=f"node {node}'s hardware fingerprint {own} is not the study's {fingerprint}: its measurements would "
+        "not compare; submit to like nodes only (--slurm-partition, or --slurm-option constraint=...)",
+        wall_s=0.0,
+    )
 
 
 def same_trial(recorded: dict[str, Any], spec: TrialSpec) -> bool:
@@ -193,6 +237,13 @@ class SlurmLauncher:
     settings: SlurmSettings = field(default_factory=SlurmSettings)
     poll_s: float = POLL_S
     state_poll_s: float = STATE_POLL_S
+    fingerprint: str | None = None  # the study's hardware fingerprint: each job checks its node's (run_on_node)
+    # Set by the controller (in_flight.py) when Ctrl-C reaches it: every trial waiting in another thread cancels its
+    # job and raises KeyboardInterrupt there (a signal reaches only the main thread).
+    stop: threading.Event = field(default_factory=threading.Event)
+    # The node the next jobs ask for (a leader's confirmations, where it was measured first: in_flight.on_node);
+    # None: any node of the partition.
+    node: str | None = None
 
     def __call__(
         self, spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
@@ -233,9 +284,14 @@ class SlurmLauncher:
         earlier job of this trial left goes first (the pruner reads it); its logs and result file stay."""
         Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
         executor = _submitit().SlurmExecutor(folder=workdir / JOB_FOLDER)
-        executor.update_parameters(**job_parameters(spec, timeout_s, self.settings))
+        parameters = job_parameters(spec, timeout_s, self.settings)
+        if self.node and _available(self.node):
+            parameters["nodelist"] = self.node
+        elif self.node:
+            logger.warning("node %s is not available; trial %s runs on another node", self.node, spec.config.short())
+        executor.update_parameters(**parameters)
         try:
-            job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s)
+            job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s, self.fingerprint)
         except Exception as error:  # sbatch refused it (a resource the cluster lacks): this trial, not the study
             line = (str(error).strip().splitlines() or [type(error).__name__])[-1]
             return TrialResult(status="error", reason=f"sbatch refused the trial's job: {line}", wall_s=0.0)
@@ -280,6 +336,8 @@ class SlurmLauncher:
         written = result_file(workdir, job.job_id)
         seen, asked_at = None, -math.inf
         while True:
+            if self.stop.is_set():
+                raise KeyboardInterrupt  # __call__ cancels the job
             if written.exists():
                 return self._killed_from_outside(job, TrialResult.from_dict(yamlio.read_json(written)))
             reason = _prune_reason(spec, should_prune)  # a progress file exists only while the trial runs
@@ -319,6 +377,14 @@ class SlurmLauncher:
 def result_file(workdir: Path, job_id: str) -> Path:
     """Where a job writes the trial's result (RESULT_FILE)."""
     return workdir / RESULT_FILE.format(job_id=job_id)
+
+
+def _available(node: str) -> bool:
+    """Whether the controller can give a job this node soon: up and answering, not drained or down (a job asking for
+    a node that is not would wait for it without end). sinfo's short states: `idle*` is not answering."""
+    done = slurm_command("sinfo", "--noheader", "--nodes", node, "--format=%t")
+    states = done.stdout.split() if done.returncode == 0 else []
+    return bool(states) and all(state.rstrip("~#%$@^-") in ("idle", "mix", "alloc", "comp") for state in states)
 
 
 def _lost_its_node(result: TrialResult, state: JobState | None) -> bool:

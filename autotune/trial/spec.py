@@ -261,6 +261,7 @@ class TrialResult:
     # The window was erratic while other processes took at least machine_load.BUSY_OTHERS_FRACTION of the CPU: kept
     # (status ok) and re-measured with the leaders, not condemned for someone else's job.
     disturbed: bool = False
+    node: str = ""  # where it was measured: the SLURM node that ran the job (--executor slurm); "" for a local trial
     log_tail: str = ""
 
     def __post_init__(self) -> None:

@@ -10,18 +10,10 @@ from typer.testing import CliRunner
 
 from autotune import load_config
 from autotune.cli import app
-from tests.fixtures.runs import run_args
+from tests.fixtures.runs import error_line, run_args, wait_for
 from tests.fixtures.slurm import PARTITION
 
 runner = CliRunner()
-
-
-def _error_line(args: list[str]) -> str:
-    result = runner.invoke(app, args, catch_exceptions=False)
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -34,13 +26,13 @@ def _error_line(args: list[str]) -> str:
     ids=["unknown-executor", "slurm-option-without-slurm", "option-form"],
 )
 def test_bad_executor_input_is_one_line_and_exit_2(extra, words, tiny_corpus: Path, tmp_path: Path) -> None:
-    assert words in _error_line(run_args(tiny_corpus, tmp_path / "results", *extra))
+    assert words in error_line(run_args(tiny_corpus, tmp_path / "results", *extra))
     assert not (tmp_path / "results").exists()  # refused before anything was written
 
 
 def test_slurm_without_its_commands_is_refused(tiny_corpus: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, scontrol, scancel or sinfo
-    line = _error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm"))
+    line = error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm"))
     assert "sbatch, scontrol, scancel, sinfo not found on PATH" in line and "--executor local" in line
 
 
@@ -53,7 +45,7 @@ def test_slurm_without_its_commands_is_refused(tiny_corpus: Path, tmp_path: Path
     ids=["partition", "option-key"],
 )
 def test_the_cluster_checks_the_partition_and_options(slurm_cluster, extra, words, tiny_corpus, tmp_path) -> None:
-    assert words in _error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm", *extra))
+    assert words in error_line(run_args(tiny_corpus, tmp_path / "results", "--executor", "slurm", *extra))
 
 
 @pytest.mark.slow
@@ -67,9 +59,12 @@ def test_a_run_submits_its_trials_as_slurm_jobs(slurm_cluster, tiny_corpus: Path
     tuned = load_config(out)
     assert tuned.metrics["winner"]["samples_per_second"] > 0 and tuned.metrics["compute"]["pipeline_efficiency"] > 0
     assert tuned.search["executor"] == {"name": "slurm", "partition": PARTITION, "options": {}}
+    # A run ends when it has read its last result; its job is still exiting (the interpreter, SLURM's epilog) then.
+    busy = ("JobState=RUNNING", "JobState=COMPLETING")
+    wait_for(lambda: not any(s in job for job in _autotune_jobs(slurm_cluster) for s in busy), "jobs to end", 60)
     jobs = _autotune_jobs(slurm_cluster) - before
     assert len(jobs) == 3, jobs  # the baseline, one search trial and the compute-only ceiling, each a job
-    assert all("JobState=COMPLETED" in job for job in jobs)
+    assert all("JobState=COMPLETED" in job for job in jobs), jobs
 
 
 def _autotune_jobs(cluster) -> set[str]:

@@ -126,3 +126,22 @@ def test_a_trial_whose_node_is_lost_is_measured_once_more(states, jobs, status, 
         assert "SLURM job 41 on node2 lost its node" in result.reason and "earlier job 40 had lost its node too" in (
             result.reason
         )
+
+
+def test_a_node_unlike_the_study_s_measures_nothing_and_says_why(tmp_path, monkeypatch) -> None:
+    """run_on_node as the job runs it, on this machine: a study fingerprint that is not this node's is an error result
+    naming the node and both fingerprints, written where the controller reads it, and no trial is launched."""
+    pytest.importorskip("submitit")
+    from autotune import yamlio
+    from autotune.hardware import probe
+    from autotune.trial import slurm
+
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setattr(slurm, "launch", lambda *args, **kwargs: pytest.fail("a trial was launched"))
+    spec = dataclasses.replace(SPEC, device_type="cpu", result_path=str(tmp_path / "result.json"))
+    data = slurm.run_on_node(spec.to_dict(), str(tmp_path), 60.0, fingerprint="a100-x8-0123456789")
+    own = probe("cpu").fingerprint()
+    assert data["status"] == "error" and data["node"] == "node7"
+    assert f"node node7's hardware fingerprint {own} is not the study's a100-x8-0123456789" in data["reason"]
+    assert yamlio.read_json(slurm.result_file(tmp_path, "41")) == data
