@@ -21,10 +21,11 @@ from tests.workloads.speaker_setup import build
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cam++", "eres2net-large"])
-def test_device_features_are_the_workers_features_of_the_same_audio(name: str, tiny_corpus: Path) -> None:
+def test_device_features_are_the_workers_features_of_the_same_audio(tiny_corpus: Path) -> None:
     """The recipe's whole item (decode, speed perturbation, corruption, crop) with the same draws: the workers'
-    fbank and the step's batched fbank of the crops agree, and so do the losses of one model over them."""
+    fbank and the step's batched fbank of the crops agree, and so do the losses of one model over them. CAM++ and
+    ERes2Net share this pipeline (speaker.py _dataset); a narrow ERes2Net keeps the model cheap."""
+    name = "eres2net-large"
     options = {"crop_s": 0.5, "aug_prob": 1.0}
     workers = build(name, tiny_corpus, feature_device="workers", **options)
     device = build(name, tiny_corpus, feature_device="device", **options)
@@ -49,7 +50,7 @@ def test_device_features_are_the_workers_features_of_the_same_audio(name: str, t
 
 
 def test_device_features_are_computed_in_float32_under_autocast(tiny_corpus: Path) -> None:
-    setup = build("cam++", tiny_corpus, feature_device="device", crop_s=0.5, aug_prob=0.0)
+    setup = build("eres2net-large", tiny_corpus, feature_device="device", crop_s=0.5, aug_prob=0.0)
     batch = collate_speaker_batch([setup.dataset[index] for index in range(2)])  # type: ignore[index]
     seen: list[torch.Tensor] = []
     setup.model["embedder"].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
