@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autotune.feature_device import DEVICE as FEATURES_ON_DEVICE
+from autotune.feature_device import PLACEMENTS as FEATURE_PLACEMENTS
 from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
 from autotune.optimizer_kernels import IMPLEMENTATIONS as OPTIMIZER_IMPLEMENTATIONS
 from autotune.trial.precision import PRECISIONS
@@ -41,7 +43,7 @@ Applies = Literal["dataloader", "process", "model", "data", "run"]
 # configuration keeps), or not at all (set by the run: --world-size, the preload probe).
 SpaceRole = Literal["searched", "fixed", "run"]
 # The result file's knob sections, in the order they are written.
-RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio")
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio", "features")
 _COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
 
 
@@ -95,6 +97,12 @@ def _optimizer_word(value: str) -> str | None:
     """The recipe's own optimizer (`default`) is left out of the trial line: lines recorded before the knob existed
     (benchmarks/replay.py keys by them) stay the lines of the same configurations."""
     return None if value == DEFAULT_OPTIMIZER else value
+
+
+def _feature_word(value: str | None) -> str | None:
+    """Only features moved onto the device get a word: the recipe's placement (unset, or the workers of the recipes
+    that have one) keeps the lines recorded before the knob existed."""
+    return "fbank@dev" if value == FEATURES_ON_DEVICE else None
 
 
 def _unshown(value: Any) -> None:
@@ -202,6 +210,17 @@ KNOBS: tuple[Knob, ...] = (
         required=False,
         word=_flag("preload"),
     ),
+    Knob(
+        name="feature_device",
+        type=str,
+        applies="data",
+        space="searched",
+        choices=FEATURE_PLACEMENTS,
+        section="features",
+        key="computed_in",
+        required=False,  # unset: where the recipe computes them (results before the knob, workloads without a choice)
+        word=_feature_word,
+    ),
 )
 NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
 _BY_NAME = {knob.name: knob for knob in KNOBS}
@@ -248,7 +267,7 @@ def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
 def _checked_choice(knob: Knob, value: Any) -> Any:
     """A word knob's value as a result holds it: one of its choices (`optimizer: {implementation: apex}` is not an
     autotune result, and would otherwise fail only where the value is used)."""
-    if knob.choices and value not in knob.choices:
+    if knob.choices and value not in knob.choices and (knob.required or value is not None):
         raise ValueError(f"{knob.section}.{knob.result_key} {value!r} is not one of {', '.join(knob.choices)}")
     return value
 

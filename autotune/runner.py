@@ -20,6 +20,7 @@ from autotune import (
     __version__,
     assessment,
     drift,
+    feature_device,
     history,
     preflight,
     preloading,
@@ -124,6 +125,7 @@ def prepare(request: RunRequest) -> RunPlan:
         world_size=world_size,
         global_batch_size=request.global_batch,
     )
+    feature_device.check_space(space, workload.name, workload.feature_devices, str(space_file))
     if settings.sampler == "grid":
         space.points()  # raises a one-line SpaceError for a continuous space or one too large to walk
     safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)

@@ -89,6 +89,7 @@ def test_space_parameters_derive_from_the_declarations() -> None:
         "optimizer_impl": str,
         "intra_op_threads": int,
         "cudnn_benchmark": bool,
+        "feature_device": str,
     }
     assert space.MINIMUM == {"per_device_batch_size": 1, "num_workers": 0, "prefetch_factor": 1, "intra_op_threads": 1}
     assert space.RECIPE_SETTINGS == {"grad_accum_steps": int}

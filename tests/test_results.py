@@ -310,3 +310,22 @@ def test_a_result_written_before_the_optimizer_knob_loads_as_default(tmp_path: P
     loaded = load_config(path)
     assert loaded.config.optimizer_impl == "default" and loaded.optimizer_kwargs() == {}
     assert loaded.config == WITH_WORKERS
+
+
+@pytest.mark.parametrize("placement", (None, "workers", "device"))
+def test_feature_placement_is_written_and_read_back(placement: str | None, tmp_path: Path) -> None:
+    """features.computed_in: null where the model has no choice (the recipe's placement), else where the winner
+    computed its fbank; a result from before the knob has no section and loads unset; a word it does not take is
+    not an autotune result."""
+    tuned = make_tuned(replace(WITH_WORKERS, feature_device=placement))
+    written = tuned.to_dict()
+    assert written["features"] == {"computed_in": placement}
+    path = tmp_path / "result.yaml"
+    path.write_text(yaml.safe_dump(written))
+    assert load_config(path).config.feature_device == placement
+    del written["features"]
+    path.write_text(yaml.safe_dump(written))
+    assert load_config(path).config.feature_device is None
+    path.write_text(yaml.safe_dump({**written, "features": {"computed_in": "gpu"}}))
+    with pytest.raises(UserError):
+        load_config(path)

@@ -12,7 +12,7 @@ from autotune import space, space_files, yamlio
 from autotune.errors import SpaceError
 from tests.conftest import make_cpu, make_cuda
 from tests.faults.conftest import error_line, invoke
-from tests.fixtures.space_loads import BUILTINS, FIRST_RECORDED, RECORDED, load_everywhere
+from tests.fixtures.space_loads import BUILTINS, FIRST_RECORDED, OPTIMIZER_RECORDED, RECORDED, load_everywhere
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -48,7 +48,7 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
     """The spaces were re-recorded when shared/core.yaml gained optimizer_impl: without it they are a8cb464's loads,
     and with it every space searches it on CUDA from a `default` baseline, foreach left out there (torch's default);
     on a CPU it is not searched (its step is ~1% of a CAM++ step there: core.yaml)."""
-    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    recorded = json.loads(OPTIMIZER_RECORDED.read_text())["spaces"][name]
     assert _without_optimizer_impl(recorded) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
     for machine, load in recorded["loads"].items():
         found = [param for param in load["params"] if param["name"] == "optimizer_impl"]
@@ -59,6 +59,27 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
         assert json.loads(param["distribution"])["attributes"]["choices"] == ["default", "fused"], machine
         assert load["baseline"]["optimizer_impl"] == "default"
         assert any(note.startswith("optimizer_impl foreach left out") for note in load["space_notes"])
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_the_recording_differs_from_the_optimizers_only_by_the_feature_placement(name):
+    """Re-recorded when shared/3d-speaker.yaml gained feature_device (issue 20): CAM++'s and ERes2Net's spaces search
+    it on CUDA, their baseline and seeds at the recipe's `workers`; on a CPU, and in every other space, nothing
+    changed."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    before = json.loads(OPTIMIZER_RECORDED.read_text())["spaces"][name]
+    stripped = json.loads(json.dumps(recorded))
+    knob = stripped["source"].get("params", {}).pop("feature_device", None)
+    assert (knob is not None) == (name in ("cam++", "eres2net", "eres2net-large"))
+    for machine, load in stripped["loads"].items():
+        if "error" in load:
+            continue
+        named = [param["name"] for param in load["params"]].count("feature_device")
+        assert named == (1 if knob and load["device_type"] == "cuda" else 0), machine
+        load["params"] = [param for param in load["params"] if param["name"] != "feature_device"]
+        assert load["baseline"].pop("feature_device", "workers") == "workers"
+        assert all(seed.pop("feature_device", "workers") == "workers" for seed in load["seeds"])
+    assert stripped == before
 
 
 def test_builtin_spaces_say_only_what_differs():

@@ -34,6 +34,7 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         crop_s: float = 3.0,
         fbank: FbankConfig = FbankConfig(),  # noqa: B008 - frozen, so a shared default is safe
         audio: AudioReader | None = None,
+        featurise: bool = True,
     ) -> None:
         """Index the utterances.
 
@@ -44,6 +45,8 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             fbank: feature settings; ``fbank.sample_rate`` is the rate crops are resampled to.
             audio: what decodes an utterance: None = `read_segment` (from disk, per item); a `PreloadedAudio` of
                 these utterances reads the same crops from RAM.
+            featurise: False: an item is the crop's waveform, and the training step computes its fbank on the device
+                (`autotune.data.features.batched_fbank`; the feature_device knob).
         """
         self.utterances = tuple(utterances)
         self.speakers = tuple(speakers)
@@ -55,6 +58,7 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self.crop_s = crop_s
         self.fbank = fbank
         self.audio: AudioReader = read_segment if audio is None else audio
+        self.featurise = featurise
         self.crop_samples = round(crop_s * fbank.sample_rate)
         self.num_frames = fbank.num_frames(self.crop_samples)
         if self.num_frames == 0:
@@ -78,7 +82,11 @@ class SpeakerCropDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         Returns:
             (fbank of shape (num_frames, num_mel_bins), float32; speaker label).
         """
-        return compute_fbank(self._read_crop(self.utterances[index]), self.fbank), self.labels[index]
+        return self._features(self._read_crop(self.utterances[index])), self.labels[index]
+
+    def _features(self, waveform: torch.Tensor) -> torch.Tensor:
+        """The item's fbank, or its waveform when the training step computes the fbank (featurise False)."""
+        return compute_fbank(waveform, self.fbank) if self.featurise else waveform
 
     def _read_crop(self, utt: Utterance) -> torch.Tensor:
         """Decode a random crop_s window of the utterance's segment at fbank rate, zero-padded to crop_samples."""
@@ -108,10 +116,11 @@ class SpeakerlabDataset(SpeakerCropDataset):
         corruption: Corruption | None = None,
         fbank: FbankConfig = FbankConfig(),  # noqa: B008 - frozen, so a shared default is safe
         audio: AudioReader | None = None,
+        featurise: bool = True,
     ) -> None:
         """Index the utterances; ``corruption`` None (or aug_prob 0) leaves crops clean. Other arguments as
         `SpeakerCropDataset`."""
-        super().__init__(utterances, speakers, crop_s=crop_s, fbank=fbank, audio=audio)
+        super().__init__(utterances, speakers, crop_s=crop_s, fbank=fbank, audio=audio, featurise=featurise)
         self.speed_perturb = speed_perturb
         self.corruption = corruption
 
@@ -121,7 +130,8 @@ class SpeakerlabDataset(SpeakerCropDataset):
         return len(self.speakers) * (len(SPEEDS) if self.speed_perturb else 1)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        """(fbank (num_frames, num_mel_bins) of a perturbed, cropped, maybe corrupted crop; class label)."""
+        """(fbank (num_frames, num_mel_bins) of a perturbed, cropped, maybe corrupted crop, or the crop itself when
+        not featurising; class label)."""
         utt = self.utterances[index]
         waveform, rate = self.audio(utt, crop_s=None)
         if rate != self.fbank.sample_rate:
@@ -130,17 +140,17 @@ class SpeakerlabDataset(SpeakerCropDataset):
         waveform = crop_or_pad(speed_perturb(waveform, SPEEDS[speed_index], self.fbank.sample_rate), self.crop_samples)
         if self.corruption is not None:
             waveform = self.corruption(waveform)
-        return compute_fbank(waveform, self.fbank), self.labels[index] + speed_index * len(self.speakers)
+        return self._features(waveform), self.labels[index] + speed_index * len(self.speakers)
 
 
 def collate_speaker_batch(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack dataset items into a batch.
 
     Args:
-        items: (fbank, label) pairs of equal fbank shape.
+        items: (fbank, label) pairs of equal fbank shape (or (waveform, label) pairs of equal length).
 
     Returns:
-        (feats of shape (B, frames, num_mel_bins), labels of shape (B,) int64).
+        (feats of shape (B, frames, num_mel_bins) (or waveforms (B, samples)), labels of shape (B,) int64).
     """
     feats = torch.stack([feat for feat, _ in items])
     labels = torch.tensor([label for _, label in items], dtype=torch.int64)

@@ -1,4 +1,6 @@
-"""Kaldi-compatible log-mel filterbank features, computed as the 3D-Speaker speaker-verification recipe does."""
+"""Kaldi-compatible log-mel filterbank features, computed as the 3D-Speaker speaker-verification recipe does: per
+utterance in the DataLoader workers (`compute_fbank`, the recipe's placement), or batch-wise in the training step on
+the device (`batched_fbank`, the feature_device knob), frame for frame the same features."""
 
 from __future__ import annotations
 
@@ -7,7 +9,11 @@ from dataclasses import dataclass
 import torch
 from torchaudio.compliance import kaldi
 
-__all__ = ["FbankConfig", "compute_fbank"]
+__all__ = ["FbankConfig", "batched_fbank", "compute_fbank"]
+
+PREEMPHASIS = 0.97  # kaldi.fbank's defaults, which 3D-Speaker's FBank keeps
+LOW_FREQ_HZ = 20.0
+CPU_ROWS_AT_ONCE = 4  # crops featurised together on a CPU (batched_fbank)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,3 +59,67 @@ def compute_fbank(waveform: torch.Tensor, config: FbankConfig = FbankConfig()) -
     )
     # Per-utterance cepstral-style mean normalisation, as 3D-Speaker's FBank(mean_nor=True).
     return feats - feats.mean(dim=0, keepdim=True)
+
+
+def batched_fbank(waveforms: torch.Tensor, config: FbankConfig = FbankConfig()) -> torch.Tensor:
+    """`compute_fbank` of every row of a batch of equal-length crops at once, on the batch's device.
+
+    The same steps as torchaudio.compliance.kaldi.fbank with the arguments compute_fbank gives it (snip_edges
+    framing, per-frame DC removal, pre-emphasis 0.97, Povey window, zero padding to a power of two, power spectrum,
+    Kaldi's mel banks from 20 Hz to Nyquist, log floored at float epsilon), then the per-utterance mean removed.
+    Every op acts on one frame or one utterance at a time, so no row sees another: each row equals compute_fbank of
+    that crop (tests/data/test_features.py holds them within float rounding, on the CPU and against speakerlab's own
+    FBank). Dither, where a config asks for it, adds Gaussian noise of that scale to each frame's samples as Kaldi
+    does, drawn in another order: dithered features are equal in distribution, not sample for sample.
+
+    Args:
+        waveforms: (B, samples) float, every row one crop at ``config.sample_rate`` (3D-Speaker's crops are all
+            crop_s long, so no row is padded).
+        config: filterbank settings.
+
+    Returns:
+        (B, frames, num_mel_bins) float32.
+    """
+    if waveforms.dim() != 2:
+        raise ValueError(f"batched_fbank expects (batch, samples), got shape {tuple(waveforms.shape)}")
+    window = int(config.sample_rate * config.frame_length_ms / 1000)
+    shift = int(config.sample_rate * config.frame_shift_ms / 1000)
+    if config.num_frames(waveforms.shape[1]) == 0:
+        raise ValueError(
+            f"crops of {waveforms.shape[1]} samples are shorter than one {config.frame_length_ms} ms frame"
+        )
+    if waveforms.device.type != "cpu":
+        return _fbank_rows(waveforms, config, window, shift)
+    # On a CPU the batch's frames (32 crops: 20 MB of spectra) fall out of cache between the element-wise steps and
+    # make it 1.7x slower than a loop over crops; a few rows at a time is as fast as Kaldi's per-crop loop.
+    rows = [_fbank_rows(chunk, config, window, shift) for chunk in waveforms.split(CPU_ROWS_AT_ONCE)]
+    return torch.cat(rows)
+
+
+def _fbank_rows(waveforms: torch.Tensor, config: FbankConfig, window: int, shift: int) -> torch.Tensor:
+    frames = waveforms.to(torch.float32).unfold(1, window, shift)  # (B, frames, window): snip_edges
+    if config.dither:
+        frames = frames + torch.randn_like(frames) * config.dither
+    frames = frames - frames.mean(dim=2, keepdim=True)
+    previous = torch.cat([frames[..., :1], frames[..., :-1]], dim=2)  # Kaldi's replicate pad of the first sample
+    frames = (frames - PREEMPHASIS * previous) * _povey_window(window, frames.device)
+    padded = 1 << (window - 1).bit_length()
+    # rfft zero-pads each frame to `padded`; re^2 + im^2 is Kaldi's |X|^2 without the square root (complex abs is
+    # the slowest op of the batch on a CPU), equal within float rounding
+    spectrum = torch.view_as_real(torch.fft.rfft(frames, n=padded)).square().sum(dim=-1)
+    mel = spectrum @ _mel_banks(config, padded, frames.device).T
+    feats = mel.clamp_min(torch.finfo(torch.float32).eps).log()
+    return feats - feats.mean(dim=1, keepdim=True)
+
+
+def _povey_window(size: int, device: torch.device) -> torch.Tensor:
+    return torch.hann_window(size, periodic=False, device=device, dtype=torch.float32).pow(0.85)
+
+
+def _mel_banks(config: FbankConfig, padded: int, device: torch.device) -> torch.Tensor:
+    """Kaldi's triangular mel banks (kaldi.get_mel_banks itself), (num_mel_bins, padded // 2 + 1) with the Nyquist
+    bin's zero column, as kaldi.fbank pads them."""
+    banks, _ = kaldi.get_mel_banks(
+        config.num_mel_bins, padded, float(config.sample_rate), LOW_FREQ_HZ, 0.0, 100.0, -500.0, 1.0
+    )
+    return torch.nn.functional.pad(banks, (0, 1)).to(device=device, dtype=torch.float32)

@@ -361,3 +361,26 @@ def export(tuned: TunedConfig, target: str, *, world_size: int | None = None) ->
         return result
     knob_notes = tuple(note for entry in TARGET_KNOBS[target].values() for note in entry.notes_for(context))
     return dataclasses.replace(result, notes=result.notes + knob_notes + context.common_notes())
+
+
+def feature_note(framework: str, runs: str, where: str, change: str) -> KnobNotes:
+    """The note for a tuned feature placement (feature_device) the framework does not run.
+
+    Args:
+        framework: the target's name in the note.
+        runs: where it computes the features: "workers" or "device" (autotune/feature_device.py).
+        where: where that is in its code, naming the file.
+        change: what to change to train as measured.
+    """
+
+    def note(context: ExportContext) -> list[str]:
+        tuned = context.config.feature_device
+        if tuned is None or tuned == runs:
+            return []
+        measured = "batch-wise in the training step on the device" if tuned == "device" else "in the DataLoader workers"
+        return [
+            f"The tuned run computed the fbank {measured} (feature_device {tuned}, the result's features section); "
+            f"{framework} computes it {where}: {change}"
+        ]
+
+    return note

@@ -21,6 +21,7 @@ from autotune.exports.base import (
     ExportContext,
     KnobNotes,
     cannot,
+    feature_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -228,5 +229,15 @@ KNOB_TABLE = knob_table(
         "world_size": takes("run.sh --ngpu"),
         "grad_accum_steps": takes("--accum_grad"),
         "preload_audio": cannot(preload_note("ESPnet")),
+        "feature_device": takes(
+            "the model's frontend, which computes the features on the device",
+            notes=feature_note(
+                "ESPnet",
+                "device",
+                "in the model's frontend during forward, on the device (espnet2 ESPnetASRModel._extract_feats, the "
+                "frontend of the recipe's config)",
+                "to train as measured, dump features in data preparation (feats_type) instead",
+            ),
+        ),
     },
 )

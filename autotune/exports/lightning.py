@@ -151,6 +151,20 @@ def _optimizer_notes(context: ExportContext) -> list[str]:
 
 
 _OPTIMIZER: KnobNotes = _optimizer_notes
+
+
+def _feature_notes(context: ExportContext) -> list[str]:
+    """Lightning runs whatever the user's dataset and module do; the note says how to place the fbank as measured."""
+    if context.config.feature_device != "device":
+        return []  # unset or workers: the dataset's own fbank, as the recipe's
+    return [
+        "The tuned run computed the fbank batch-wise on the device (feature_device device): build train_dataset with "
+        "featurise=False (autotune.data.SpeakerlabDataset returns the crop) and return "
+        "(autotune.data.features.batched_fbank(batch[0]), batch[1]) from on_after_batch_transfer in your "
+        "LightningModule, which Lightning calls on each batch once it is on the device, before training_step"
+    ]
+
+
 _LOADER = takes("DataLoader(...) in the snippet")
 KNOB_TABLE = knob_table(
     "lightning",
@@ -167,5 +181,10 @@ KNOB_TABLE = knob_table(
         "world_size": takes("Trainer(devices=...)"),
         "grad_accum_steps": takes("Trainer(accumulate_grad_batches=...)"),
         "preload_audio": cannot(preload_note("Lightning (your train_dataset)")),
+        "feature_device": takes(
+            "your train_dataset and LightningModule.on_after_batch_transfer (Lightning's hook on the batch once on "
+            "the device)",
+            notes=_feature_notes,
+        ),
     },
 )

@@ -20,6 +20,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    feature_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -202,5 +203,17 @@ KNOB_TABLE = knob_table(
         "world_size": takes("torchrun --nproc_per_node and --gpu"),
         "grad_accum_steps": cannot(_accumulation_notes),
         "preload_audio": cannot(preload_note("3D-Speaker")),
+        "feature_device": cannot(
+            feature_note(
+                "3D-Speaker",
+                "workers",
+                "in its dataset, per item (speakerlab/dataset/dataset.py WavSVDataset.__getitem__ calls the recipe's "
+                "feature_extractor, processor.FBank), so in the DataLoader workers, and train.py has no option to move "
+                "it",
+                "to train as measured, have the dataset return the waveform and compute the fbank of each batch after "
+                "x.cuda() in train() (autotune.data.features.batched_fbank gives FBank's features); as exported, its "
+                "workers do the work the tuned run took off them",
+            )
+        ),
     },
 )

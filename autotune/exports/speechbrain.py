@@ -21,6 +21,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    feature_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -186,5 +187,15 @@ KNOB_TABLE = knob_table(
         "world_size": takes("torchrun --nproc_per_node (python for one process)"),
         "grad_accum_steps": takes("--grad_accumulation_factor"),
         "preload_audio": cannot(preload_note("SpeechBrain")),
+        "feature_device": takes(
+            "compute_forward, where the recipes compute Fbank on the device",
+            notes=feature_note(
+                "SpeechBrain",
+                "device",
+                "in compute_forward, on the device, after the augmentation (the recipes' compute_features module, "
+                "recipes/VoxCeleb/SpeakerRec/train_speaker_embeddings.py)",
+                "to train as measured, compute it in the dataio pipeline's audio_pipeline instead",
+            ),
+        ),
     },
 )

@@ -18,6 +18,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    feature_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -183,5 +184,14 @@ KNOB_TABLE = knob_table(
         "world_size": takes("torchrun --nproc_per_node"),
         "grad_accum_steps": takes('--override_config "accum_grad N"'),
         "preload_audio": cannot(preload_note("WeNet")),
+        "feature_device": cannot(
+            feature_note(
+                "WeNet",
+                "workers",
+                "in its dataset pipeline (wenet/dataset/processor.py compute_fbank, run by the DataLoader workers) and "
+                "has no option to move it",
+                "as exported, its workers do the work the tuned run took off them",
+            )
+        ),
     },
 )

@@ -89,6 +89,7 @@ class TrialConfig:
     world_size: int = 1
     grad_accum_steps: int = 1
     preload_audio: bool = False  # decode the corpus into RAM once, before the DataLoader starts (data/preload.py)
+    feature_device: str | None = None  # workers | device; None: where the recipe computes them (feature_device.py)
     workload_knobs: dict[str, Any] = field(default_factory=dict)  # the workload's own knobs (Workload.knobs)
 
     def __post_init__(self) -> None:

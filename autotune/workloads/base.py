@@ -109,6 +109,9 @@ class Workload:
             (WeNet's CMVN statistics, ming024's feature extraction), done once per run in the parent before any
             trial and cached (`autotune.data.offline`), so that trials measure the training pipeline the recipe
             runs and not its preprocessing. Raises a UserError for bad data or options. None: nothing to prepare.
+        feature_devices: where its pipeline can compute the input features, the recipe's placement first (workers,
+            device: the feature_device knob, autotune/feature_device.py); empty: nothing to choose (the recipe's
+            placement is the only one), and a space naming the knob is refused before any trial.
     """
 
     name: str
@@ -123,3 +126,4 @@ class Workload:
     knobs: Sequence[str] = ()
     check_options: Callable[[dict[str, Any], DataSource], Sequence[str]] | None = None
     prepare_data: Callable[[DataSource, dict[str, Any]], Preparation | None] | None = None
+    feature_devices: tuple[str, ...] = ()

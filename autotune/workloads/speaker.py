@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import UserError
+from autotune.feature_device import DEVICE, WORKERS
 from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
 from autotune.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
@@ -34,6 +35,10 @@ ERES2NET_RECIPE = {**THREED_SPEAKER_PIPELINE, "lr": 0.2, "margin": 0.3, "aug_pro
 # margin 0.2 scale 30, and in compute_forward, on the device, the original batch plus 4 augmented copies
 # (augment_copies; 0 = none, features then computed in the workers) and Fbank: see autotune/data/augment.py.
 SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2, "augment_copies": 4}
+# Where each pipeline can compute its fbank (autotune/feature_device.py), the recipe's placement first: 3D-Speaker's
+# WavSVDataset featurises in the workers, and the same Kaldi fbank can run batch-wise in the step; SpeechBrain's
+# Fbank follows its on-device augmentation in compute_forward, so it has no choice to make.
+FEATURE_DEVICES: dict[str, tuple[str, ...]] = {"3d-speaker": (WORKERS, DEVICE), "speechbrain": ()}
 
 
 def speaker_optimizer(name: str, lr: float, parameters: Any, implementation: str = DEFAULT_OPTIMIZER) -> Any:
@@ -122,6 +127,9 @@ def _dataset(pipeline: Pipeline, context: WorkloadContext) -> Any:
 
     options, data = context.options, context.data
     crop_s = float(options["crop_s"])
+    placement = context.config.feature_device
+    if placement is not None and placement not in FEATURE_DEVICES[pipeline]:
+        raise ValueError(f"feature_device {placement!r} is not a placement the {pipeline} pipeline runs")
     if pipeline == "3d-speaker":
         return SpeakerlabDataset(
             data.utterances,
@@ -129,6 +137,7 @@ def _dataset(pipeline: Pipeline, context: WorkloadContext) -> Any:
             crop_s=crop_s,
             speed_perturb=options["speed_perturb"],
             corruption=_corruption(options),
+            featurise=placement != DEVICE,
         )
     if options["augment_copies"]:  # SpeechBrain's shape: waveform crops from the workers, the rest on the device
         from autotune.data.augment import WaveformCropDataset
@@ -157,7 +166,8 @@ def _build_speaker_setup(
         }
     )
     copies = options["augment_copies"] if pipeline == "speechbrain" else 0
-    crop_s = dataset.crop_s
+    crop_s, fbank = dataset.crop_s, dataset.fbank
+    features_in_step = not dataset.featurise
 
     def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         features, labels = batch
@@ -165,6 +175,8 @@ def _build_speaker_setup(
             from autotune.data.augment import speechbrain_inputs
 
             features, labels = speechbrain_inputs(features, labels, copies)
+        elif features_in_step:  # feature_device: device; part of the step, so inside the timed window
+            features = _device_fbank(features, fbank)
         return module["loss"](module["classifier"](module["embedder"](features)), labels)
 
     return TrainingSetup(
@@ -179,6 +191,17 @@ def _build_speaker_setup(
         audio_seconds_in=lambda batch: int(batch[1].shape[0]) * crop_s,
         preload_s=preload_s,
     )
+
+
+def _device_fbank(waveforms: Any, fbank: Any) -> Any:
+    """The workers' fbank of a batch of crops, computed on the batch's device in float32 whatever autocast is active
+    (as the workers compute it; the model's autocast starts at its input)."""
+    import torch
+
+    from autotune.data.features import batched_fbank
+
+    with torch.autocast(waveforms.device.type, enabled=False):
+        return batched_fbank(waveforms, fbank)
 
 
 def speaker_workload(
@@ -202,6 +225,7 @@ def speaker_workload(
         space_file=f"{name}.yaml",
         options=options,
         check_options=check_speaker_options(pipeline),
+        feature_devices=FEATURE_DEVICES[pipeline],
     )
 
 

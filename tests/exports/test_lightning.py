@@ -191,3 +191,48 @@ def test_fused_under_mixed_precision_cannot_clip_as_the_note_says(precision: str
     else:
         plugin.clip_gradients(optimizer, clip_val=1.0)
     assert ("refuses gradient_clip_val" in notes_text(result)) == mixed
+
+
+def test_feature_placement_note_names_the_hook_only_for_device_features() -> None:
+    for placement in (None, "workers"):
+        assert "on_after_batch_transfer" not in notes_text(export(make_tuned(feature_device=placement), "lightning"))
+    assert "on_after_batch_transfer" in notes_text(export(make_tuned(feature_device="device"), "lightning"))
+
+
+@pytest.mark.slow
+def test_device_features_run_in_lightnings_batch_transfer_hook_as_the_note_says(tmp_path: Path, monkeypatch) -> None:
+    """The note's recipe, run by Lightning's own Trainer: the dataset yields crops, on_after_batch_transfer turns each
+    batch into fbank once it is on the device (outside autocast) and training_step gets the features."""
+    import lightning.pytorch as pl
+
+    from autotune.data.features import batched_fbank
+
+    monkeypatch.chdir(tmp_path)
+    tuned = cpu_result("cam++", "bf16", 4, feature_device="device")
+    namespace: dict[str, Any] = {
+        "train_dataset": torch.utils.data.TensorDataset(torch.randn(8, 8000) * 0.1, torch.arange(8) % 4)
+    }
+    exec(compile(ast.parse(export(tuned, "lightning").python_text or ""), "<autotune export>", "exec"), namespace)
+    seen: list[tuple[tuple[int, ...], bool]] = []
+
+    class Speaker(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(80, 4)
+
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            seen.append((tuple(batch[0].shape), torch.is_autocast_enabled("cpu")))
+            return batched_fbank(batch[0]), batch[1]
+
+        def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+            features, labels = batch
+            assert features.shape == (4, 48, 80) and features.dtype == torch.float32
+            return torch.nn.functional.cross_entropy(self.layer(features.mean(dim=1)), labels)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = namespace["trainer"]
+    trainer.fit_loop.max_epochs = 1
+    trainer.fit(Speaker(), namespace["train_loader"])
+    assert seen == [((4, 8000), False), ((4, 8000), False)]  # crops in, before autocast: fbank stays float32

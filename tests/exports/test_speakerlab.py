@@ -243,3 +243,35 @@ def _recipe_optimizer(name: str) -> dict[str, Any]:
     import yaml
 
     return {"args": yaml.safe_load((RECIPES / name).read_text())["optimizer"]["args"]}
+
+
+# --- where speakerlab computes its fbank (feature_device) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("placement", (None, "workers", "device"))
+def test_feature_placement_note_says_where_speakerlab_computes_fbank(placement: str | None) -> None:
+    text = notes_text(_export(feature_device=placement))
+    assert ("WavSVDataset.__getitem__" in text) == (placement == "device")
+
+
+def test_speakerlabs_dataset_computes_the_fbank_the_step_computes(tmp_path: Path, monkeypatch) -> None:
+    """speakerlab's own recipe objects, built by its own builder from the exported command: its dataset's item is
+    already the fbank (so its DataLoader workers compute it; train.py feeds x to the model as it comes), and its
+    FBank of a crop is what the tuned step's batched fbank computes of the same crop."""
+    from speakerlab.utils.builder import build
+
+    from autotune.data.features import batched_fbank
+
+    monkeypatch.chdir(tmp_path)
+    _write_corpus(tmp_path)
+    _on_the_cpu(monkeypatch)
+    recipe = tmp_path / "cam++.yaml"
+    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", recipe)
+    _, argv = bash_words(_export(feature_device="device").command, cwd=tmp_path)
+    _, config = _config([*argv[3:], "--speed_pertub", "False"], recipe)  # no sox in torchaudio 2.11 (test only)
+    dataset = build("dataset", config)
+    features, _ = dataset[0]
+    assert features.shape == (298, 80)  # the item is the feature, made in __getitem__
+    crops = [dataset.preprocessor["wav_reader"](dataset.get_data(index)["path"])[0] for index in range(3)]
+    theirs = torch.stack([dataset.preprocessor["feature_extractor"](crop) for crop in crops])
+    torch.testing.assert_close(batched_fbank(torch.stack(crops)), theirs, rtol=0, atol=1e-4)

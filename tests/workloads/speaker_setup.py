@@ -14,12 +14,14 @@ from autotune.workloads.base import WorkloadContext
 SMALL = {"ecapa-tdnn": {"channels": 64}, "ecapa-tdnn-512": {"channels": 64}, "eres2net-large": {"m_channels": 8}}
 
 
-def build(name: str, corpus: Path, preload: bool = False, **options: object) -> workloads.TrainingSetup:
+def build(
+    name: str, corpus: Path, preload: bool = False, feature_device: str | None = None, **options: object
+) -> workloads.TrainingSetup:
     """The workload's setup over the corpus, with the given options over its defaults (and a narrow model)."""
     workload = workloads.get(name)
     context = WorkloadContext(
         data=workload.load_data(str(corpus)),
-        config=TrialConfig(per_device_batch_size=3, preload_audio=preload),
+        config=TrialConfig(per_device_batch_size=3, preload_audio=preload, feature_device=feature_device),
         options={**workload.options, **SMALL.get(name, {}), **options},
         device=torch.device("cpu"),
     )

@@ -1,0 +1,70 @@
+"""Where a trial computes its input features: in the DataLoader workers, per item, or batch-wise in the training step
+on the device (the `feature_device` knob).
+
+WeNet measured 13 min per 100 steps with fbank on the GPU against 29 min in the workers on 8xV100 (PR 152): where the
+workers cannot keep up, moving the filterbank onto the device frees them for decoding and augmentation, at the price
+of device time inside the step. Which wins depends on the machine, so it is searched where a pipeline can do both.
+
+A workload says which placements its pipeline can run (`Workload.feature_devices`); the knob unset (None) is the
+recipe's own placement, so every space and result that does not name it stays what it was. Only the 3D-Speaker
+pipelines (CAM++, ERes2Net) run both today:
+
+- their recipe featurises in the workers (speakerlab WavSVDataset.__getitem__ calls its FBank); moved to the device,
+  the workers deliver the crop they already cut, speed-perturbed and corrupted, and the step computes the same
+  Kaldi fbank of the batch (`autotune.data.features.batched_fbank`, frame for frame compute_fbank's);
+- SpeechBrain's ECAPA recipe already computes Fbank in compute_forward on the device, after the augmentation that
+  needs the batch there: there is nothing to move, and workers cannot do what comes after a batch-level augmenter;
+- the WeNet conformer featurises (dither, then SpecAugment on the features) in the workers; moving it needs a
+  batched SpecAugment with the recipe's per-utterance masks on padded batches: not built yet;
+- FastSpeech2 trains on mel spectrograms ming024's preprocess.py extracted once before training (prepare_data):
+  no features are computed during training, so there is nothing to place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from autotune.errors import SpaceError
+
+if TYPE_CHECKING:
+    from autotune.space import SearchSpace
+
+__all__ = ["DEVICE", "KNOB", "PLACEMENTS", "WORKERS", "check_space", "space_values"]
+
+WORKERS = "workers"
+DEVICE = "device"
+PLACEMENTS = (WORKERS, DEVICE)
+KNOB = "feature_device"
+
+
+def space_values(space: SearchSpace) -> set[str]:
+    """Every feature_device value a loaded space can hand a trial: its choices, fixed value, baseline and seeds."""
+    values: set[str] = set()
+    for param in space.params:
+        if param.name == KNOB:
+            values.update(getattr(param.distribution, "choices", ()))
+    for mapping in (space.fixed, space.baseline, *space.seeds):
+        values.add(mapping.get(KNOB))
+    values.discard(None)
+    return values
+
+
+def check_space(space: SearchSpace, workload: str, supported: Iterable[str], origin: str) -> None:
+    """Refuse, before any trial, a space naming a placement the workload's pipeline cannot run.
+
+    Raises:
+        SpaceError: one line naming the value, the workload and what it can run.
+    """
+    supported = tuple(supported)
+    unknown = sorted(str(value) for value in space_values(space) if value not in supported)
+    if not unknown:
+        return
+    if not supported:
+        raise SpaceError(
+            f"{origin}: {KNOB} {unknown[0]!r}: {workload} has no feature placement to choose (see "
+            "autotune/feature_device.py); remove feature_device from the space"
+        )
+    raise SpaceError(
+        f"{origin}: {KNOB} {unknown[0]!r} is not a placement {workload} can run; it runs {', '.join(supported)}"
+    )
