@@ -143,6 +143,15 @@ KNOBS: tuple[Knob, ...] = (
         word=_flag("persist"),
     ),
     Knob(
+        name="in_order",
+        type=bool,
+        applies="dataloader",
+        space="searched",
+        section="dataloader",
+        required=False,  # not written without workers; results written before the knob ran DataLoader's default
+        word=lambda value: None if value else "unordered",
+    ),
+    Knob(
         name="precision",
         type=str,
         applies="model",

@@ -27,19 +27,25 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
     assert "extends" not in now["source"]  # the result file records the whole space, not a reference
 
 
+# The knobs issue 20 added to shared/core.yaml since a8cb464, each with the prefix of its space notes.
+ISSUE20_KNOBS = ("optimizer_impl", "in_order")
+
+
 def _without_optimizer_impl(recorded: dict) -> dict:
-    """A recording with the optimizer_impl knob (issue 20) taken out: its parameter, baseline and seed values, and
-    the space's notes (on the choices left out on a device; a8cb464 recorded no such key)."""
+    """A recording with issue 20's knobs (optimizer_impl, in_order) taken out: their parameters, baseline and seed
+    values, and the space's notes (on the choices left out on a device; a8cb464 recorded no such key)."""
     stripped = json.loads(json.dumps(recorded))
     for load in stripped["loads"].values():
         if "error" in load:
             continue
-        load["params"] = [param for param in load["params"] if param["name"] != "optimizer_impl"]
-        load["baseline"].pop("optimizer_impl", None)
-        for seed in load["seeds"]:
-            seed.pop("optimizer_impl", None)
-        assert all(note.startswith("optimizer_impl ") for note in load.pop("space_notes"))
-    stripped["source"]["params"].pop("optimizer_impl", None)
+        load["params"] = [param for param in load["params"] if param["name"] not in ISSUE20_KNOBS]
+        for name in ISSUE20_KNOBS:
+            load["baseline"].pop(name, None)
+            for seed in load["seeds"]:
+                seed.pop(name, None)
+        assert all(note.startswith(tuple(f"{name} " for name in ISSUE20_KNOBS)) for note in load.pop("space_notes"))
+    for name in ISSUE20_KNOBS:
+        stripped["source"]["params"].pop(name, None)
     return stripped
 
 
@@ -59,6 +65,22 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
         assert json.loads(param["distribution"])["attributes"]["choices"] == ["default", "fused"], machine
         assert load["baseline"]["optimizer_impl"] == "default"
         assert any(note.startswith("optimizer_impl foreach left out") for note in load["space_notes"])
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_the_spaces_search_in_order_on_cuda_with_workers_from_the_recipes_in_order_loader(name):
+    """in_order (issue 20) is searched on CUDA only, when there are workers, from DataLoader's default (True) as
+    every recipe runs it; this torch has the argument, so nothing is left out (tests/trial/test_dataloader.py)."""
+    for machine, load in json.loads(RECORDED.read_text())["spaces"][name]["loads"].items():
+        found = [param for param in load["params"] if param["name"] == "in_order"]
+        if load["device_type"] == "cpu":
+            assert found == [] and "in_order" not in load["baseline"], machine
+            continue
+        (param,) = found
+        assert json.loads(param["distribution"])["attributes"]["choices"] == [True, False], machine
+        assert param["when"] == {"num_workers": {"at_least": 1}}
+        assert load["baseline"].get("in_order", True) is True
+        assert not any(note.startswith("in_order") for note in load["space_notes"])
 
 
 def test_builtin_spaces_say_only_what_differs():

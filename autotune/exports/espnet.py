@@ -26,6 +26,7 @@ from autotune.exports.base import (
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 
@@ -216,6 +217,7 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": cannot(_unexposed("prefetch_factor")),
         "pin_memory": cannot(_pin_notes),
         "persistent_workers": cannot(_unexposed("persistent_workers")),
+        "in_order": cannot(unordered_note("ESPnet (espnet2/iterators/*_iter_factory.py build_iter)", carried=False)),
         "precision": takes(
             "--use_amp and --use_tf32 (and the TF32 environment for strict fp32)", notes=_precision_notes
         ),

@@ -22,6 +22,7 @@ from autotune.exports.base import (
     preload_note,
     register,
     takes,
+    unordered_note,
 )
 from autotune.trial.precision import TORCH_DEFAULT_FP32
 
@@ -160,6 +161,7 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": _LOADER,
         "pin_memory": _LOADER,
         "persistent_workers": _LOADER,
+        "in_order": takes(_LOADER.how, notes=unordered_note("Lightning", carried=True)),
         "precision": takes("Trainer(precision=...) and the TF32 flags it sets", notes=_precision_notes),
         "optimizer_impl": takes("optimizer_kwargs in the snippet, for configure_optimizers", notes=_OPTIMIZER),
         "intra_op_threads": takes("torch.set_num_threads(...) in the snippet", notes=THREADS.notes),

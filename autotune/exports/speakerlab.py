@@ -25,6 +25,7 @@ from autotune.exports.base import (
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 
@@ -192,6 +193,7 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": _LOADER_BLOCK,
         "pin_memory": _LOADER_BLOCK,
         "persistent_workers": _LOADER_BLOCK,
+        "in_order": takes(_LOADER_BLOCK.how, notes=unordered_note("3D-Speaker", carried=True)),
         "precision": takes("TF32 through the command's environment; AMP is a code change", notes=_precision_notes),
         "optimizer_impl": takes(
             "the --optimizer block (the recipe's SGD with the flag)",

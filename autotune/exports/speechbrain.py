@@ -26,6 +26,7 @@ from autotune.exports.base import (
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 from autotune.trial.precision import TORCH_DEFAULT_FP32
@@ -176,6 +177,7 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": _LOADER_OPTIONS,
         "pin_memory": _LOADER_OPTIONS,
         "persistent_workers": _LOADER_OPTIONS,
+        "in_order": takes(_LOADER_OPTIONS.how, notes=unordered_note("SpeechBrain", carried=True)),
         "precision": takes("--precision, SB_DISABLE_QUIRKS and the TF32 environment", notes=_precision_notes),
         "optimizer_impl": takes(
             "--opt_class (the recipe's Adam with the flag)",

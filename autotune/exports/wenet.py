@@ -23,6 +23,7 @@ from autotune.exports.base import (
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 
@@ -173,6 +174,9 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": takes("--prefetch"),
         "pin_memory": takes("--pin_memory"),
         "persistent_workers": cannot(_persistent_notes),
+        "in_order": cannot(
+            unordered_note("WeNet (wenet/utils/train_utils.py init_dataset_and_dataloader)", carried=False)
+        ),
         "precision": takes("--use_amp (fp16) and the TF32 environment", notes=_precision_notes),
         "optimizer_impl": takes(
             "optim_conf in the config (the YAML to merge): override_config cannot add a key",

@@ -191,3 +191,11 @@ def test_fused_under_mixed_precision_cannot_clip_as_the_note_says(precision: str
     else:
         plugin.clip_gradients(optimizer, clip_val=1.0)
     assert ("refuses gradient_clip_val" in notes_text(result)) == mixed
+
+
+@pytest.mark.parametrize("in_order", (True, False))
+def test_unordered_workers_reach_the_snippets_dataloader(in_order: bool) -> None:
+    result = export(make_tuned(in_order=in_order), "lightning")
+    loader = call_kwargs(result.python_text or "", "DataLoader")
+    assert loader.get("in_order", True) is in_order and ("in_order" in loader) == (not in_order)
+    assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)

@@ -188,7 +188,9 @@ def run_train_py(root: Path, monkeypatch, command: str | None) -> tuple[Any, str
 
 @pytest.mark.slow
 def test_train_py_runs_an_epoch_with_the_tuned_loader(tmp_path: Path, monkeypatch) -> None:
-    tuned = make_tuned(model="cam++", precision="fp32-default", workers=2, prefetch_factor=3, per_device_batch_size=4)
+    tuned = make_tuned(
+        model="cam++", precision="fp32-default", workers=2, prefetch_factor=3, per_device_batch_size=4, in_order=False
+    )
     loader, log = run_train_py(tmp_path, monkeypatch, export(tuned, "3d-speaker").command)
     assert loader_settings(loader) == dict(TUNED, batch_size=4, pin_memory=True)  # a CUDA result: pinned
     assert len(loader) == 2  # 10 chunks, batches of 4, the short one dropped
@@ -243,3 +245,14 @@ def _recipe_optimizer(name: str) -> dict[str, Any]:
     import yaml
 
     return {"args": yaml.safe_load((RECIPES / name).read_text())["optimizer"]["args"]}
+
+
+@pytest.mark.parametrize("in_order", (True, False))
+def test_unordered_workers_reach_the_dataloader_block(in_order: bool, tmp_path: Path) -> None:
+    result = _export(in_order=in_order)
+    _, argv = bash_words(result.command)
+    recipe = tmp_path / "cam++.yaml"
+    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", recipe)
+    _, config = _config(argv[3:], recipe)
+    assert config.dataloader["args"].get("in_order", True) is in_order
+    assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)
