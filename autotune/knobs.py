@@ -41,7 +41,7 @@ Applies = Literal["dataloader", "process", "model", "data", "run"]
 # configuration keeps), or not at all (set by the run: --world-size, the preload probe).
 SpaceRole = Literal["searched", "fixed", "run"]
 # The result file's knob sections, in the order they are written.
-RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio")
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "memory", "threads", "audio")
 _COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
 
 
@@ -95,6 +95,12 @@ def _optimizer_word(value: str) -> str | None:
     """The recipe's own optimizer (`default`) is left out of the trial line: lines recorded before the knob existed
     (benchmarks/replay.py keys by them) stay the lines of the same configurations."""
     return None if value == DEFAULT_OPTIMIZER else value
+
+
+def _checkpointing_word(value: bool | None) -> str | None:
+    """`ckpt` / `no-ckpt` where a configuration sets activation checkpointing; nothing where it runs the recipe's own
+    (unset), so that lines recorded before the knob stay the lines of the same configurations."""
+    return None if value is None else ("ckpt" if value else "no-ckpt")
 
 
 def _unshown(value: Any) -> None:
@@ -171,6 +177,15 @@ KNOBS: tuple[Knob, ...] = (
         key="implementation",
         required=False,  # results written before the knob stepped the recipe's optimizer as built: `default`
         word=_optimizer_word,
+    ),
+    Knob(
+        name="activation_checkpointing",
+        type=bool,
+        applies="model",
+        space="searched",
+        section="memory",
+        required=False,  # results written before the knob trained as the recipe does: unset (None)
+        word=_checkpointing_word,
     ),
     Knob(
         name="intra_op_threads",

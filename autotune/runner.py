@@ -30,6 +30,7 @@ from autotune import (
     yamlio,
 )
 from autotune import space as space_module
+from autotune.checkpointing import check_space as check_checkpointing
 from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.hardware import Hardware, probe
 from autotune.reporting import Reporter
@@ -123,6 +124,7 @@ def prepare(request: RunRequest) -> RunPlan:
         world_size=world_size,
         global_batch_size=request.global_batch,
     )
+    check_checkpointing(workload, space, str(space_file))
     if settings.sampler == "grid":
         space.points()  # raises a one-line SpaceError for a continuous space or one too large to walk
     safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)

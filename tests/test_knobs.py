@@ -79,6 +79,8 @@ def test_trial_line_is_unchanged_by_the_declarations() -> None:
     unordered = dataclasses.replace(full, in_order=False).short()
     assert unordered.startswith("bs=32 w=4 pf=2 pin persist unordered bf16 thr=3 ")
     assert dataclasses.replace(plain, in_order=False).short() == "bs=64 w=0 fp32"  # no workers: always in order
+    assert dataclasses.replace(plain, activation_checkpointing=True).short() == "bs=64 w=0 fp32 ckpt"
+    assert dataclasses.replace(plain, activation_checkpointing=False).short() == "bs=64 w=0 fp32 no-ckpt"
 
 
 def test_space_parameters_derive_from_the_declarations() -> None:
@@ -91,6 +93,7 @@ def test_space_parameters_derive_from_the_declarations() -> None:
         "in_order": bool,
         "precision": str,
         "optimizer_impl": str,
+        "activation_checkpointing": bool,
         "intra_op_threads": int,
         "cudnn_benchmark": bool,
     }

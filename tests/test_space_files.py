@@ -28,7 +28,7 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
 
 
 # The knobs issue 20 added to shared/core.yaml since a8cb464, each with the prefix of its space notes.
-ISSUE20_KNOBS = ("optimizer_impl", "in_order")
+ISSUE20_KNOBS = ("optimizer_impl", "in_order", "activation_checkpointing")
 
 
 def _without_optimizer_impl(recorded: dict) -> dict:
@@ -46,6 +46,10 @@ def _without_optimizer_impl(recorded: dict) -> dict:
         assert all(note.startswith(tuple(f"{name} " for name in ISSUE20_KNOBS)) for note in load.pop("space_notes"))
     for name in ISSUE20_KNOBS:
         stripped["source"]["params"].pop(name, None)
+    cuda = stripped["source"].get("cuda") or {}
+    for section in ("params", "baseline"):  # activation_checkpointing: cam++'s and the conformer's CUDA sections
+        if (cuda.get(section) or {}).pop("activation_checkpointing", None) is not None and not cuda[section]:
+            del cuda[section]
     return stripped
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "TARGET_KNOBS",
     "THREADS",
     "cannot",
+    "checkpointing_note",
     "export",
     "knob_table",
     "optimizer_note",
@@ -333,6 +334,28 @@ def unordered_note(framework: str, carried: bool) -> KnobNotes:
             f"The tuned run used DataLoader(in_order=False); {framework} builds its DataLoader without in_order, so it "
             "hands over batches in sampler order and a slow item stalls those behind it, as the in-order "
             "configurations did"
+        ]
+
+    return note
+
+
+def checkpointing_note(framework: str, change: str) -> KnobNotes:
+    """The note for a result tuned with activation checkpointing set where the target has no switch carrying it.
+
+    Args:
+        framework: the target's name (and where its model is built).
+        change: what the user would change in its model code to run what was measured.
+    """
+
+    def note(context: ExportContext) -> list[str]:
+        value = context.config.activation_checkpointing
+        if value is None:  # the recipe's own: nothing was changed
+            return []
+        state = "on" if value else "off"
+        return [
+            f"activation_checkpointing was tuned {state} for {context.model_name}; {framework} has no switch for it: "
+            f"{change}. Without that change the memory per sample differs from what was measured, and the tuned "
+            "batch may not fit or may leave memory unused"
         ]
 
     return note

@@ -21,6 +21,7 @@ from autotune.exports.base import (
     ExportContext,
     KnobNotes,
     cannot,
+    checkpointing_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -224,6 +225,12 @@ KNOB_TABLE = knob_table(
         "optimizer_impl": takes(
             "--optim_conf fused=true / foreach=true (merged into the recipe's optim_conf)",
             notes=optimizer_note("--optim_conf, merged into the recipe's optim_conf (build_optimizers passes it)"),
+        ),
+        "activation_checkpointing": cannot(
+            checkpointing_note(
+                "ESPnet (espnet2/asr/encoder/conformer_encoder.py has no checkpointing option)",
+                "wrap each encoder layer's call in torch.utils.checkpoint.checkpoint(..., use_reentrant=False)",
+            )
         ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": takes("--cudnn_benchmark"),

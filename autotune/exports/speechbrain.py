@@ -21,6 +21,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    checkpointing_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -182,6 +183,12 @@ KNOB_TABLE = knob_table(
         "optimizer_impl": takes(
             "--opt_class (the recipe's Adam with the flag)",
             notes=optimizer_note("--opt_class, the recipe's !name:torch.optim.Adam plus the flag"),
+        ),
+        "activation_checkpointing": cannot(
+            checkpointing_note(
+                "SpeechBrain (its ECAPA_TDNN has no checkpointing option)",
+                "wrap the model's blocks in torch.utils.checkpoint.checkpoint(..., use_reentrant=False)",
+            )
         ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": cannot(_cudnn_notes),

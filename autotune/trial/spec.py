@@ -85,6 +85,7 @@ class TrialConfig:
     in_order: bool = True  # DataLoader's own default; False hands over whichever worker's batch is ready (torch 2.6+)
     precision: str = "fp32"  # one of autotune.trial.precision.PRECISIONS
     optimizer_impl: str = "default"  # the recipe's optimizer as torch builds it (autotune/optimizer_kernels.py)
+    activation_checkpointing: bool | None = None  # None: the recipe's own (autotune/checkpointing.py)
     cudnn_benchmark: bool = True
     intra_op_threads: int | None = None
     world_size: int = 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from autotune.checkpointing import enabled
 from autotune.errors import UserError
 from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
 from autotune.optimizer_kernels import build as build_optimizer
@@ -147,6 +148,11 @@ def _build_speaker_setup(
     from autotune.models.margin import ArcMarginLoss, CosineClassifier
 
     options = _validated(context.options)
+    if "memory_efficient" in options:  # CAM++: the knob, where a configuration sets it, over the recipe's option
+        options = {
+            **options,
+            "memory_efficient": enabled(context.config.activation_checkpointing, recipe=options["memory_efficient"]),
+        }
     dataset = _dataset(pipeline, context)
     preload_s = preload_if_asked(dataset, context)
     model = nn.ModuleDict(
@@ -189,6 +195,7 @@ def speaker_workload(
     published_parameters: int,
     options: dict[str, Any],
     pipeline: Pipeline = "3d-speaker",
+    checkpointing: str | None = None,
 ) -> Workload:
     """A speaker-embedding workload around one embedding network, trained through its recipe's pipeline."""
     return Workload(
@@ -202,6 +209,7 @@ def speaker_workload(
         space_file=f"{name}.yaml",
         options=options,
         check_options=check_speaker_options(pipeline),
+        checkpointing=checkpointing,
     )
 
 
@@ -219,6 +227,7 @@ def campplus() -> Workload:
         make_embedder=_campplus,
         published_parameters=7_176_224,
         options={"crop_s": 3.0, "embedding_size": 512, **CAMPPLUS_RECIPE},
+        checkpointing="3D-Speaker's memory_efficient: each dense layer's BN-ReLU-1x1 bottleneck recomputed in backward",
     )
 
 

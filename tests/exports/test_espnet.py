@@ -293,3 +293,15 @@ def test_optimizer_kernel_reaches_espnets_optimizer(implementation: str, tmp_pat
     assert isinstance(optimizer, torch.optim.Adam)
     assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
     assert ("optimizer_impl fused" in notes_text(result)) == (implementation == "fused")
+
+
+def test_checkpointing_cannot_reach_espnets_conformer() -> None:
+    """ESPnet's ConformerEncoder takes no checkpointing argument (its own signature): the note says so."""
+    import inspect
+
+    from espnet2.asr.encoder.conformer_encoder import ConformerEncoder
+
+    assert not [name for name in inspect.signature(ConformerEncoder).parameters if "checkpoint" in name]
+    result = export(make_tuned(model="conformer", activation_checkpointing=True), "espnet")
+    assert "activation_checkpointing was tuned on for conformer; ESPnet" in notes_text(result)
+    assert "activation_checkpointing" not in notes_text(export(make_tuned(model="conformer"), "espnet"))

@@ -199,3 +199,9 @@ def test_unordered_workers_reach_the_snippets_dataloader(in_order: bool) -> None
     loader = call_kwargs(result.python_text or "", "DataLoader")
     assert loader.get("in_order", True) is in_order and ("in_order" in loader) == (not in_order)
     assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)
+
+
+@pytest.mark.parametrize("checkpointing", (None, True, False))
+def test_checkpointing_is_model_code_and_the_note_says_how(checkpointing: bool | None) -> None:
+    notes = notes_text(export(make_tuned(activation_checkpointing=checkpointing), "lightning"))
+    assert ("memory_efficient=True/False" in notes) == (checkpointing is not None)

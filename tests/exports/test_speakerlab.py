@@ -256,3 +256,23 @@ def test_unordered_workers_reach_the_dataloader_block(in_order: bool, tmp_path: 
     _, config = _config(argv[3:], recipe)
     assert config.dataloader["args"].get("in_order", True) is in_order
     assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)
+
+
+@pytest.mark.parametrize("checkpointing", (None, True, False))
+def test_campplus_checkpointing_reaches_memory_efficient(checkpointing: bool | None, tmp_path: Path) -> None:
+    """Tuned off, --embedding_model replaces the recipe's CAM++ block with memory_efficient false; speakerlab's
+    parser, config builder and builder then make a CAM++ whose dense layers do not checkpoint. On or unset, the
+    recipe's block (DTDNN.CAMPPlus checkpoints by default) is left alone."""
+    from speakerlab.utils.builder import build
+
+    result = _export(activation_checkpointing=checkpointing)
+    _, argv = bash_words(result.command)
+    assert ("--embedding_model" in argv) == (checkpointing is False)
+    recipe = tmp_path / "cam++.yaml"
+    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", recipe)
+    _, config = _config(argv[3:], recipe)
+    model = build("embedding_model", config)
+    layers = [module for module in model.modules() if hasattr(module, "memory_efficient")]
+    assert layers and {layer.memory_efficient for layer in layers} == {checkpointing is not False}
+    assert sum(parameter.numel() for parameter in model.parameters()) == 7_176_224  # the recipe's CAM++ still
+    assert ("memory_efficient: false" in notes_text(result)) == (checkpointing is False)

@@ -217,3 +217,15 @@ def test_unordered_workers_reach_the_dataloader_options(in_order: bool, tmp_path
         hparams = load_hyperpyyaml(stream, overrides)
     assert hparams["dataloader_options"].get("in_order", True) is in_order
     assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)
+
+
+def test_checkpointing_cannot_reach_speechbrains_ecapa() -> None:
+    import inspect
+
+    from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
+
+    assert not [name for name in inspect.signature(ECAPA_TDNN).parameters if "checkpoint" in name]
+    assert "activation_checkpointing" not in notes_text(_export())  # unset: never searched for ECAPA
+    assert "SpeechBrain (its ECAPA_TDNN has no checkpointing option)" in notes_text(
+        _export(activation_checkpointing=True)
+    )

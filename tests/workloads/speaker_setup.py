@@ -14,12 +14,15 @@ from autotune.workloads.base import WorkloadContext
 SMALL = {"ecapa-tdnn": {"channels": 64}, "ecapa-tdnn-512": {"channels": 64}, "eres2net-large": {"m_channels": 8}}
 
 
-def build(name: str, corpus: Path, preload: bool = False, **options: object) -> workloads.TrainingSetup:
-    """The workload's setup over the corpus, with the given options over its defaults (and a narrow model)."""
+def build(
+    name: str, corpus: Path, preload: bool = False, config: TrialConfig | None = None, **options: object
+) -> workloads.TrainingSetup:
+    """The workload's setup over the corpus, with the given options over its defaults (and a narrow model); `config`
+    replaces the trial's configuration (batch 3)."""
     workload = workloads.get(name)
     context = WorkloadContext(
         data=workload.load_data(str(corpus)),
-        config=TrialConfig(per_device_batch_size=3, preload_audio=preload),
+        config=config or TrialConfig(per_device_batch_size=3, preload_audio=preload),
         options={**workload.options, **SMALL.get(name, {}), **options},
         device=torch.device("cpu"),
     )
