@@ -19,9 +19,22 @@ if TYPE_CHECKING:
     from autotune.trial.spec import TrialConfig
     from autotune.workloads.base import TrainingSetup
 
-__all__ = ["BATCHING_KWARGS", "build_loader", "dataloader_kwargs", "dynamic_batching", "in_order_unsupported"]
+__all__ = [
+    "BATCHING_KWARGS",
+    "UNORDERED_NOTE",
+    "build_loader",
+    "dataloader_kwargs",
+    "dynamic_batching",
+    "in_order_unsupported",
+]
 
 BATCHING_KWARGS = ("batch_size", "drop_last")  # what a trial's batch sampler does in their place
+# The result's note when the winner's loader hands over batches out of order.
+UNORDERED_NOTE = (
+    "dataloader.in_order false: batches are handed over as the workers finish them, so a slow item does not stall "
+    "the ones behind it; each epoch still has the same batches, but their order follows the workers' timing, so a "
+    "run is not reproducible batch for batch (set in_order: true for that, at the measured cost)"
+)
 
 
 def dynamic_batching(config: TrialConfig) -> bool:

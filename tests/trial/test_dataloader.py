@@ -14,7 +14,13 @@ from autotune import space
 from autotune.errors import SpaceError
 from autotune.results import load_config, write_config
 from autotune.trial.child import run_trial
-from autotune.trial.dataloader import BATCHING_KWARGS, build_loader, dataloader_kwargs, in_order_unsupported
+from autotune.trial.dataloader import (
+    BATCHING_KWARGS,
+    UNORDERED_NOTE,
+    build_loader,
+    dataloader_kwargs,
+    in_order_unsupported,
+)
 from autotune.trial.sampling import CycledEpochs
 from autotune.trial.spec import TrialConfig
 from tests.conftest import make_cuda
@@ -178,5 +184,6 @@ def test_a_real_run_measures_both_orders_and_the_result_hands_over_the_winners(t
     assert written["dataloader"]["in_order"] is tuned.config.in_order
     assert tuned.config.in_order is run.outcome.winner.config.in_order  # type: ignore[union-attr]
     assert tuned.dataloader_kwargs()["in_order"] is tuned.config.in_order
+    assert (UNORDERED_NOTE in tuned.notes) is (not tuned.config.in_order)  # reproducibility, said where it applies
     frame = report.trials_frame(report.load_study(tuned, None))
     assert str(frame["in_order"].dtype) == "boolean" and set(frame["in_order"].dropna()) == {True, False}
