@@ -245,8 +245,9 @@ def _largest_offered(space: SearchSpace, knob: str) -> int | None:
 
 
 def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConfig) -> LargerBatches:
-    """What the run measured above the winner's batch at the winner's precision and intra-op threads
-    (diagnosis.LargerBatches): a larger batch measured on one thread says nothing about it on two."""
+    """What the run measured above the winner's batch at the winner's precision, intra-op threads and activation
+    checkpointing (diagnosis.LargerBatches): a larger batch measured on one thread says nothing about it on two, nor
+    one out of memory unchecked about it checkpointed."""
     knob = DYNAMIC_BATCH_KNOB if DYNAMIC_BATCH_KNOB in config.workload_knobs else "per_device_batch_size"
     winner_value = _batch_of(config, knob) or 0
     above = group_by_config(
@@ -256,6 +257,8 @@ def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConf
         and value > winner_value
         and record.config.precision == config.precision
         and record.config.intra_op_threads == config.intra_op_threads  # on a CPU, threads outweigh the batch
+        # Checkpointing changes the memory per sample: a batch out of memory without it may fit with it.
+        and record.config.activation_checkpointing == config.activation_checkpointing
     )
     feasible = [candidate for candidate in above.values() if candidate.feasible]
     best = max(feasible, key=lambda candidate: candidate.median, default=None)

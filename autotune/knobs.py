@@ -43,7 +43,7 @@ Applies = Literal["dataloader", "process", "model", "data", "run"]
 # configuration keeps), or not at all (set by the run: --world-size, the preload probe).
 SpaceRole = Literal["searched", "fixed", "run"]
 # The result file's knob sections, in the order they are written.
-RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio", "features")
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "memory", "threads", "audio", "features")
 _COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
 
 
@@ -105,6 +105,12 @@ def _feature_word(value: str | None) -> str | None:
     return "fbank@dev" if value == FEATURES_ON_DEVICE else None
 
 
+def _checkpointing_word(value: bool | None) -> str | None:
+    """`ckpt` / `no-ckpt` where a configuration sets activation checkpointing; nothing where it runs the recipe's own
+    (unset), so that lines recorded before the knob stay the lines of the same configurations."""
+    return None if value is None else ("ckpt" if value else "no-ckpt")
+
+
 def _unshown(value: Any) -> None:
     """cudnn_benchmark is left out of the trial line: every shipped space fixes it, and recorded benchmark runs are
     keyed by the line (benchmarks/replay.py)."""
@@ -151,6 +157,15 @@ KNOBS: tuple[Knob, ...] = (
         word=_flag("persist"),
     ),
     Knob(
+        name="in_order",
+        type=bool,
+        applies="dataloader",
+        space="searched",
+        section="dataloader",
+        required=False,  # not written without workers; results written before the knob ran DataLoader's default
+        word=lambda value: None if value else "unordered",
+    ),
+    Knob(
         name="precision",
         type=str,
         applies="model",
@@ -170,6 +185,15 @@ KNOBS: tuple[Knob, ...] = (
         key="implementation",
         required=False,  # results written before the knob stepped the recipe's optimizer as built: `default`
         word=_optimizer_word,
+    ),
+    Knob(
+        name="activation_checkpointing",
+        type=bool,
+        applies="model",
+        space="searched",
+        section="memory",
+        required=False,  # results written before the knob trained as the recipe does: unset (None)
+        word=_checkpointing_word,
     ),
     Knob(
         name="intra_op_threads",

@@ -10,6 +10,7 @@ from autotune import __version__
 from autotune.measurements import NOT_MEASURED, Measurements, speedup_range, summarise_measurements
 from autotune.results import TunedConfig
 from autotune.storage import redact_url
+from autotune.trial.dataloader import UNORDERED_NOTE
 
 if TYPE_CHECKING:
     from autotune.run_plan import RunPlan
@@ -51,6 +52,8 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         notes.append(lr_note)
     if plan.preparation is not None:
         notes.append(plan.preparation.note())
+    if not outcome.winner.config.in_order:
+        notes.append(UNORDERED_NOTE)
     return TunedConfig(
         workload={
             "name": plan.workload.name,

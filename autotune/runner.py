@@ -31,6 +31,7 @@ from autotune import (
     yamlio,
 )
 from autotune import space as space_module
+from autotune.checkpointing import check_space as check_checkpointing
 from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.hardware import Hardware, probe
 from autotune.reporting import Reporter
@@ -126,6 +127,7 @@ def prepare(request: RunRequest) -> RunPlan:
         global_batch_size=request.global_batch,
     )
     feature_device.check_space(space, workload.name, workload.feature_devices, str(space_file))
+    check_checkpointing(workload, space, str(space_file))
     if settings.sampler == "grid":
         space.points()  # raises a one-line SpaceError for a continuous space or one too large to walk
     safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)

@@ -40,6 +40,7 @@ import optuna.distributions as od
 
 from autotune import optimizer_kernels
 from autotune.errors import SpaceError
+from autotune.space_conditions import holds
 from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds
 from autotune.space_params import (
@@ -55,6 +56,7 @@ from autotune.space_params import (
     check_values,
     numeric_values,
 )
+from autotune.trial.dataloader import in_order_unsupported
 from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 
 if TYPE_CHECKING:
@@ -269,6 +271,8 @@ def from_dict(
     kernel_reason = optimizer_kernels.unsupported_reason(fixed.get("optimizer_impl", "default"), device_type)
     if kernel_reason is not None:
         raise SpaceError(f"{origin}: fixed optimizer_impl {fixed['optimizer_impl']!r} cannot run here: {kernel_reason}")
+    if fixed.get("in_order") is False and in_order_unsupported() is not None:
+        raise SpaceError(f"{origin}: fixed in_order false cannot run here: {in_order_unsupported()}")
     raw_baseline = check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
         raw_baseline,
@@ -301,11 +305,16 @@ def from_dict(
 
 
 def _left_out_notes(raw_params: dict[str, Any], device_type: str) -> tuple[str, ...]:
-    """Why choices of optimizer_impl were left out on this device (optimizer_kernels.left_out)."""
+    """Why choices of optimizer_impl (optimizer_kernels.left_out) or in_order were left out on this device."""
+    notes: list[str] = []
     spec = raw_params.get("optimizer_impl")
-    if not isinstance(spec, dict) or spec.get("type") != "categorical":
-        return ()
-    return tuple(optimizer_kernels.left_out(list(spec.get("choices") or []), device_type).values())
+    if isinstance(spec, dict) and spec.get("type") == "categorical":
+        notes += optimizer_kernels.left_out(list(spec.get("choices") or []), device_type).values()
+    spec = raw_params.get("in_order")
+    searched = isinstance(spec, dict) and holds(device_type, (spec.get("when") or {}).get("device", device_type))
+    if searched and False in (spec.get("choices") or []) and in_order_unsupported() is not None:
+        notes.append(f"in_order false left out of the search: {in_order_unsupported()}")
+    return tuple(notes)
 
 
 def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:

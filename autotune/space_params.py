@@ -14,6 +14,7 @@ from autotune import knobs, optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
 from autotune.space_fit import resolve_auto
+from autotune.trial.dataloader import in_order_unsupported
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -156,6 +157,8 @@ def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str
         choices = [c for c in choices if c in hardware.supported_precisions()]
     elif name == "optimizer_impl":
         choices = optimizer_kernels.offered(choices, hardware.device_type)
+    elif name == "in_order":  # False only where this torch's DataLoader takes it (trial/dataloader.py)
+        choices = [choice for choice in choices if choice is not False or in_order_unsupported() is None]
     if not choices:
         raise SpaceError(f"{where}: none of the choices runs on this hardware ({hardware.describe()})")
     return od.CategoricalDistribution(choices)

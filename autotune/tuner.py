@@ -15,6 +15,7 @@ import optuna
 from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
+from autotune.checkpointing import checkpointed_instead
 from autotune.errors import WorkloadError
 from autotune.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.pruning import Pruner
@@ -369,10 +370,13 @@ class Tuner:
 
     def _back_off(self, record: TrialRecord) -> None:
         """A seed that did not fit the device's memory is tried next at half its batch (as Lightning's batch-size finder
-        backs off): seeds are written for large GPUs; on a smaller one their other settings are still a good guess."""
+        backs off): seeds are written for large GPUs; on a smaller one their other settings are still a good guess.
+        Where the space searches activation checkpointing and the seed ran without it, the same batch with it comes
+        first: trading recomputation for memory is what can keep the batch (checkpointing.py)."""
         if record.role != "seed" or record.result.status not in ("oom", "headroom"):
             return
-        smaller = smaller_batch(self.space, config_params(record.config, self.space))
+        point = config_params(record.config, self.space)
+        smaller = checkpointed_instead(self.space, point) or smaller_batch(self.space, point)
         measured = {config_key(r.config) for r in self.records}
         if smaller is not None and config_key(self._config(smaller)) not in measured:
             self.seeds.insert(0, ("seed", smaller))

@@ -36,7 +36,7 @@ from autotune.tuner import TunerSettings  # noqa: E402
 
 # Knobs that only exist with DataLoader workers: no row for them when the winner has none (and with num_workers
 # flipped back to 0, TrialConfig itself unsets them).
-_WORKER_ONLY = ("prefetch_factor", "persistent_workers")
+_WORKER_ONLY = ("prefetch_factor", "persistent_workers", "in_order")
 
 
 def baseline_config(plan: Any) -> TrialConfig:

@@ -68,6 +68,11 @@ def test_larger_batches_are_what_the_run_measured_above_the_winner_at_its_precis
         _measured(7, TrialConfig(per_device_batch_size=128, precision="bf16"), "oom"),
         _measured(8, TrialConfig(per_device_batch_size=8, precision="bf16"), "ok", 40.0),  # smaller
         _measured(9, TrialConfig(per_device_batch_size=64, precision="bf16", intra_op_threads=1), "ok", 50.0),
+        # Checkpointing set another way (issue 20): its memory per sample differs, so neither counts.
+        _measured(10, TrialConfig(per_device_batch_size=256, precision="bf16", activation_checkpointing=False), "oom"),
+        _measured(
+            11, TrialConfig(per_device_batch_size=64, precision="bf16", activation_checkpointing=True), "ok", 60.0
+        ),
     ]
     outcome = TuningOutcome(records=records, baseline=None, winner=None, stopped_by="trials", elapsed_s=1.0)
     larger = assessment.larger_batches(outcome, cam, winner)

@@ -152,6 +152,21 @@ def test_ablation_flips_each_knob_the_winner_changed_back_to_the_recipe():
     assert not any(name.startswith("prefetch_factor") for name in flipped)
 
 
+def test_ablation_flips_the_loader_order_and_checkpointing_back():
+    """in_order and activation_checkpointing (issue 20) get their rows like any knob; the order only with workers."""
+    from autotune.trial import TrialConfig
+
+    ablation = _load("ablation")
+    recipe = TrialConfig(per_device_batch_size=256, num_workers=16, activation_checkpointing=True)
+    winner = TrialConfig(per_device_batch_size=256, num_workers=4, in_order=False, activation_checkpointing=False)
+    flipped = ablation.flips(winner, recipe)
+    assert set(flipped) == {"num_workers 4 -> 16", "in_order False -> True", "activation_checkpointing False -> True"}
+    assert flipped["in_order False -> True"].in_order is True
+    assert flipped["activation_checkpointing False -> True"].activation_checkpointing is True
+    back = flipped["num_workers 4 -> 16"]
+    assert (back.in_order, back.activation_checkpointing) == (False, False)  # only the one knob changes
+
+
 def test_ablation_sends_worker_only_knobs_back_with_the_workers():
     from autotune.trial import TrialConfig
 

@@ -76,6 +76,11 @@ def test_trial_line_is_unchanged_by_the_declarations() -> None:
     assert dataclasses.replace(plain, optimizer_impl="fused").short() == "bs=64 w=0 fp32 fused"
     foreach = dataclasses.replace(full, optimizer_impl="foreach").short()
     assert foreach.startswith("bs=32 w=4 pf=2 pin persist bf16 foreach thr=3 ")
+    unordered = dataclasses.replace(full, in_order=False).short()
+    assert unordered.startswith("bs=32 w=4 pf=2 pin persist unordered bf16 thr=3 ")
+    assert dataclasses.replace(plain, in_order=False).short() == "bs=64 w=0 fp32"  # no workers: always in order
+    assert dataclasses.replace(plain, activation_checkpointing=True).short() == "bs=64 w=0 fp32 ckpt"
+    assert dataclasses.replace(plain, activation_checkpointing=False).short() == "bs=64 w=0 fp32 no-ckpt"
 
 
 def test_space_parameters_derive_from_the_declarations() -> None:
@@ -85,8 +90,10 @@ def test_space_parameters_derive_from_the_declarations() -> None:
         "prefetch_factor": int,
         "pin_memory": bool,
         "persistent_workers": bool,
+        "in_order": bool,
         "precision": str,
         "optimizer_impl": str,
+        "activation_checkpointing": bool,
         "intra_op_threads": int,
         "cudnn_benchmark": bool,
         "feature_device": str,

@@ -227,28 +227,13 @@ def test_unscaling_leaves_an_optimizer_without_a_scale_alone() -> None:
 @pytest.mark.slow
 def test_a_real_run_measures_each_implementation_and_the_result_names_the_winners(tmp_path, tiny_corpus) -> None:
     from autotune import load_config, report, runner
-    from autotune.trial import TimingSettings
-    from autotune.tuner import TunerSettings
+    from tests.fixtures.runs import cam_grid_request
 
-    space_file = tmp_path / "space.yaml"
-    space_file.write_text(
+    space = (
         "params:\n  optimizer_impl: {type: categorical, choices: [default, foreach, fused]}\n"
         "fixed: {per_device_batch_size: 4, num_workers: 0, precision: fp32, intra_op_threads: 1}\n"
     )
-    request = runner.RunRequest(
-        model="cam++",
-        data=str(tiny_corpus),
-        space=str(space_file),
-        results_dir=str(tmp_path / "results"),
-        device="cpu",
-        workload_options={"crop_s": 0.5},
-        settings=TunerSettings(
-            trials=4, sampler="grid", confirm_top_k=0, timing=TimingSettings(warmup_steps=1, window_s=0.3)
-        ),
-        warm_start=False,
-        compute_ceiling=False,
-        amp_check=None,
-    )
+    request = cam_grid_request(tmp_path, tiny_corpus, space, trials=4)
     run = runner.execute(runner.prepare(request))  # the baseline, then the grid's three points (default again)
     measured = {record.config.optimizer_impl: record for record in run.outcome.records if record.role != "preload"}
     assert set(measured) == {"default", "foreach", "fused"}

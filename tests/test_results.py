@@ -128,6 +128,7 @@ def test_dataloader_kwargs_with_workers() -> None:
         "drop_last": True,
         "prefetch_factor": 4,
         "persistent_workers": True,
+        "in_order": True,  # DataLoader's default, written since the in_order knob (issue 20)
     }
 
 

@@ -23,12 +23,14 @@ __all__ = [
     "TARGET_KNOBS",
     "THREADS",
     "cannot",
+    "checkpointing_note",
     "export",
     "knob_table",
     "optimizer_note",
     "preload_note",
     "register",
     "takes",
+    "unordered_note",
     "unsupported",
 ]
 
@@ -119,13 +121,16 @@ class ExportContext:
         return int(frames) if frames else None
 
     def loader_extras(self) -> dict[str, Any]:
-        """prefetch_factor / persistent_workers: DataLoader accepts them only with workers; unset means its default."""
+        """prefetch_factor / persistent_workers / in_order: DataLoader accepts them only with workers; unset means its
+        default."""
         if self.config.num_workers == 0:
             return {}
         extras: dict[str, Any] = {}
         if self.config.prefetch_factor is not None:
             extras["prefetch_factor"] = self.config.prefetch_factor
         extras["persistent_workers"] = self.config.persistent_workers
+        if not self.config.in_order:  # DataLoader's default (True) is left out, as dataloader_kwargs does
+            extras["in_order"] = False
         return extras
 
     def optimizer_flag(self) -> dict[str, bool]:
@@ -301,6 +306,56 @@ def optimizer_note(how: str) -> KnobNotes:
             f"optimizer_impl {key}: {key}=True reaches torch.optim through {how}; it computes the same update as the "
             "recipe's optimizer (up to rounding) with fewer kernel launches. It needs a torch that has it for your "
             "device (fused on a CPU: torch 2.4+)"
+        ]
+
+    return note
+
+
+def unordered_note(framework: str, carried: bool) -> KnobNotes:
+    """The note for a winner measured with in_order=False: what it changes for reproducibility where the target
+    carries it, or that the target runs its batches in order where it cannot (its DataLoader call has no in_order).
+
+    Args:
+        framework: the target's name and, where it cannot carry it, where it builds its DataLoader.
+        carried: whether the export passes in_order=False to the target's DataLoader.
+    """
+
+    def note(context: ExportContext) -> list[str]:
+        if context.config.in_order or context.config.num_workers == 0:
+            return []
+        if carried:
+            return [
+                "in_order=False: the DataLoader hands over each batch as soon as a worker has it, so a slow item does "
+                "not stall the batches behind it; every batch still comes once per epoch, but their order follows the "
+                "workers' timing, so two runs with the same seed do not see the batches in the same order. Set "
+                "in_order=True to reproduce a run batch for batch (torch 2.6+ has the argument)"
+            ]
+        return [
+            f"The tuned run used DataLoader(in_order=False); {framework} builds its DataLoader without in_order, so it "
+            "hands over batches in sampler order and a slow item stalls those behind it, as the in-order "
+            "configurations did"
+        ]
+
+    return note
+
+
+def checkpointing_note(framework: str, change: str) -> KnobNotes:
+    """The note for a result tuned with activation checkpointing set where the target has no switch carrying it.
+
+    Args:
+        framework: the target's name (and where its model is built).
+        change: what the user would change in its model code to run what was measured.
+    """
+
+    def note(context: ExportContext) -> list[str]:
+        value = context.config.activation_checkpointing
+        if value is None:  # the recipe's own: nothing was changed
+            return []
+        state = "on" if value else "off"
+        return [
+            f"activation_checkpointing was tuned {state} for {context.model_name}; {framework} has no switch for it: "
+            f"{change}. Without that change the memory per sample differs from what was measured, and the tuned "
+            "batch may not fit or may leave memory unused"
         ]
 
     return note

@@ -21,12 +21,14 @@ from autotune.exports.base import (
     ExportContext,
     KnobNotes,
     cannot,
+    checkpointing_note,
     feature_note,
     knob_table,
     optimizer_note,
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 
@@ -217,12 +219,19 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": cannot(_unexposed("prefetch_factor")),
         "pin_memory": cannot(_pin_notes),
         "persistent_workers": cannot(_unexposed("persistent_workers")),
+        "in_order": cannot(unordered_note("ESPnet (espnet2/iterators/*_iter_factory.py build_iter)", carried=False)),
         "precision": takes(
             "--use_amp and --use_tf32 (and the TF32 environment for strict fp32)", notes=_precision_notes
         ),
         "optimizer_impl": takes(
             "--optim_conf fused=true / foreach=true (merged into the recipe's optim_conf)",
             notes=optimizer_note("--optim_conf, merged into the recipe's optim_conf (build_optimizers passes it)"),
+        ),
+        "activation_checkpointing": cannot(
+            checkpointing_note(
+                "ESPnet (espnet2/asr/encoder/conformer_encoder.py has no checkpointing option)",
+                "wrap each encoder layer's call in torch.utils.checkpoint.checkpoint(..., use_reentrant=False)",
+            )
         ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": takes("--cudnn_benchmark"),

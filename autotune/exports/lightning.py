@@ -17,11 +17,13 @@ from autotune.exports.base import (
     ExportContext,
     KnobNotes,
     cannot,
+    checkpointing_note,
     knob_table,
     optimizer_note,
     preload_note,
     register,
     takes,
+    unordered_note,
 )
 from autotune.trial.precision import TORCH_DEFAULT_FP32
 
@@ -174,8 +176,17 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": _LOADER,
         "pin_memory": _LOADER,
         "persistent_workers": _LOADER,
+        "in_order": takes(_LOADER.how, notes=unordered_note("Lightning", carried=True)),
         "precision": takes("Trainer(precision=...) and the TF32 flags it sets", notes=_precision_notes),
         "optimizer_impl": takes("optimizer_kwargs in the snippet, for configure_optimizers", notes=_OPTIMIZER),
+        "activation_checkpointing": cannot(
+            checkpointing_note(
+                "Lightning (checkpointing is model code, not a Trainer argument)",
+                "build the model as measured (CAM++: memory_efficient=True/False; the conformer: WeNet's "
+                "gradient_checkpointing, each encoder and decoder layer under torch.utils.checkpoint.checkpoint(..., "
+                "use_reentrant=False))",
+            )
+        ),
         "intra_op_threads": takes("torch.set_num_threads(...) in the snippet", notes=THREADS.notes),
         "cudnn_benchmark": takes("Trainer(benchmark=...)"),
         "world_size": takes("Trainer(devices=...)"),

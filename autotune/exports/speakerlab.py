@@ -26,6 +26,7 @@ from autotune.exports.base import (
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 
@@ -36,6 +37,9 @@ _DATA_ARGS = ("--data", "data/vox2_dev/train.csv", "--noise", "data/musan/wav.sc
 _RECIPE_LOADER = {"pin_memory": True, "drop_last": True}
 # The recipes' optimizer block (conf/cam++.yaml, eres2net.yaml, ecapa_tdnn.yaml: the same SGD in each); an override
 # replaces a top-level key whole, so the tuned implementation's flag is passed with the rest of the block.
+# cam++.yaml's embedding_model block (egs/voxceleb/sv-cam++/conf/cam++.yaml at 09e7806): the recipe's own references.
+_CAMPPLUS = "speakerlab.models.campplus.DTDNN.CAMPPlus"
+_RECIPE_CAMPPLUS_ARGS = {"feat_dim": "<fbank_dim>", "embedding_size": "<embedding_size>"}
 _RECIPE_OPTIMIZER = {"params": None, "lr": "<lr>", "momentum": 0.9, "nesterov": True, "weight_decay": 0.0001}
 
 
@@ -92,6 +96,9 @@ def export_3d_speaker(context: ExportContext) -> Export:
     optimizer = _optimizer_override(context)
     if optimizer is not None:
         words.append(f"--optimizer {shlex.quote(optimizer)}")
+    embedding_model = _embedding_model_override(context)
+    if embedding_model is not None:
+        words.append(f"--embedding_model {shlex.quote(embedding_model)}")
     command = context.env_prefix() + context.tf32_env() + " \\\n    ".join(words)
     return Export(target="3d-speaker", command=command, notes=_notes(context, recipe, loader is not None))
 
@@ -116,6 +123,33 @@ def _optimizer_override(context: ExportContext) -> str | None:
         return None
     body = ", ".join(f"{key}: {_yaml_scalar(value)}" for key, value in {**_RECIPE_OPTIMIZER, **flag}.items())
     return "{obj: torch.optim.SGD, args: {" + body + "}}"
+
+
+def _embedding_model_override(context: ExportContext) -> str | None:
+    """CAM++'s embedding_model block with memory_efficient false, where checkpointing was tuned off; None where it
+    runs as the recipe (memory_efficient is DTDNN.CAMPPlus's default, True, which cam++.yaml does not override)."""
+    if context.model_name != "cam++" or context.config.activation_checkpointing is not False:
+        return None
+    args = {**_RECIPE_CAMPPLUS_ARGS, "memory_efficient": False}
+    body = ", ".join(f"{key}: {_yaml_scalar(value)}" for key, value in args.items())
+    return "{obj: " + _CAMPPLUS + ", args: {" + body + "}}"
+
+
+def _checkpointing_notes(context: ExportContext) -> list[str]:
+    value = context.config.activation_checkpointing
+    if value is None:
+        return []
+    if context.model_name == "cam++":
+        if value:
+            return []  # the recipe's own memory_efficient
+        return [
+            "activation_checkpointing off: --embedding_model replaces the recipe's CAM++ block with the same one plus "
+            "memory_efficient: false (DTDNN.CAMPPlus then keeps every dense layer's bottleneck input for backward: "
+            "faster steps, more memory per sample, as measured)"
+        ]
+    return [
+        f"activation_checkpointing was tuned for {context.model_name}, which 3D-Speaker builds without a switch for it"
+    ]
 
 
 def _yaml_scalar(value: Any) -> str:
@@ -193,10 +227,14 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": _LOADER_BLOCK,
         "pin_memory": _LOADER_BLOCK,
         "persistent_workers": _LOADER_BLOCK,
+        "in_order": takes(_LOADER_BLOCK.how, notes=unordered_note("3D-Speaker", carried=True)),
         "precision": takes("TF32 through the command's environment; AMP is a code change", notes=_precision_notes),
         "optimizer_impl": takes(
             "the --optimizer block (the recipe's SGD with the flag)",
             notes=optimizer_note("--optimizer, the recipe's SGD block plus the flag (train.py builds it)"),
+        ),
+        "activation_checkpointing": takes(
+            "CAM++'s --embedding_model block (memory_efficient, DTDNN.CAMPPlus's switch)", notes=_checkpointing_notes
         ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": cannot(_cudnn_notes),

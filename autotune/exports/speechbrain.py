@@ -21,12 +21,14 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    checkpointing_note,
     feature_note,
     knob_table,
     optimizer_note,
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 from autotune.trial.precision import TORCH_DEFAULT_FP32
@@ -177,10 +179,17 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": _LOADER_OPTIONS,
         "pin_memory": _LOADER_OPTIONS,
         "persistent_workers": _LOADER_OPTIONS,
+        "in_order": takes(_LOADER_OPTIONS.how, notes=unordered_note("SpeechBrain", carried=True)),
         "precision": takes("--precision, SB_DISABLE_QUIRKS and the TF32 environment", notes=_precision_notes),
         "optimizer_impl": takes(
             "--opt_class (the recipe's Adam with the flag)",
             notes=optimizer_note("--opt_class, the recipe's !name:torch.optim.Adam plus the flag"),
+        ),
+        "activation_checkpointing": cannot(
+            checkpointing_note(
+                "SpeechBrain (its ECAPA_TDNN has no checkpointing option)",
+                "wrap the model's blocks in torch.utils.checkpoint.checkpoint(..., use_reentrant=False)",
+            )
         ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": cannot(_cudnn_notes),

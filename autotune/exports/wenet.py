@@ -24,6 +24,7 @@ from autotune.exports.base import (
     preload_note,
     register,
     takes,
+    unordered_note,
     unsupported,
 )
 
@@ -50,6 +51,9 @@ def export_wenet(context: ExportContext) -> Export:
         edits["dataset_conf"] = {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": frames}}
     if context.optimizer_flag():  # neither has optim_conf a fused/foreach key to override
         edits["optim_conf"] = {**RECIPE_OPTIM_CONF, **context.optimizer_flag()}
+    if context.config.activation_checkpointing:  # the recipe sets no gradient_checkpointing key (False by default)
+        edits["encoder_conf"] = {"gradient_checkpointing": True}
+        edits["decoder_conf"] = {"gradient_checkpointing": True}
     yaml_text = yamlio.dump_yaml(edits) if edits else None
     return Export(target="wenet", yaml_text=yaml_text, command=_command(context), notes=_notes(context))
 
@@ -132,6 +136,17 @@ def _persistent_notes(context: ExportContext) -> list[str]:
     return ["WeNet always uses persistent workers; the tuned run used non-persistent ones"]
 
 
+def _checkpointing_notes(context: ExportContext) -> list[str]:
+    if not context.config.activation_checkpointing:
+        return []  # off (or unset) is the aishell recipe's own
+    return [
+        "activation_checkpointing on: the YAML sets encoder_conf and decoder_conf gradient_checkpointing: true "
+        "(wenet/models/transformer/encoder.py and decoder.py recompute every layer in backward, use_reentrant=False; "
+        "the recipe has no such key, so override_config cannot add it); wrap_cuda_model then builds DDP with "
+        "find_unused_parameters=False"
+    ]
+
+
 def _cudnn_notes(context: ExportContext) -> list[str]:
     if not (context.config.cudnn_benchmark and context.on_cuda):
         return []
@@ -174,10 +189,17 @@ KNOB_TABLE = knob_table(
         "prefetch_factor": takes("--prefetch"),
         "pin_memory": takes("--pin_memory"),
         "persistent_workers": cannot(_persistent_notes),
+        "in_order": cannot(
+            unordered_note("WeNet (wenet/utils/train_utils.py init_dataset_and_dataloader)", carried=False)
+        ),
         "precision": takes("--use_amp (fp16) and the TF32 environment", notes=_precision_notes),
         "optimizer_impl": takes(
             "optim_conf in the config (the YAML to merge): override_config cannot add a key",
             notes=optimizer_note("optim_conf, which init_optimizer_and_scheduler passes to optim.Adam"),
+        ),
+        "activation_checkpointing": takes(
+            "encoder_conf/decoder_conf gradient_checkpointing in the config (the YAML to merge)",
+            notes=_checkpointing_notes,
         ),
         "intra_op_threads": THREADS,
         "cudnn_benchmark": cannot(_cudnn_notes),

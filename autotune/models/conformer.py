@@ -23,7 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from autotune.models.attention import RelPositionalEncoding, RelPositionMultiHeadedAttention
-from autotune.models.transformer_decoder import PositionwiseFeedForward, TransformerDecoder, padding_mask
+from autotune.models.transformer_decoder import (
+    PositionwiseFeedForward,
+    TransformerDecoder,
+    checkpointed,
+    padding_mask,
+)
 
 # Conv2dSubsampling4 needs this many frames to produce one output frame (two 3x3 stride-2 convolutions).
 MIN_INPUT_FRAMES = 7
@@ -143,8 +148,10 @@ class ConformerEncoder(nn.Module):
         num_blocks: int = 12,
         cnn_module_kernel: int = 15,
         dropout: float = 0.1,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        self.gradient_checkpointing = gradient_checkpointing  # WeNet's encoder_conf key of the same name
         self.global_cmvn = GlobalCMVN(feat_dim)
         self.embed = Conv2dSubsampling4(feat_dim, output_size, dropout)
         self.after_norm = nn.LayerNorm(output_size, eps=1e-5)  # declared before the layers, as WeNet (state order)
@@ -158,7 +165,7 @@ class ConformerEncoder(nn.Module):
         x, pos_emb = self.embed(self.global_cmvn(feats))
         pad_mask = padding_mask(subsampled_lengths(feat_lengths), x.shape[1])
         for layer in self.encoders:
-            x = layer(x, pad_mask, pos_emb)
+            x = checkpointed(layer, self.gradient_checkpointing and self.training, x, pad_mask, pos_emb)
         return self.after_norm(x), pad_mask
 
 
@@ -229,6 +236,8 @@ class ConformerASR(nn.Module):
         lsm_weight: Label smoothing of the attention loss.
         sos_eos: The id of <sos/eos>: 2 in the recipe's dictionary (WeNet's own default without special_tokens,
             the last id, is not what the aishell recipe trains with).
+        gradient_checkpointing: Recompute every encoder and decoder layer in backward (training only), as WeNet's
+            encoder_conf / decoder_conf gradient_checkpointing (off in the aishell recipe).
     """
 
     def __init__(
@@ -245,6 +254,7 @@ class ConformerASR(nn.Module):
         ctc_weight: float = 0.3,
         lsm_weight: float = 0.1,
         sos_eos: int = 2,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 <= ctc_weight <= 1.0:
@@ -255,10 +265,17 @@ class ConformerASR(nn.Module):
         self.ctc_weight = ctc_weight
         self.lsm_weight = lsm_weight
         self.encoder = ConformerEncoder(
-            feat_dim, output_size, attention_heads, linear_units, num_blocks, cnn_module_kernel, dropout
+            feat_dim,
+            output_size,
+            attention_heads,
+            linear_units,
+            num_blocks,
+            cnn_module_kernel,
+            dropout,
+            gradient_checkpointing,
         )
         self.decoder = TransformerDecoder(
-            vocab_size, output_size, attention_heads, linear_units, decoder_blocks, dropout
+            vocab_size, output_size, attention_heads, linear_units, decoder_blocks, dropout, gradient_checkpointing
         )
         self.ctc = CTC(vocab_size, output_size)
 

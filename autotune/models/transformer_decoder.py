@@ -6,6 +6,7 @@ Attribute names, shapes and their order follow ``wenet/models/transformer/decode
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint as activation_checkpoint
 from torch import nn
 
 from autotune.models.attention import MultiHeadedAttention, PositionalEncoding
@@ -14,6 +15,14 @@ from autotune.models.attention import MultiHeadedAttention, PositionalEncoding
 def padding_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
     """Return a (B, max_len) bool mask, True at the first ``lengths[b]`` positions of each row."""
     return torch.arange(max_len, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def checkpointed(layer: nn.Module, enabled: bool, *inputs: torch.Tensor) -> torch.Tensor:
+    """layer(*inputs), its activations recomputed in backward when enabled, as WeNet's forward_layers_checkpointed
+    (torch.utils.checkpoint, use_reentrant=False; the RNG state is preserved, so dropout draws the same masks)."""
+    if not enabled:
+        return layer(*inputs)
+    return activation_checkpoint.checkpoint(layer, *inputs, use_reentrant=False)
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -72,6 +81,7 @@ class TransformerDecoder(nn.Module):
         linear_units: Feed-forward inner width.
         num_blocks: Number of decoder layers.
         dropout_rate: Residual, feed-forward and positional dropout.
+        gradient_checkpointing: Recompute each layer in backward (training only), as WeNet's decoder does.
     """
 
     def __init__(
@@ -82,8 +92,10 @@ class TransformerDecoder(nn.Module):
         linear_units: int = 2048,
         num_blocks: int = 6,
         dropout_rate: float = 0.1,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        self.gradient_checkpointing = gradient_checkpointing  # WeNet's decoder_conf key of the same name
         size = encoder_output_size
         self.embed = nn.Sequential(nn.Embedding(vocab_size, size), PositionalEncoding(size, dropout_rate))
         self.after_norm = nn.LayerNorm(size, eps=1e-5)  # declared before the layers, as WeNet (state order)
@@ -111,5 +123,7 @@ class TransformerDecoder(nn.Module):
         tgt_mask = padding_mask(ys_in_lens, num_tokens).unsqueeze(1) & causal.unsqueeze(0)
         x = self.embed(ys_in)
         for layer in self.decoders:
-            x = layer(x, tgt_mask, memory, memory_mask.unsqueeze(1))
+            x = checkpointed(
+                layer, self.gradient_checkpointing and self.training, x, tgt_mask, memory, memory_mask.unsqueeze(1)
+            )
         return self.output_layer(self.after_norm(x))

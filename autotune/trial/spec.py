@@ -82,8 +82,10 @@ class TrialConfig:
     prefetch_factor: int | None = None
     pin_memory: bool = False
     persistent_workers: bool = False
+    in_order: bool = True  # DataLoader's own default; False hands over whichever worker's batch is ready (torch 2.6+)
     precision: str = "fp32"  # one of autotune.trial.precision.PRECISIONS
     optimizer_impl: str = "default"  # the recipe's optimizer as torch builds it (autotune/optimizer_kernels.py)
+    activation_checkpointing: bool | None = None  # None: the recipe's own (autotune/checkpointing.py)
     cudnn_benchmark: bool = True
     intra_op_threads: int | None = None
     world_size: int = 1
@@ -97,6 +99,7 @@ class TrialConfig:
         if self.num_workers == 0:
             object.__setattr__(self, "prefetch_factor", None)
             object.__setattr__(self, "persistent_workers", False)
+            object.__setattr__(self, "in_order", True)
 
     @property
     def global_batch_size(self) -> int:

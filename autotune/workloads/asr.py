@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.checkpointing import enabled
 from autotune.errors import DataError
 from autotune.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
@@ -115,7 +116,10 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
             f"{MIN_INPUT_FRAMES} frames); check the transcripts and durations"
         )
     preload_s = preload_if_asked(dataset, context)  # before the worst-case copy below, which shares the reader
-    model = ConformerASR(**{**options["model"], "vocab_size": len(vocabulary), "sos_eos": vocabulary.SOS_EOS_ID})
+    model = ConformerASR(
+        **{**options["model"], "vocab_size": len(vocabulary), "sos_eos": vocabulary.SOS_EOS_ID},
+        gradient_checkpointing=enabled(context.config.activation_checkpointing, recipe=False),  # the aishell recipe
+    )
     cmvn, _ = global_cmvn(utterances, dataset.fbank)  # prepared before the trials: read from the cache
     model.encoder.global_cmvn.set_stats(*cmvn.mean_istd())
     optimizer = recipe_optimizer(model, context.config.optimizer_impl)
@@ -186,5 +190,6 @@ def conformer() -> Workload:
         space_file="conformer.yaml",
         options={"speed_perturb": True, "spec_aug": True, "sort_size": 500, "model": {}},
         knobs=("batch_type", "max_frames_in_batch"),
+        checkpointing="WeNet's gradient_checkpointing: every encoder and decoder layer recomputed in backward",
         prepare_data=_prepare_conformer,
     )

@@ -102,6 +102,8 @@ class Workload:
         knobs: the workload's own knobs (search parameters beyond those of autotune/knobs.py, e.g. WeNet's
             max_frames_in_batch): a trial gets their values in TrialConfig.workload_knobs, and the result writes them
             in its `workload_knobs` section.
+        checkpointing: what the activation_checkpointing knob recomputes in this workload, as its framework's own
+            switch does (autotune/checkpointing.py); None: the knob does not apply, and a space naming it is refused.
         check_options: (the run's options, its data) -> notes for the result; runs once in the parent before any
             trial, raises a UserError for an option the user got wrong (one line, exit code 2) and prepares what
             trials will read (e.g. generates the synthetic noise set), so that a bad path never costs a trial.
@@ -124,6 +126,7 @@ class Workload:
     space_file: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     knobs: Sequence[str] = ()
+    checkpointing: str | None = None
     check_options: Callable[[dict[str, Any], DataSource], Sequence[str]] | None = None
     prepare_data: Callable[[DataSource, dict[str, Any]], Preparation | None] | None = None
     feature_devices: tuple[str, ...] = ()

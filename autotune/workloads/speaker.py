@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from autotune.checkpointing import enabled
 from autotune.errors import UserError
 from autotune.feature_device import DEVICE, WORKERS
 from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
@@ -156,6 +157,11 @@ def _build_speaker_setup(
     from autotune.models.margin import ArcMarginLoss, CosineClassifier
 
     options = _validated(context.options)
+    if "memory_efficient" in options:  # CAM++: the knob, where a configuration sets it, over the recipe's option
+        options = {
+            **options,
+            "memory_efficient": enabled(context.config.activation_checkpointing, recipe=options["memory_efficient"]),
+        }
     dataset = _dataset(pipeline, context)
     preload_s = preload_if_asked(dataset, context)
     model = nn.ModuleDict(
@@ -212,6 +218,7 @@ def speaker_workload(
     published_parameters: int,
     options: dict[str, Any],
     pipeline: Pipeline = "3d-speaker",
+    checkpointing: str | None = None,
 ) -> Workload:
     """A speaker-embedding workload around one embedding network, trained through its recipe's pipeline."""
     return Workload(
@@ -226,6 +233,7 @@ def speaker_workload(
         options=options,
         check_options=check_speaker_options(pipeline),
         feature_devices=FEATURE_DEVICES[pipeline],
+        checkpointing=checkpointing,
     )
 
 
@@ -243,6 +251,7 @@ def campplus() -> Workload:
         make_embedder=_campplus,
         published_parameters=7_176_224,
         options={"crop_s": 3.0, "embedding_size": 512, **CAMPPLUS_RECIPE},
+        checkpointing="3D-Speaker's memory_efficient: each dense layer's BN-ReLU-1x1 bottleneck recomputed in backward",
     )
 
 

@@ -150,16 +150,33 @@ def _literal(node: ast.AST) -> Any:
 
 
 # What cpu_result tunes, as a DataLoader must hold it (batch_size per test).
-TUNED = {"num_workers": 2, "prefetch_factor": 3, "persistent_workers": True, "pin_memory": False, "drop_last": True}
+TUNED = {
+    "num_workers": 2,
+    "prefetch_factor": 3,
+    "persistent_workers": True,
+    "in_order": False,
+    "pin_memory": False,
+    "drop_last": True,
+}
 
 
 def cpu_result(model: str, precision: str, batch: int, **overrides: Any) -> TunedConfig:
-    """A CPU result with workers, a prefetch depth and persistent workers, for the tests that train for real."""
-    fields = {"workers": 2, "prefetch_factor": 3, "pin_memory": False, "per_device_batch_size": batch} | overrides
+    """A CPU result with workers, a prefetch depth, persistent and unordered workers, for the tests that train for
+    real (each framework's own DataLoader then holds every tuned loader knob it takes)."""
+    fields = {"workers": 2, "prefetch_factor": 3, "pin_memory": False, "per_device_batch_size": batch}
+    fields = fields | {"in_order": False} | overrides
     return make_tuned(model=model, precision=precision, device_type="cpu", **fields)
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:
     """The tuned settings as a framework's DataLoader holds them."""
-    names = ("batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "drop_last")
+    names = (
+        "batch_size",
+        "num_workers",
+        "prefetch_factor",
+        "persistent_workers",
+        "in_order",
+        "pin_memory",
+        "drop_last",
+    )
     return {name: getattr(loader, name) for name in names}

@@ -160,8 +160,11 @@ def test_iterator_factory_builds_the_tuned_loader(tmp_path: Path, monkeypatch) -
     monkeypatch.chdir(tmp_path)  # the recipe config names dump/raw/... relative to the recipe folder
     _write_recipe_data(tmp_path)
     shutil.copy(SPK_RECIPE, tmp_path / "train_ECAPA_mel.yaml")
-    tuned = make_tuned(model="ecapa-tdnn", precision="bf16", device_type="cpu", workers=2, per_device_batch_size=4)
-    _, options = run_sh(export(tuned, "espnet").command)
+    tuned = make_tuned(
+        model="ecapa-tdnn", precision="bf16", device_type="cpu", workers=2, per_device_batch_size=4, in_order=False
+    )
+    exported = export(tuned, "espnet")
+    _, options = run_sh(exported.command)
     args = SpeakerTask.get_parser().parse_args(spk_train_argv(options, tmp_path, tmp_path / "train_ECAPA_mel.yaml"))
     SpeakerTask.check_required_command_args(args)
     factory = SpeakerTask.build_iter_factory(args=args, distributed_option=DistributedOption(ngpu=0), mode="train")
@@ -170,6 +173,10 @@ def test_iterator_factory_builds_the_tuned_loader(tmp_path: Path, monkeypatch) -
     batches = list(loader.batch_sampler)
     assert batches and all(len(batch) == 4 for batch in batches)  # batch_size 4 (the short last batch dropped)
     assert loader.num_workers == 2 and loader.pin_memory is False  # ESPnet pins only with GPUs
+    assert loader.in_order is True  # build_iter passes no in_order: the note says the tuned False cannot reach it
+    assert "ESPnet (espnet2/iterators/*_iter_factory.py build_iter) builds its DataLoader without in_order" in (
+        notes_text(exported)
+    )
     assert args.use_amp is False  # bf16 on a CPU: ESPnet's torch.cuda.amp would do nothing, so it is not asked for
 
 
@@ -286,3 +293,15 @@ def test_optimizer_kernel_reaches_espnets_optimizer(implementation: str, tmp_pat
     assert isinstance(optimizer, torch.optim.Adam)
     assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
     assert ("optimizer_impl fused" in notes_text(result)) == (implementation == "fused")
+
+
+def test_checkpointing_cannot_reach_espnets_conformer() -> None:
+    """ESPnet's ConformerEncoder takes no checkpointing argument (its own signature): the note says so."""
+    import inspect
+
+    from espnet2.asr.encoder.conformer_encoder import ConformerEncoder
+
+    assert not [name for name in inspect.signature(ConformerEncoder).parameters if "checkpoint" in name]
+    result = export(make_tuned(model="conformer", activation_checkpointing=True), "espnet")
+    assert "activation_checkpointing was tuned on for conformer; ESPnet" in notes_text(result)
+    assert "activation_checkpointing" not in notes_text(export(make_tuned(model="conformer"), "espnet"))

@@ -236,3 +236,17 @@ def test_device_features_run_in_lightnings_batch_transfer_hook_as_the_note_says(
     trainer.fit_loop.max_epochs = 1
     trainer.fit(Speaker(), namespace["train_loader"])
     assert seen == [((4, 8000), False), ((4, 8000), False)]  # crops in, before autocast: fbank stays float32
+
+
+@pytest.mark.parametrize("in_order", (True, False))
+def test_unordered_workers_reach_the_snippets_dataloader(in_order: bool) -> None:
+    result = export(make_tuned(in_order=in_order), "lightning")
+    loader = call_kwargs(result.python_text or "", "DataLoader")
+    assert loader.get("in_order", True) is in_order and ("in_order" in loader) == (not in_order)
+    assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)
+
+
+@pytest.mark.parametrize("checkpointing", (None, True, False))
+def test_checkpointing_is_model_code_and_the_note_says_how(checkpointing: bool | None) -> None:
+    notes = notes_text(export(make_tuned(activation_checkpointing=checkpointing), "lightning"))
+    assert ("memory_efficient=True/False" in notes) == (checkpointing is not None)

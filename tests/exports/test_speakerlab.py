@@ -188,7 +188,9 @@ def run_train_py(root: Path, monkeypatch, command: str | None) -> tuple[Any, str
 
 @pytest.mark.slow
 def test_train_py_runs_an_epoch_with_the_tuned_loader(tmp_path: Path, monkeypatch) -> None:
-    tuned = make_tuned(model="cam++", precision="fp32-default", workers=2, prefetch_factor=3, per_device_batch_size=4)
+    tuned = make_tuned(
+        model="cam++", precision="fp32-default", workers=2, prefetch_factor=3, per_device_batch_size=4, in_order=False
+    )
     loader, log = run_train_py(tmp_path, monkeypatch, export(tuned, "3d-speaker").command)
     assert loader_settings(loader) == dict(TUNED, batch_size=4, pin_memory=True)  # a CUDA result: pinned
     assert len(loader) == 2  # 10 chunks, batches of 4, the short one dropped
@@ -275,3 +277,34 @@ def test_speakerlabs_dataset_computes_the_fbank_the_step_computes(tmp_path: Path
     crops = [dataset.preprocessor["wav_reader"](dataset.get_data(index)["path"])[0] for index in range(3)]
     theirs = torch.stack([dataset.preprocessor["feature_extractor"](crop) for crop in crops])
     torch.testing.assert_close(batched_fbank(torch.stack(crops)), theirs, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("in_order", (True, False))
+def test_unordered_workers_reach_the_dataloader_block(in_order: bool, tmp_path: Path) -> None:
+    result = _export(in_order=in_order)
+    _, argv = bash_words(result.command)
+    recipe = tmp_path / "cam++.yaml"
+    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", recipe)
+    _, config = _config(argv[3:], recipe)
+    assert config.dataloader["args"].get("in_order", True) is in_order
+    assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)
+
+
+@pytest.mark.parametrize("checkpointing", (None, True, False))
+def test_campplus_checkpointing_reaches_memory_efficient(checkpointing: bool | None, tmp_path: Path) -> None:
+    """Tuned off, --embedding_model replaces the recipe's CAM++ block with memory_efficient false; speakerlab's
+    parser, config builder and builder then make a CAM++ whose dense layers do not checkpoint. On or unset, the
+    recipe's block (DTDNN.CAMPPlus checkpoints by default) is left alone."""
+    from speakerlab.utils.builder import build
+
+    result = _export(activation_checkpointing=checkpointing)
+    _, argv = bash_words(result.command)
+    assert ("--embedding_model" in argv) == (checkpointing is False)
+    recipe = tmp_path / "cam++.yaml"
+    shutil.copy(RECIPES / "3d-speaker_cam++.yaml", recipe)
+    _, config = _config(argv[3:], recipe)
+    model = build("embedding_model", config)
+    layers = [module for module in model.modules() if hasattr(module, "memory_efficient")]
+    assert layers and {layer.memory_efficient for layer in layers} == {checkpointing is not False}
+    assert sum(parameter.numel() for parameter in model.parameters()) == 7_176_224  # the recipe's CAM++ still
+    assert ("memory_efficient: false" in notes_text(result)) == (checkpointing is False)

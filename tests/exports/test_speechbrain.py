@@ -156,6 +156,7 @@ def test_recipe_trains_with_the_tuned_values(tmp_path: Path, monkeypatch) -> Non
         "pin_memory": False,
         "prefetch_factor": 3,
         "persistent_workers": True,
+        "in_order": False,
         "drop_last": True,
     }  # merged: the recipe's shuffle kept
     assert hparams["num_workers"] == 4  # the recipe's own key, still feeding its noise loaders
@@ -199,3 +200,32 @@ def test_optimizer_kernel_reaches_the_recipes_opt_class(implementation: str, tmp
     assert partial.keywords == (recipe if implementation == "default" else {**recipe, implementation: True})
     optimizer = partial(torch.nn.Linear(4, 2).parameters())
     assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
+
+
+@pytest.mark.parametrize("in_order", (True, False))
+def test_unordered_workers_reach_the_dataloader_options(in_order: bool, tmp_path: Path) -> None:
+    """--dataloader_options carries in_order=False, read by SpeechBrain's parser and hyperpyyaml."""
+    import speechbrain as sb
+    from hyperpyyaml import load_hyperpyyaml
+
+    (tmp_path / "hparams").mkdir()
+    shutil.copy(RECIPE, tmp_path / "hparams" / "train_ecapa_tdnn.yaml")
+    result = _export(in_order=in_order)
+    _, argv = bash_words(result.command, cwd=tmp_path)
+    hparams_file, _, overrides = sb.parse_arguments(argv[2:])
+    with open(tmp_path / hparams_file) as stream:
+        hparams = load_hyperpyyaml(stream, overrides)
+    assert hparams["dataloader_options"].get("in_order", True) is in_order
+    assert ("not see the batches in the same order" in notes_text(result)) == (not in_order)
+
+
+def test_checkpointing_cannot_reach_speechbrains_ecapa() -> None:
+    import inspect
+
+    from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
+
+    assert not [name for name in inspect.signature(ECAPA_TDNN).parameters if "checkpoint" in name]
+    assert "activation_checkpointing" not in notes_text(_export())  # unset: never searched for ECAPA
+    assert "SpeechBrain (its ECAPA_TDNN has no checkpointing option)" in notes_text(
+        _export(activation_checkpointing=True)
+    )

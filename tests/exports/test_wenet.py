@@ -195,3 +195,32 @@ def test_optimizer_kernel_is_yaml_in_optim_conf(implementation: str, dynamic: bo
     assert isinstance(optimizer, torch.optim.Adam) and optimizer.defaults["lr"] == 0.002
     assert optimizer.defaults["foreach"] is (True if implementation == "foreach" else None)
     assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
+
+
+def test_unordered_workers_cannot_reach_wenets_loader() -> None:
+    """init_dataset_and_dataloader passes no in_order (recorded): WeNet's loader runs in order, and the note says so."""
+    assert "in_order" not in RECORDED["dataloader"]["kwargs"]
+    result = _export(in_order=False)
+    _, args = parse(result.command)
+    assert wenet_loader(args).in_order is True
+    assert "WeNet (wenet/utils/train_utils.py init_dataset_and_dataloader) builds its DataLoader without in_order" in (
+        notes_text(result)
+    )
+    assert "in_order" not in notes_text(_export(in_order=True))
+
+
+@pytest.mark.parametrize("checkpointing", (None, True, False))
+def test_checkpointing_is_yaml_in_encoder_and_decoder_conf(checkpointing: bool | None) -> None:
+    """WeNet's switch (recorded from its encoder and decoder) is a key the aishell recipe does not have, so
+    override_config cannot set it: a config edit, as optim_conf's."""
+    recorded = RECORDED["gradient_checkpointing"]
+    assert recorded["config_keys"] == ["encoder_conf.gradient_checkpointing", "decoder_conf.gradient_checkpointing"]
+    with pytest.raises(AssertionError, match="not in the recipe"):
+        override(RECIPE, ["encoder_conf.gradient_checkpointing true"])
+    result = _export(activation_checkpointing=checkpointing)
+    edits = parsed(result) if checkpointing else {}
+    for key in recorded["config_keys"]:
+        section, name = key.split(".")
+        merged = {**RECIPE[section], **edits.get(section, {})}
+        assert merged.get(name, recorded["default"]) is bool(checkpointing)
+    assert ("gradient_checkpointing: true" in notes_text(result)) == bool(checkpointing)

@@ -15,13 +15,19 @@ SMALL = {"ecapa-tdnn": {"channels": 64}, "ecapa-tdnn-512": {"channels": 64}, "er
 
 
 def build(
-    name: str, corpus: Path, preload: bool = False, feature_device: str | None = None, **options: object
+    name: str,
+    corpus: Path,
+    preload: bool = False,
+    feature_device: str | None = None,
+    config: TrialConfig | None = None,
+    **options: object,
 ) -> workloads.TrainingSetup:
-    """The workload's setup over the corpus, with the given options over its defaults (and a narrow model)."""
+    """The workload's setup over the corpus, with the given options over its defaults (and a narrow model); `config`
+    replaces the trial's configuration (batch 3)."""
     workload = workloads.get(name)
     context = WorkloadContext(
         data=workload.load_data(str(corpus)),
-        config=TrialConfig(per_device_batch_size=3, preload_audio=preload, feature_device=feature_device),
+        config=config or TrialConfig(per_device_batch_size=3, preload_audio=preload, feature_device=feature_device),
         options={**workload.options, **SMALL.get(name, {}), **options},
         device=torch.device("cpu"),
     )

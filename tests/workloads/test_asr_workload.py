@@ -217,3 +217,13 @@ def test_trains_with_the_fused_adam_in_a_trial_subprocess(corpus: Path, tmp_path
     config = TrialConfig(per_device_batch_size=2, optimizer_impl="fused")
     result = run_two_steps("conformer", data, {"model": SMALL_MODEL}, config, tmp_path)
     assert result.samples_per_second and result.samples_per_second > 0
+
+
+@pytest.mark.parametrize(("knob", "checkpointed"), [(None, False), (True, True), (False, False)])
+def test_conformer_checkpoints_its_layers_as_the_knob_says(
+    conformer: workloads.Workload, corpus: Path, knob: bool | None, checkpointed: bool
+) -> None:
+    """WeNet's gradient_checkpointing on encoder and decoder; unset, the aishell recipe's own (off)."""
+    setup = _setup(conformer, corpus, TrialConfig(per_device_batch_size=2, activation_checkpointing=knob))
+    assert setup.model.encoder.gradient_checkpointing is checkpointed
+    assert setup.model.decoder.gradient_checkpointing is checkpointed

@@ -192,3 +192,17 @@ def test_ecapa_baseline_is_tf32_because_speechbrain_turns_it_on_at_import() -> N
     for name in ("ecapa-tdnn", "ecapa-tdnn-512"):
         recipe = space.read(space.space_path(f"{name}.yaml"))  # `extends` merged in: 512 builds on ecapa-tdnn
         assert recipe["baseline"]["precision"] == "tf32" and recipe["cpu"]["baseline"]["precision"] == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("knob", "option", "checkpointed"),
+    [(None, True, True), (None, False, False), (False, True, False), (True, False, True)],
+)
+def test_campplus_checkpoints_as_the_knob_says_or_as_its_recipe(
+    knob: bool | None, option: bool, checkpointed: bool, tiny_corpus: Path
+) -> None:
+    """activation_checkpointing, where set, decides CAM++'s memory_efficient; unset, the recipe's option does."""
+    config = TrialConfig(per_device_batch_size=3, activation_checkpointing=knob)
+    setup = build("cam++", tiny_corpus, config=config, crop_s=0.5, aug_prob=0.0, memory_efficient=option)
+    layers = [module for module in setup.model.modules() if hasattr(module, "memory_efficient")]
+    assert layers and {layer.memory_efficient for layer in layers} == {checkpointed}
