@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autotune.compile_modes import MODES as COMPILE_MODES
+from autotune.compile_modes import OFF as COMPILE_OFF
 from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
 from autotune.optimizer_kernels import IMPLEMENTATIONS as OPTIMIZER_IMPLEMENTATIONS
 from autotune.trial.precision import PRECISIONS
@@ -41,7 +43,7 @@ Applies = Literal["dataloader", "process", "model", "data", "run"]
 # configuration keeps), or not at all (set by the run: --world-size, the preload probe).
 SpaceRole = Literal["searched", "fixed", "run"]
 # The result file's knob sections, in the order they are written.
-RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio")
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "threads", "audio", "compile")
 _COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
 
 
@@ -95,6 +97,12 @@ def _optimizer_word(value: str) -> str | None:
     """The recipe's own optimizer (`default`) is left out of the trial line: lines recorded before the knob existed
     (benchmarks/replay.py keys by them) stay the lines of the same configurations."""
     return None if value == DEFAULT_OPTIMIZER else value
+
+
+def _compile_word(value: str) -> str | None:
+    """Eager (`off`) is left out of the trial line: lines recorded before the knob existed (benchmarks/replay.py
+    keys by them) stay the lines of the same configurations."""
+    return None if value == COMPILE_OFF else f"compile={value}"
 
 
 def _unshown(value: Any) -> None:
@@ -201,6 +209,17 @@ KNOBS: tuple[Knob, ...] = (
         key="preload_decoded",
         required=False,
         word=_flag("preload"),
+    ),
+    Knob(
+        name="compile",
+        type=str,
+        applies="model",
+        space="searched",
+        choices=COMPILE_MODES,
+        section="compile",
+        key="mode",
+        required=False,  # results written before the knob trained eagerly: `off`
+        word=_compile_word,
     ),
 )
 NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
-from autotune import optimizer_kernels
+from autotune import compile_modes, optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve
 from autotune.space_fit import adapt_baseline, baseline_per_device, contains, fit_global_batch, fit_seeds
@@ -269,6 +269,9 @@ def from_dict(
     kernel_reason = optimizer_kernels.unsupported_reason(fixed.get("optimizer_impl", "default"), device_type)
     if kernel_reason is not None:
         raise SpaceError(f"{origin}: fixed optimizer_impl {fixed['optimizer_impl']!r} cannot run here: {kernel_reason}")
+    compile_reason = compile_modes.unsupported_reason(fixed.get("compile", compile_modes.OFF), device_type)
+    if compile_reason is not None:
+        raise SpaceError(f"{origin}: fixed compile {fixed['compile']!r} cannot run here: {compile_reason}")
     raw_baseline = check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
         raw_baseline,
@@ -301,11 +304,14 @@ def from_dict(
 
 
 def _left_out_notes(raw_params: dict[str, Any], device_type: str) -> tuple[str, ...]:
-    """Why choices of optimizer_impl were left out on this device (optimizer_kernels.left_out)."""
-    spec = raw_params.get("optimizer_impl")
-    if not isinstance(spec, dict) or spec.get("type") != "categorical":
-        return ()
-    return tuple(optimizer_kernels.left_out(list(spec.get("choices") or []), device_type).values())
+    """Why choices of optimizer_impl and compile were left out on this device (optimizer_kernels.left_out,
+    compile_modes.left_out)."""
+    notes: list[str] = []
+    for name, left_out in (("optimizer_impl", optimizer_kernels.left_out), ("compile", compile_modes.left_out)):
+        spec = raw_params.get(name)
+        if isinstance(spec, dict) and spec.get("type") == "categorical":
+            notes += left_out(list(spec.get("choices") or []), device_type).values()
+    return tuple(notes)
 
 
 def _merge_device_section(data: dict[str, Any], device_type: str, origin: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ _UNSET_DEFAULTS: dict[str, Any] = {
     "persistent_workers": False,
     "pin_memory": False,
     "optimizer_impl": "default",
+    "compile": "off",
 }
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
-from autotune import knobs, optimizer_kernels
+from autotune import compile_modes, knobs, optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
 from autotune.space_fit import resolve_auto
@@ -156,6 +156,8 @@ def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str
         choices = [c for c in choices if c in hardware.supported_precisions()]
     elif name == "optimizer_impl":
         choices = optimizer_kernels.offered(choices, hardware.device_type)
+    elif name == "compile":
+        choices = compile_modes.offered(choices, hardware.device_type)
     if not choices:
         raise SpaceError(f"{where}: none of the choices runs on this hardware ({hardware.describe()})")
     return od.CategoricalDistribution(choices)

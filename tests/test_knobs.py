@@ -76,6 +76,7 @@ def test_trial_line_is_unchanged_by_the_declarations() -> None:
     assert dataclasses.replace(plain, optimizer_impl="fused").short() == "bs=64 w=0 fp32 fused"
     foreach = dataclasses.replace(full, optimizer_impl="foreach").short()
     assert foreach.startswith("bs=32 w=4 pf=2 pin persist bf16 foreach thr=3 ")
+    assert dataclasses.replace(plain, compile="dynamic").short() == "bs=64 w=0 fp32 compile=dynamic"
 
 
 def test_space_parameters_derive_from_the_declarations() -> None:
@@ -89,6 +90,7 @@ def test_space_parameters_derive_from_the_declarations() -> None:
         "optimizer_impl": str,
         "intra_op_threads": int,
         "cudnn_benchmark": bool,
+        "compile": str,
     }
     assert space.MINIMUM == {"per_device_batch_size": 1, "num_workers": 0, "prefetch_factor": 1, "intra_op_threads": 1}
     assert space.RECIPE_SETTINGS == {"grad_accum_steps": int}

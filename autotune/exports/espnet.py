@@ -21,6 +21,7 @@ from autotune.exports.base import (
     ExportContext,
     KnobNotes,
     cannot,
+    compile_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -228,5 +229,8 @@ KNOB_TABLE = knob_table(
         "world_size": takes("run.sh --ngpu"),
         "grad_accum_steps": takes("--accum_grad"),
         "preload_audio": cannot(preload_note("ESPnet")),
+        "compile": cannot(
+            compile_note("ESPnet", "espnet2/tasks/abs_task.py main_worker, after cls.build_model(args=args)")
+        ),
     },
 )

@@ -20,6 +20,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    compile_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -202,5 +203,11 @@ KNOB_TABLE = knob_table(
         "world_size": takes("torchrun --nproc_per_node and --gpu"),
         "grad_accum_steps": cannot(_accumulation_notes),
         "preload_audio": cannot(preload_note("3D-Speaker")),
+        "compile": cannot(
+            compile_note(
+                "3D-Speaker",
+                "speakerlab/bin/train.py, after build('embedding_model', config) and build('classifier', config)",
+            )
+        ),
     },
 )

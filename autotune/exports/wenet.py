@@ -18,6 +18,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    compile_note,
     knob_table,
     optimizer_note,
     preload_note,
@@ -183,5 +184,8 @@ KNOB_TABLE = knob_table(
         "world_size": takes("torchrun --nproc_per_node"),
         "grad_accum_steps": takes('--override_config "accum_grad N"'),
         "preload_audio": cannot(preload_note("WeNet")),
+        "compile": cannot(
+            compile_note("WeNet (train.py has no such flag)", "wenet/bin/train.py, after init_model(args, configs)")
+        ),
     },
 )
