@@ -35,6 +35,7 @@ __all__ = [
     "MODES",
     "OFF",
     "apply",
+    "check_label",
     "compile_kwargs",
     "compiled_modules",
     "left_out",
@@ -108,6 +109,12 @@ def left_out(choices: list[str], device_type: str) -> dict[str, str]:
     """The choices `offered` leaves out, each with the note saying why."""
     reasons = {choice: unsupported_reason(choice, device_type) for choice in choices}
     return {choice: f"compile {choice} left out of the search: {why}" for choice, why in reasons.items() if why}
+
+
+def check_label(mode: str) -> str:
+    """How the numerics check (trial/amp_check.py) names a compile mode beside the precisions it judges; the tuner
+    looks a configuration's compile up under it (its word in the trial line)."""
+    return f"compile={mode}"
 
 
 def compiled_modules(model: Any) -> list[Any]:

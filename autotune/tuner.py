@@ -16,6 +16,7 @@ import optuna
 from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
+from autotune.compile_modes import OFF, check_label
 from autotune.errors import WorkloadError
 from autotune.pruning import Pruner
 from autotune.reporting import Reporter, SilentReporter
@@ -94,8 +95,9 @@ class Tuner:
         strict_baseline: stop with a WorkloadError when the baseline raises (plugins: a bug, not a configuration).
         warm_start: (role, parameters) to measure right after the baseline, before the search: a rerun's previous
             winner (role "previous", always among the confirmed) and its best neighbours (role "warm").
-        rejected_precisions: precisions the AMP check rejected, with the reason: a trial with one is recorded as
-            status "precision" (infeasible to Optuna) without being launched.
+        rejected_precisions: precisions the AMP check rejected, and compile modes (by compile_modes.check_label),
+            with the reason: a trial with one is recorded as status "precision" (infeasible to Optuna) without
+            being launched.
         preload_probe: says whether the best configuration so far is worth measuring with its decoded audio
             preloaded into RAM (it waits for data and the corpus fits the RAM budget); if so, the search's last trial
             (role "preload") measures it. None: never.
@@ -139,7 +141,12 @@ class Tuner:
         # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
         # random and grid searches stay unseeded (they are the comparisons).
         cold = not self.warm_start and settings.sampler == "tpe" and len(study.trials) == 0
-        seeds = [seed for seed in space.seeds if seed.get("precision") not in self.rejected_precisions]
+        rejected = self.rejected_precisions
+        seeds = [
+            seed
+            for seed in space.seeds
+            if seed.get("precision") not in rejected and check_label(seed.get("compile", OFF)) not in rejected
+        ]
         self.seeds = [("seed", dict(seed)) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
         self.launcher, self.closing_trials, self.before = launcher, closing_trials, before
@@ -173,8 +180,9 @@ class Tuner:
             folder = self.workdir / f"trial-{trial.number:04d}"
             pruner = Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
-            if config.precision in self.rejected_precisions:  # infeasible without launching: the AMP check said so
-                result = TrialResult(status="precision", reason=self.rejected_precisions[config.precision])
+            rejected = self._rejected(config)
+            if rejected is not None:  # infeasible without launching: the AMP check said so
+                result = TrialResult(status="precision", reason=rejected)
             else:
                 with storage.heartbeat(self.study, trial):
                     result = self._launch(spec, folder, pruner)
@@ -194,6 +202,11 @@ class Tuner:
             shutil.rmtree(folder, ignore_errors=True)
         self._plan_changed()
         return record
+
+    def _rejected(self, config: TrialConfig) -> str | None:
+        """Why the AMP check rejected this configuration's precision or compile mode; None if it did not."""
+        rejected = self.rejected_precisions
+        return rejected.get(config.precision) or rejected.get(check_label(config.compile))
 
     def _launch(self, spec: TrialSpec, folder: Path, pruner: Pruner | None) -> TrialResult:
         """Launch a trial; one whose throughput was erratic is measured once more, and only a second erratic window
