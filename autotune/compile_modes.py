@@ -74,11 +74,14 @@ def _cpu_compiler() -> str | None:
 
 
 def _has_triton() -> bool:
+    """Whether the Triton package is installed. Not torch's has_triton(): that probes the GPU, and the parent, which
+    loads the space, never touches CUDA (trials do). A GPU too old for Triton (compute capability below 7.0) fails
+    its compiled trials with inductor's own error instead of being left out."""
     try:
-        from torch.utils._triton import has_triton
+        from torch.utils._triton import has_triton_package
     except ImportError:
         return False
-    return bool(has_triton())
+    return bool(has_triton_package())
 
 
 def unsupported_reason(mode: str, device_type: str) -> str | None:

@@ -27,19 +27,24 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
     assert "extends" not in now["source"]  # the result file records the whole space, not a reference
 
 
+_ISSUE20_KNOBS = ("optimizer_impl", "compile")  # added to shared/core.yaml since a8cb464's recording
+
+
 def _without_optimizer_impl(recorded: dict) -> dict:
-    """A recording with the optimizer_impl knob (issue 20) taken out: its parameter, baseline and seed values, and
-    the space's notes (on the choices left out on a device; a8cb464 recorded no such key)."""
+    """A recording with issue 20's knobs (optimizer_impl, compile) taken out: their parameters, baseline and seed
+    values, and the space's notes (on the choices left out on a device; a8cb464 recorded no such key)."""
     stripped = json.loads(json.dumps(recorded))
     for load in stripped["loads"].values():
         if "error" in load:
             continue
-        load["params"] = [param for param in load["params"] if param["name"] != "optimizer_impl"]
-        load["baseline"].pop("optimizer_impl", None)
-        for seed in load["seeds"]:
-            seed.pop("optimizer_impl", None)
-        assert all(note.startswith("optimizer_impl ") for note in load.pop("space_notes"))
-    stripped["source"]["params"].pop("optimizer_impl", None)
+        load["params"] = [param for param in load["params"] if param["name"] not in _ISSUE20_KNOBS]
+        for knob in _ISSUE20_KNOBS:
+            load["baseline"].pop(knob, None)
+            for seed in load["seeds"]:
+                seed.pop(knob, None)
+        assert all(note.startswith(_ISSUE20_KNOBS) for note in load.pop("space_notes"))
+    for knob in _ISSUE20_KNOBS:
+        stripped["source"]["params"].pop(knob, None)
     return stripped
 
 
@@ -59,6 +64,22 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
         assert json.loads(param["distribution"])["attributes"]["choices"] == ["default", "fused"], machine
         assert load["baseline"]["optimizer_impl"] == "default"
         assert any(note.startswith("optimizer_impl foreach left out") for note in load["space_notes"])
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_builtin_space_searches_compile_on_cuda_only_from_an_eager_baseline(name):
+    """Re-recorded when shared/core.yaml gained compile: searched on CUDA (off, default, dynamic; this environment has
+    Triton), from the recipes' eager baseline; not on a CPU, where a compile of CAM++ costs minutes."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    for machine, load in recorded["loads"].items():
+        found = [param for param in load["params"] if param["name"] == "compile"]
+        if load["device_type"] == "cpu":
+            assert found == [] and "compile" not in load["baseline"], machine
+            continue
+        (param,) = found
+        assert json.loads(param["distribution"])["attributes"]["choices"] == ["off", "default", "dynamic"], machine
+        assert load["baseline"]["compile"] == "off"
+        assert not any(note.startswith("compile ") for note in load["space_notes"])
 
 
 def test_builtin_spaces_say_only_what_differs():
