@@ -185,7 +185,10 @@ KNOB_TABLE = knob_table(
         "grad_accum_steps": takes('--override_config "accum_grad N"'),
         "preload_audio": cannot(preload_note("WeNet")),
         "compile": cannot(
-            compile_note("WeNet (train.py has no such flag)", "wenet/bin/train.py, after init_model(args, configs)")
+            compile_note(
+                "WeNet (train.py has no such flag)",
+                "wenet/bin/train.py, after init_model(args, configs) and trace_and_print_model(...), which scripts it",
+            )
         ),
     },
 )

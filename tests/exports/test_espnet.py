@@ -286,3 +286,22 @@ def test_optimizer_kernel_reaches_espnets_optimizer(implementation: str, tmp_pat
     assert isinstance(optimizer, torch.optim.Adam)
     assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
     assert ("optimizer_impl fused" in notes_text(result)) == (implementation == "fused")
+
+
+def test_espnet_has_no_compile_option_and_the_note_names_where_the_model_is_built() -> None:
+    """ESPnet's own parsers (SpeakerTask, ASRTask) take no torch.compile option: a compiled winner is a note naming
+    abs_task.py's main_worker, where the installed ESPnet builds the model."""
+    import inspect
+
+    from espnet2.tasks.abs_task import AbsTask
+    from espnet2.tasks.asr import ASRTask
+    from espnet2.tasks.spk import SpeakerTask
+
+    for task in (SpeakerTask, ASRTask):
+        options = [option for action in task.get_parser()._actions for option in action.option_strings]
+        assert options and not [option for option in options if "compile" in option]
+    assert "model = cls.build_model(args=args)" in inspect.getsource(AbsTask.main_worker)
+    notes = notes_text(_export(compile="dynamic"))
+    assert "ESPnet has no option for torch.compile" in notes and "module.compile(dynamic=True)" in notes
+    assert "main_worker, after cls.build_model(args=args)" in notes
+    assert "torch.compile" not in notes_text(_export())
