@@ -19,7 +19,7 @@ __all__ = ["NOT_MEASURED", "Measurements", "summarise_measurements", "speedup_ra
 
 
 # Figures written only where they exist (a compiled configuration's): an eager one's mapping stays what it was.
-_ONLY_WHEN_SET = ("compile_s", "recompiles")
+_ONLY_WHEN_SET = ("compile_s", "recompiles", "steady_samples_per_second")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +53,7 @@ class Measurements:
     # run length), and the most recompiles any measurement met; None for an eager configuration.
     compile_s: float | None = None
     recompiles: int | None = None
+    steady_samples_per_second: float | None = None  # compiled: the median window rate, compiling not charged
 
     @property
     def ok(self) -> bool:
@@ -101,6 +102,7 @@ def summarise_measurements(results: Sequence[TrialResult]) -> Measurements:
 
     median = statistics.median(values)
     first = feasible[0]
+    compiled = any(r.compile_s is not None for r in feasible)
     return Measurements(
         status="ok",
         samples_per_second=round(median, 3),
@@ -125,6 +127,7 @@ def summarise_measurements(results: Sequence[TrialResult]) -> Measurements:
         fp32_math=first.fp32_math,
         compile_s=median_of("compile_s"),
         recompiles=max((r.recompiles for r in feasible if r.recompiles is not None), default=None),
+        steady_samples_per_second=median_of("window_samples_per_second") if compiled else None,
     )
 
 
