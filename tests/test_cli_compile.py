@@ -43,6 +43,6 @@ def test_a_compile_one_epoch_cannot_repay_does_not_win(tiny_corpus: Path, tmp_pa
     (study,) = optuna.get_all_study_summaries(storage)
     trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
     compiled = [t.user_attrs["result"] for t in trials if t.user_attrs["config"]["compile"] == "dynamic"]
-    assert compiled and all(r["status"] == "ok" and r["compile_s"] > 0.5 for r in compiled)
+    assert compiled and all(r["status"] == "ok" and r["compile_s"] > 0.2 for r in compiled)
     assert all(r["samples_per_second"] < 0.5 * r["window_samples_per_second"] for r in compiled)  # charged
     assert "compile " in result.stderr and "recompiles" in result.stderr  # the trial line shows the cost

@@ -30,10 +30,18 @@ def test_this_machine_runs_inductor_on_its_cpu() -> None:
     assert compile_modes.offered(list(compile_modes.MODES), "cpu") == list(compile_modes.MODES)
 
 
-def test_a_cpu_without_a_cxx_compiler_leaves_compiling_out_with_a_note(monkeypatch) -> None:
+def test_the_cpu_compiler_is_inductors_own_found_on_path(monkeypatch) -> None:
     from torch._inductor import config
 
-    monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-cxx-compiler"))
+    found = compile_modes._cpu_compiler()
+    configured = config.cpp.cxx if isinstance(config.cpp.cxx, tuple) else (config.cpp.cxx,)
+    assert found is not None and found in configured  # g++ here (torch's default list)
+    monkeypatch.setattr(compile_modes.shutil, "which", lambda name: None)  # not inductor's config: a process global
+    assert compile_modes._cpu_compiler() is None
+
+
+def test_a_cpu_without_a_cxx_compiler_leaves_compiling_out_with_a_note(monkeypatch) -> None:
+    monkeypatch.setattr(compile_modes.shutil, "which", lambda name: None)
     reason = compile_modes.unsupported_reason("dynamic", "cpu")
     assert reason is not None and "C++ compiler" in reason
     loaded = space.from_dict({"params": {**_BATCH, **_COMPILE}}, make_cpu(2))

@@ -213,5 +213,5 @@ def test_two_ranks_compile_under_ddp_and_agree_on_their_steps(tmp_path, tiny_cor
     in the all-reduce until the collective timeout)."""
     result = launch(_spec(tmp_path, tiny_corpus, 5, compile="dynamic"), workdir=tmp_path / "trial", timeout_s=300)
     assert result.status == "ok", result.log_tail
-    assert result.world_size == 2 and result.compile_s is not None and result.compile_s > 0.5
+    assert result.world_size == 2 and result.compile_s is not None and result.compile_s > 0.2
     assert result.window_steps >= 4 and result.samples_per_second < result.window_samples_per_second
