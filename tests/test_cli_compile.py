@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from autotune import load_config
 from autotune.cli import app
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NEEDS_INDUCTOR]
 FAULTY = "tests.fixtures.faulty_workload:workload"
 QUICK = ["--window", "0.3", "--warmup-steps", "1", "--device", "cpu", "--no-prune", "--trial-timeout", "3m"]
 SPACE = """\

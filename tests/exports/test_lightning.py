@@ -12,6 +12,7 @@ import torch
 
 from autotune.exports import export
 from tests.exports.common import TUNED, call_kwargs, cpu_result, loader_settings, make_tuned, notes_text
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 
 
 @pytest.mark.parametrize(
@@ -179,6 +180,7 @@ def test_snippet_passes_the_optimizer_kernel_to_configure_optimizers(tmp_path: P
 
 
 @pytest.mark.slow
+@NEEDS_INDUCTOR
 def test_snippet_hands_the_compile_to_the_network_and_lightning_trains_it_compiled(tmp_path: Path, monkeypatch) -> None:
     """compile_kwargs in the snippet, applied as the note says (network.compile in __init__): Lightning's own fit
     trains through the compiled graph (dynamo compiles it: inductor on this CPU)."""

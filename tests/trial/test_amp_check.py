@@ -20,6 +20,7 @@ from autotune.trial.amp_check import (
     run_amp_check,
 )
 from tests.conftest import make_cpu, make_cuda
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 from tests.fixtures.runs import command_lines
 from tests.trial.tiny_setups import faulty_spec
 
@@ -124,6 +125,7 @@ def test_an_amp_check_that_hangs_is_killed_with_its_process_group(tmp_path: Path
 
 
 @pytest.mark.slow
+@NEEDS_INDUCTOR
 def test_compiled_training_is_checked_against_eager_like_a_precision(tmp_path: Path, tiny_corpus: Path):
     """Each compile mode trains fp32 through torch.compile (inductor, on this CPU) from the eager reference's weights
     on its batches: an honest compile matches eager to rounding; a compile that changes the model's maths (the

@@ -18,9 +18,10 @@ from autotune.trial.loop import measure
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.run_length import RunLength
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 from tests.trial.tiny_setups import faulty_spec, linear_setup
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NEEDS_INDUCTOR]
 TIMING = TimingSettings(warmup_steps=2, window_s=0.5, min_window_steps=4, trim_transient=False)
 
 

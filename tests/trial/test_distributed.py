@@ -11,6 +11,7 @@ from autotune import yamlio
 from autotune.data import load_source
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 from autotune.trial.child import combine_rank_summaries
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 
 FAULTY = "tests.fixtures.faulty_workload:workload"
 TIMING = TimingSettings(warmup_steps=2, window_s=0.5, min_window_steps=4)
@@ -207,6 +208,7 @@ def test_the_rank_that_failed_first_is_the_cause_not_the_peers_it_knocked_out(tm
 
 
 @pytest.mark.slow
+@NEEDS_INDUCTOR
 def test_two_ranks_compile_under_ddp_and_agree_on_their_steps(tmp_path, tiny_corpus):
     """torch.compile inside DDP on gloo: each rank compiles its network, the compiling steps stay out of the shared
     window on both, and the ranks still run the same number of steps (a rank that counted differently would hang
