@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import optuna.distributions as od
 
 from autotune.candidates import group_by_config
+from autotune.compile_modes import check_label
 from autotune.diagnosis import LargerBatches, diagnose
 from autotune.preloading import preload_report
 from autotune.trial import TrialConfig, TrialResult, TrialSpec, launch
@@ -30,6 +31,7 @@ from autotune.trial.amp_check import (
     AmpCheckSpec,
     amp_precisions,
     run_amp_check,
+    space_compile_modes,
     space_precisions,
 )
 from autotune.trial.flops import achieved_tflops, peak_tflops
@@ -75,8 +77,8 @@ def check_precisions(
         workdir: the run's working folder (the check works in its amp-check folder).
         budget_s: the run's --budget (None: none); the check takes at most AMP_BUDGET_SHARE of it.
     """
-    precisions = amp_precisions(space)
-    if settings is None or not precisions:
+    precisions, compiled = amp_precisions(space), space_compile_modes(space)
+    if settings is None or not (precisions or compiled):
         return None
     budget = budget_s
     if budget is not None:  # a slow machine must not spend the run on it: past this it cannot judge, and says so
@@ -84,8 +86,10 @@ def check_precisions(
         settings = dataclasses.replace(settings, timeout_s=limit_s)
     folder = workdir / "amp-check"
     trial = make_spec(TrialConfig(per_device_batch_size=settings.batch_size), str(folder / "result.json"))
-    logger.info("AMP check: %s against fp32 over %d steps", ", ".join(precisions), settings.steps)
-    result = run_amp_check(AmpCheckSpec(trial=trial, precisions=precisions, settings=settings), folder)
+    checked = [*precisions, *(check_label(mode) for mode in compiled)]
+    logger.info("AMP check: %s against fp32 over %d steps", ", ".join(checked), settings.steps)
+    spec = AmpCheckSpec(trial=trial, precisions=precisions, settings=settings, compile_modes=compiled)
+    result = run_amp_check(spec, folder)
     if result.status == "ok":
         shutil.rmtree(folder, ignore_errors=True)
     else:
@@ -309,7 +313,10 @@ def assess(
     """
     metrics: dict[str, Any] = {}
     notes: list[str] = []
-    metrics["compute"] = compute_metrics(winner.samples_per_second, ceiling, config, hardware)
+    # A compiled winner's objective carries its compile, charged over the run: the pipeline's efficiency against the
+    # ceiling (itself a steady window) compares steady states, or compiling would read as a slow data pipeline.
+    steady = winner.steady_samples_per_second or winner.samples_per_second
+    metrics["compute"] = compute_metrics(steady, ceiling, config, hardware)
     metrics["overhead"] = overhead_metrics(outcome)
     metrics["noise"] = noise_metrics(outcome)
     if noise_note := _noise_note(metrics["noise"]):

@@ -183,6 +183,13 @@ def run(
         Optional[float],
         typer.Option(help="Hours of audio per training epoch for the epoch-time prediction (instead of samples)."),
     ] = None,
+    run_length: Annotated[
+        str,
+        typer.Option(
+            help="How long you will train with the result: epochs of the data (3ep) or a time (12h, 90m). One-off "
+            "costs (torch.compile's compile time) are charged over it: a compile the run does not repay never wins."
+        ),
+    ] = "1ep",
     prune: Annotated[bool, typer.Option(help="Stop search trials early that run far below the best so far.")] = True,
     amp_check: Annotated[
         bool,
@@ -241,6 +248,7 @@ def run(
     from autotune.cli_display import RichReporter, print_plan, print_summary
     from autotune.trial import TimingSettings
     from autotune.trial.amp_check import AmpCheckSettings
+    from autotune.trial.run_length import parse_run_length
     from autotune.tuner import TunerSettings
 
     try:
@@ -273,6 +281,7 @@ def run(
             workload_options=parse_workload_options(option, crop_seconds),
             epoch_samples=epoch_samples,
             epoch_hours=epoch_hours,
+            run_length=parse_run_length(run_length),
             devices=devices,
             global_batch=global_batch,
             warm_start=warm_start,

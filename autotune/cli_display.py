@@ -13,7 +13,7 @@ from rich.text import Text
 
 from autotune.cli_output import plain
 from autotune.measurements import NOT_MEASURED, Measurements
-from autotune.trial import TrialConfig
+from autotune.trial import TrialConfig, TrialResult
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -121,11 +121,20 @@ class RichReporter:
         self.console.print(
             f"#{record.number:<3} {record.role:<8} {plain(f'{record.config.short():<44}')} "
             f"[{style}]{result.status:<9}[/{style}] "
-            f"{figure}  [dim]({best_text}, {result.wall_s or 0:.0f} s)[/dim]",
+            f"{figure}{_compile_text(result)}  [dim]({best_text}, {result.wall_s or 0:.0f} s)[/dim]",
             highlight=False,
             soft_wrap=True,
         )
         self.progress.advance(self.task)
+
+
+def _compile_text(result: TrialResult) -> str:
+    """A compiled trial's one-off cost beside its figure: the steady rate, compile seconds and recompiles (the figure
+    charges the compile over the run length)."""
+    if result.compile_s is None or not result.samples_per_second:
+        return ""
+    steady = f"steady {_rate(result.window_samples_per_second)}, " if result.window_samples_per_second else ""
+    return f" [dim]({steady}compile {result.compile_s:.0f} s, {result.recompiles or 0} recompiles)[/dim]"
 
 
 def print_summary(console: Console, report: RunReport) -> None:
@@ -146,6 +155,8 @@ def print_summary(console: Console, report: RunReport) -> None:
         ("measurements", "measurements"),
     ):
         table.add_row(label, _fmt(getattr(winner, key)), _fmt(_baseline_figure(baseline, key)))
+    if winner.compile_s is not None:  # torch.compile's one-off cost, charged in samples/s over the run length
+        table.add_row("compile s / recompiles", f"{winner.compile_s:.0f} / {winner.recompiles or 0}", "-")
     table.add_row("peak memory GiB", _gib(winner.peak_memory_bytes), _gib(baseline.peak_memory_bytes))
     if winner.gpu_utilization_percent is not None:
         table.add_row("GPU utilisation %", _fmt(winner.gpu_utilization_percent), _fmt(baseline.gpu_utilization_percent))

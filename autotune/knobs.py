@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autotune.compile_modes import MODES as COMPILE_MODES
+from autotune.compile_modes import OFF as COMPILE_OFF
 from autotune.feature_device import DEVICE as FEATURES_ON_DEVICE
 from autotune.feature_device import PLACEMENTS as FEATURE_PLACEMENTS
 from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
@@ -43,7 +45,7 @@ Applies = Literal["dataloader", "process", "model", "data", "run"]
 # configuration keeps), or not at all (set by the run: --world-size, the preload probe).
 SpaceRole = Literal["searched", "fixed", "run"]
 # The result file's knob sections, in the order they are written.
-RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "memory", "threads", "audio", "features")
+RESULT_SECTIONS = ("batch", "dataloader", "precision", "optimizer", "memory", "threads", "audio", "features", "compile")
 _COLUMN_DTYPES = {int: "Int64", bool: "boolean", str: "string"}  # nullable: a failed trial has no configuration
 
 
@@ -109,6 +111,12 @@ def _checkpointing_word(value: bool | None) -> str | None:
     """`ckpt` / `no-ckpt` where a configuration sets activation checkpointing; nothing where it runs the recipe's own
     (unset), so that lines recorded before the knob stay the lines of the same configurations."""
     return None if value is None else ("ckpt" if value else "no-ckpt")
+
+
+def _compile_word(value: str) -> str | None:
+    """Eager (`off`) is left out of the trial line: lines recorded before the knob existed (benchmarks/replay.py
+    keys by them) stay the lines of the same configurations."""
+    return None if value == COMPILE_OFF else f"compile={value}"
 
 
 def _unshown(value: Any) -> None:
@@ -244,6 +252,17 @@ KNOBS: tuple[Knob, ...] = (
         key="computed_in",
         required=False,  # unset: where the recipe computes them (results before the knob, workloads without a choice)
         word=_feature_word,
+    ),
+    Knob(
+        name="compile",
+        type=str,
+        applies="model",
+        space="searched",
+        choices=COMPILE_MODES,
+        section="compile",
+        key="mode",
+        required=False,  # results written before the knob trained eagerly: `off`
+        word=_compile_word,
     ),
 )
 NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)

@@ -18,6 +18,10 @@ from autotune.trial.spec import TrialResult, from_fields
 __all__ = ["NOT_MEASURED", "Measurements", "summarise_measurements", "speedup_range"]
 
 
+# Figures written only where they exist (a compiled configuration's): an eager one's mapping stays what it was.
+_ONLY_WHEN_SET = ("compile_s", "recompiles", "steady_samples_per_second")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Measurements:
     """Median figures over one configuration's feasible measurements, with their spread; or why there are none
@@ -45,6 +49,11 @@ class Measurements:
     per_rank_samples_per_second: list[float] | None = None
     epoch_accounting: dict[str, Any] | None = None
     fp32_math: dict[str, str] | None = None
+    # torch.compile: the median seconds compiling cost beyond steady steps (charged in samples_per_second over the
+    # run length), and the most recompiles any measurement met; None for an eager configuration.
+    compile_s: float | None = None
+    recompiles: int | None = None
+    steady_samples_per_second: float | None = None  # compiled: the median window rate, compiling not charged
 
     @property
     def ok(self) -> bool:
@@ -69,7 +78,11 @@ class Measurements:
             return {}
         if not self.ok:
             return {"status": self.status, "reason": self.reason}
-        return {field.name: getattr(self, field.name) for field in fields(self) if field.name != "reason"}
+        return {
+            field.name: getattr(self, field.name)
+            for field in fields(self)
+            if field.name != "reason" and not (field.name in _ONLY_WHEN_SET and getattr(self, field.name) is None)
+        }
 
 
 NOT_MEASURED = Measurements(status="none")  # no baseline in this run: written as {}
@@ -89,6 +102,7 @@ def summarise_measurements(results: Sequence[TrialResult]) -> Measurements:
 
     median = statistics.median(values)
     first = feasible[0]
+    compiled = any(r.compile_s is not None for r in feasible)
     return Measurements(
         status="ok",
         samples_per_second=round(median, 3),
@@ -111,6 +125,9 @@ def summarise_measurements(results: Sequence[TrialResult]) -> Measurements:
         per_rank_samples_per_second=first.per_rank_samples_per_second,
         epoch_accounting=first.epoch_accounting,
         fp32_math=first.fp32_math,
+        compile_s=median_of("compile_s"),
+        recompiles=max((r.recompiles for r in feasible if r.recompiles is not None), default=None),
+        steady_samples_per_second=median_of("window_samples_per_second") if compiled else None,
     )
 
 

@@ -45,6 +45,9 @@ TRIAL_COLUMNS: dict[str, str] = {
     "samples_per_second": "float64",
     "data_wait_fraction": "float64",
     "peak_memory_gib": "float64",
+    "window_samples_per_second": "float64",  # steady state, beside the objective that charges compiling over the run
+    "compile_s": "float64",
+    "recompiles": "Int64",
     **{knob.name: knob.column_dtype for knob in knobs.KNOBS},
     "wall_s": "float64",
 }
@@ -128,6 +131,9 @@ def _trial_row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "samples_per_second": result.get("samples_per_second"),
         "data_wait_fraction": result.get("data_wait_fraction"),
         "peak_memory_gib": peak / GIB if peak is not None else None,
+        "window_samples_per_second": result.get("window_samples_per_second"),
+        "compile_s": result.get("compile_s"),
+        "recompiles": result.get("recompiles"),
         **knobs.flat_values(config),
         "wall_s": wall,
     }

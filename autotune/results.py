@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import knobs, optimizer_kernels, yamlio
+from autotune import compile_modes, knobs, optimizer_kernels, yamlio
 from autotune.errors import OutputError, UserError, describe_os_error
 from autotune.measurements import Measurements, speedup_range, summarise_measurements
 from autotune.trial.dataloader import dataloader_kwargs, dynamic_batching
@@ -34,6 +34,7 @@ _HEADER = """\
 #   with cfg.autocast(): loss = ...    # bf16/fp16 autocast; a no-op for fp32/fp32-default/tf32
 #   scaler = cfg.grad_scaler()         # GradScaler for fp16 on CUDA, a no-op otherwise
 #   opt = torch.optim.AdamW(model.parameters(), lr=..., **cfg.optimizer_kwargs())  # fused/foreach, or {{}}
+#   if cfg.compile_kwargs() is not None: model.compile(**cfg.compile_kwargs())  # compile.mode; None: eager
 # or copy the values into your recipe: batch.per_device_batch_size is per process (WeNet, SpeechBrain,
 # Lightning); 3D-Speaker's and ESPnet's batch_size is per_device_batch_size x world_size (one step on all
 # devices). batch.global_batch_size also counts grad_accum_steps: it is the batch per optimizer step, not a recipe's
@@ -105,6 +106,13 @@ class TunedConfig:
         {"foreach": True}, or {} for `default` (torch's own choice, what a recipe builds)."""
         return optimizer_kernels.constructor_kwargs(self.config.optimizer_impl)
 
+    def compile_kwargs(self) -> dict[str, Any] | None:
+        """The keywords for torch.compile(module, **kwargs) of the tuned mode ({} for `default`, {"dynamic": True});
+        None when the winner trains eagerly (compile off). Compile the network's modules, not the loss, as the trials
+        did (compile_modes.compiled_modules)."""
+        mode = self.config.compile
+        return None if mode == compile_modes.OFF else compile_modes.compile_kwargs(mode)
+
     def _batching(self) -> dict[str, Any]:
         if not self.dynamic_batching:
             return {}
@@ -137,6 +145,9 @@ class TunedConfig:
         }
         sections["optimizer"] |= {"torch_kwargs": self.optimizer_kwargs()}
         sections["audio"] |= self._audio_note()
+        kwargs = self.compile_kwargs()
+        if kwargs is not None:
+            sections["compile"] |= {"torch_kwargs": kwargs}
         return sections
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from autotune import drift, warmstart, workloads
 from autotune import space as space_module
 from autotune.hardware import Hardware
 from autotune.trial.amp_check import AmpCheckSettings
+from autotune.trial.run_length import RunLength
 from autotune.trial.slurm import SlurmSettings
 from autotune.tuner import TunerSettings
 
@@ -36,6 +37,7 @@ class RunRequest:
     workload_options: dict[str, Any] = field(default_factory=dict)
     epoch_samples: int | None = None  # training samples per epoch for the prediction (default: the data list's size)
     epoch_hours: float | None = None  # hours of audio per epoch for the prediction (instead of epoch_samples)
+    run_length: RunLength = field(default_factory=RunLength)  # the training one-off costs are charged over
     devices: int | None = None  # ranks per trial; default every visible GPU, or 1 on a CPU
     global_batch: int | None = None  # held fixed: the search varies the per-device micro-batch and accumulation
     warm_start: bool = True  # a rerun re-measures the previous winner and its neighbours first

@@ -65,6 +65,7 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         device_type=plan.hardware.device_type,
         metrics={
             "objective": "samples_per_second",
+            "run_length": plan.request.run_length.to_dict(),  # what one-off costs (compiling) were charged over
             "winner": winner.to_dict(),
             "baseline": baseline.to_dict(),
             "speedup": speedup,

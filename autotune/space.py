@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
-from autotune import optimizer_kernels
+from autotune import compile_modes, optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_conditions import holds
 from autotune.space_files import DEVICE_SECTIONS, SECTIONS, SPACES_DIR, read, resolve
@@ -273,6 +273,9 @@ def from_dict(
         raise SpaceError(f"{origin}: fixed optimizer_impl {fixed['optimizer_impl']!r} cannot run here: {kernel_reason}")
     if fixed.get("in_order") is False and in_order_unsupported() is not None:
         raise SpaceError(f"{origin}: fixed in_order false cannot run here: {in_order_unsupported()}")
+    compile_reason = compile_modes.unsupported_reason(fixed.get("compile", compile_modes.OFF), device_type)
+    if compile_reason is not None:
+        raise SpaceError(f"{origin}: fixed compile {fixed['compile']!r} cannot run here: {compile_reason}")
     raw_baseline = check_values(merged.get("baseline") or {}, known, origin, "baseline")
     raw_baseline, device_notes = baseline_per_device(
         raw_baseline,
@@ -305,11 +308,13 @@ def from_dict(
 
 
 def _left_out_notes(raw_params: dict[str, Any], device_type: str) -> tuple[str, ...]:
-    """Why choices of optimizer_impl (optimizer_kernels.left_out) or in_order were left out on this device."""
+    """Why choices of optimizer_impl, compile (optimizer_kernels.left_out, compile_modes.left_out) or in_order were
+    left out on this device."""
     notes: list[str] = []
-    spec = raw_params.get("optimizer_impl")
-    if isinstance(spec, dict) and spec.get("type") == "categorical":
-        notes += optimizer_kernels.left_out(list(spec.get("choices") or []), device_type).values()
+    for name, left_out in (("optimizer_impl", optimizer_kernels.left_out), ("compile", compile_modes.left_out)):
+        spec = raw_params.get(name)
+        if isinstance(spec, dict) and spec.get("type") == "categorical":
+            notes += left_out(list(spec.get("choices") or []), device_type).values()
     spec = raw_params.get("in_order")
     searched = isinstance(spec, dict) and holds(device_type, (spec.get("when") or {}).get("device", device_type))
     if searched and False in (spec.get("choices") or []) and in_order_unsupported() is not None:

@@ -44,6 +44,7 @@ _UNSET_DEFAULTS: dict[str, Any] = {
     "optimizer_impl": "default",
     "feature_device": "workers",  # where every pipeline that has the choice computes them in its recipe (speaker.py)
     "in_order": True,
+    "compile": "off",
 }
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
-from autotune import knobs, optimizer_kernels
+from autotune import compile_modes, knobs, optimizer_kernels
 from autotune.errors import SpaceError
 from autotune.space_conditions import check_when, holds
 from autotune.space_fit import resolve_auto
@@ -159,6 +159,8 @@ def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str
         choices = optimizer_kernels.offered(choices, hardware.device_type)
     elif name == "in_order":  # False only where this torch's DataLoader takes it (trial/dataloader.py)
         choices = [choice for choice in choices if choice is not False or in_order_unsupported() is None]
+    elif name == "compile":
+        choices = compile_modes.offered(choices, hardware.device_type)
     if not choices:
         raise SpaceError(f"{where}: none of the choices runs on this hardware ({hardware.describe()})")
     return od.CategoricalDistribution(choices)

@@ -16,6 +16,7 @@ from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
 from autotune.checkpointing import checkpointed_instead
+from autotune.compile_modes import OFF, check_label
 from autotune.errors import WorkloadError
 from autotune.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.pruning import Pruner
@@ -96,8 +97,9 @@ class Tuner:
         strict_baseline: stop with a WorkloadError when the baseline raises (plugins: a bug, not a configuration).
         warm_start: (role, parameters) to measure right after the baseline, before the search: a rerun's previous
             winner (role "previous", always among the confirmed) and its best neighbours (role "warm").
-        rejected_precisions: precisions the AMP check rejected, with the reason: a trial with one is recorded as
-            status "precision" (infeasible to Optuna) without being launched.
+        rejected_precisions: precisions the AMP check rejected, and compile modes (by compile_modes.check_label),
+            with the reason: a trial with one is recorded as status "precision" (infeasible to Optuna) without
+            being launched.
         preload_probe: says whether the best configuration so far is worth measuring with its decoded audio
             preloaded into RAM (it waits for data and the corpus fits the RAM budget); if so, the search's last trial
             (role "preload") measures it. None: never.
@@ -141,7 +143,12 @@ class Tuner:
         # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
         # random and grid searches stay unseeded (they are the comparisons).
         cold = not self.warm_start and settings.sampler == "tpe" and len(study.trials) == 0
-        seeds = [seed for seed in space.seeds if seed.get("precision") not in self.rejected_precisions]
+        rejected = self.rejected_precisions
+        seeds = [
+            seed
+            for seed in space.seeds
+            if seed.get("precision") not in rejected and check_label(seed.get("compile", OFF)) not in rejected
+        ]
         self.seeds = [("seed", dict(seed)) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
         self.launcher, self.closing_trials, self.before = launcher, closing_trials, before
@@ -197,8 +204,9 @@ class Tuner:
     def _measure(self, started: Started) -> TrialResult:
         """The trial's result; in a thread of its own when trials run side by side (in_flight.py), where it only reads
         the records (for the budget's room to measure an erratic trial again), which the main thread appends to."""
-        if started.config.precision in self.rejected_precisions:  # infeasible unlaunched: the AMP check said so
-            return TrialResult(status="precision", reason=self.rejected_precisions[started.config.precision])
+        rejected = self._rejected(started.config)
+        if rejected is not None:  # infeasible unlaunched: the AMP check said so
+            return TrialResult(status="precision", reason=rejected)
         with storage.heartbeat(self.study, started.trial):
             return self._launch(started.spec, started.folder, started.pruner)
 
@@ -220,6 +228,11 @@ class Tuner:
             shutil.rmtree(started.folder, ignore_errors=True)
         self._plan_changed()
         return record
+
+    def _rejected(self, config: TrialConfig) -> str | None:
+        """Why the AMP check rejected this configuration's precision or compile mode; None if it did not."""
+        rejected = self.rejected_precisions
+        return rejected.get(config.precision) or rejected.get(check_label(config.compile))
 
     def _launch(self, spec: TrialSpec, folder: Path, pruner: Pruner | None) -> TrialResult:
         # --budget is a ceiling: a trial still running when it ends (a machine that got loaded) is stopped there.
@@ -353,7 +366,7 @@ class Tuner:
                 started = self._begin("search", grid.pop(0) if grid is not None else None, flight)
             # A precision the AMP check rejected costs no measuring time, so it does not use up a trial; the sampler
             # learns to avoid it (value 0), and a space that offers nothing else cannot loop forever.
-            if started.config.precision not in self.rejected_precisions:
+            if self._rejected(started.config) is None:
                 launched += 1
             elif (unlaunched := unlaunched + 1) >= max(self.settings.trials, 10):
                 return "rejected precisions"
@@ -362,7 +375,7 @@ class Tuner:
     def _begin(self, role: str, params: dict[str, Any] | None, flight: InFlight | None) -> Started:
         """Start a trial: put in flight, or (alone, or a rejected precision, which runs nothing) measured now."""
         started = self._start(role, params)
-        if flight is None or started.config.precision in self.rejected_precisions:
+        if flight is None or self._rejected(started.config) is not None:
             self._back_off(self._run_started(started))
         else:
             flight.start(started)

@@ -83,9 +83,11 @@ def grid_space(name: str) -> space.SearchSpace:
     landscape = LANDSCAPES[name]
     data = space.read(space.space_path(landscape.workload))  # its `extends` merged in
     params = {**data["params"], **(data.get("cuda") or {}).get("params", {})}
-    # No landscape models the optimizer kernel (its GPU gain is not calibrated here): the grid leaves it at the
-    # recipe's default, so the grid's time (what the budgets are fractions of) is what it was before the knob.
+    # No landscape models the optimizer kernel or torch.compile (their GPU gains and compile times are not
+    # calibrated here): the grid leaves them at the recipe's default, so the grid's time (what the budgets are
+    # fractions of) is what it was before the knobs.
     params.pop("optimizer_impl", None)
+    params.pop("compile", None)
     auto = landscape.machine.logical_cores // landscape.machine.devices
     ladders = {"num_workers": sorted({w for w in _WORKERS if w <= auto} | {auto}), **GRIDS[name]}
     for knob, values in ladders.items():

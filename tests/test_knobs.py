@@ -81,6 +81,7 @@ def test_trial_line_is_unchanged_by_the_declarations() -> None:
     assert dataclasses.replace(plain, in_order=False).short() == "bs=64 w=0 fp32"  # no workers: always in order
     assert dataclasses.replace(plain, activation_checkpointing=True).short() == "bs=64 w=0 fp32 ckpt"
     assert dataclasses.replace(plain, activation_checkpointing=False).short() == "bs=64 w=0 fp32 no-ckpt"
+    assert dataclasses.replace(plain, compile="dynamic").short() == "bs=64 w=0 fp32 compile=dynamic"
 
 
 def test_space_parameters_derive_from_the_declarations() -> None:
@@ -97,6 +98,7 @@ def test_space_parameters_derive_from_the_declarations() -> None:
         "intra_op_threads": int,
         "cudnn_benchmark": bool,
         "feature_device": str,
+        "compile": str,
     }
     assert space.MINIMUM == {"per_device_batch_size": 1, "num_workers": 0, "prefetch_factor": 1, "intra_op_threads": 1}
     assert space.RECIPE_SETTINGS == {"grad_accum_steps": int}

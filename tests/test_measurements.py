@@ -63,3 +63,16 @@ def test_a_result_reads_its_measurements_back_typed_and_refuses_a_misspelled_fig
     with pytest.raises(UserError, match="samples_per_secnd") as raised:
         load_config(write_config(misspelled, tmp_path / "misspelled.yaml"))
     assert "\n" not in str(raised.value)
+
+
+def test_a_compiled_configuration_also_writes_its_compile_and_steady_rate() -> None:
+    """Eager results keep their keys (above); a compiled one adds compile_s, recompiles and the steady window rate
+    its charged objective was computed from, and reads back equal."""
+    results = [
+        TrialResult(status="ok", samples_per_second=s, window_samples_per_second=w, compile_s=c, recompiles=r)
+        for s, w, c, r in ((40.0, 100.0, 30.0, 1), (44.0, 110.0, 20.0, 0), (42.0, 90.0, 25.0, 2))
+    ]
+    summary = summarise_measurements(results)
+    assert list(summary.to_dict()) == [*RESULT_KEYS, "compile_s", "recompiles", "steady_samples_per_second"]
+    assert (summary.compile_s, summary.recompiles, summary.steady_samples_per_second) == (25.0, 2, 100.0)
+    assert Measurements.from_dict(summary.to_dict()) == summary

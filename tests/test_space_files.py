@@ -28,7 +28,7 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
 
 
 # The knobs issue 20 added to shared/core.yaml since a8cb464, each with the prefix of its space notes.
-ISSUE20_KNOBS = ("optimizer_impl", "in_order", "activation_checkpointing", "feature_device")
+ISSUE20_KNOBS = ("optimizer_impl", "in_order", "activation_checkpointing", "feature_device", "compile")
 
 
 def _without_issue20_knobs(recorded: dict) -> dict:
@@ -101,6 +101,22 @@ def test_the_spaces_search_in_order_on_cuda_with_workers_from_the_recipes_in_ord
         assert param["when"] == {"num_workers": {"at_least": 1}}
         assert load["baseline"].get("in_order", True) is True
         assert not any(note.startswith("in_order") for note in load["space_notes"])
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_builtin_space_searches_compile_on_cuda_only_from_an_eager_baseline(name):
+    """Re-recorded when shared/core.yaml gained compile: searched on CUDA (off, default, dynamic; this environment has
+    Triton), from the recipes' eager baseline; not on a CPU, where a compile of CAM++ costs minutes."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    for machine, load in recorded["loads"].items():
+        found = [param for param in load["params"] if param["name"] == "compile"]
+        if load["device_type"] == "cpu":
+            assert found == [] and "compile" not in load["baseline"], machine
+            continue
+        (param,) = found
+        assert json.loads(param["distribution"])["attributes"]["choices"] == ["off", "default", "dynamic"], machine
+        assert load["baseline"]["compile"] == "off"
+        assert not any(note.startswith("compile ") for note in load["space_notes"])
 
 
 def test_builtin_spaces_say_only_what_differs():

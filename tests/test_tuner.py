@@ -115,16 +115,22 @@ def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_do
     assert all(role != "seed" for role, _ in run(2))  # the study has trials now: no seeds
 
 
-def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_path, monkeypatch, cpu_hardware):
-    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+def _record_launches(monkeypatch) -> list:
+    """Trials 'launched' at 10 samples/s, their configurations recorded in the list returned."""
+    from autotune.trial import TrialResult, TrialSpec
 
-    launched: list[TrialConfig] = []
+    launched: list = []
 
     def fake_launch(spec: TrialSpec, **kwargs) -> TrialResult:
         launched.append(spec.config)
         return TrialResult(status="ok", samples_per_second=10.0)
 
     monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    return launched
+
+
+def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_path, monkeypatch, cpu_hardware):
+    launched = _record_launches(monkeypatch)
     study = optuna.create_study(direction="maximize")
     rejected = {"bf16": "bf16 rejected by the AMP check: its loss curve strays 40%"}
     tuner = _cam_tuner(tmp_path, cpu_hardware, study=study, rejected_precisions=rejected)
@@ -135,6 +141,17 @@ def test_a_precision_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_p
     assert measured.result.status == "ok" and [config.precision for config in launched] == ["fp32"]
     first = study.trials[0]
     assert first.state == optuna.trial.TrialState.COMPLETE and first.constraints == {"infeasible": 1.0}
+
+
+def test_a_compile_mode_the_amp_check_rejected_is_infeasible_without_a_launch(tmp_path, monkeypatch, cpu_hardware):
+    launched = _record_launches(monkeypatch)
+    rejected = {"compile=dynamic": "compile=dynamic rejected by the AMP check: its loss curve strays 60%"}
+    tuner = _cam_tuner(tmp_path, cpu_hardware, rejected_precisions=rejected)
+    params = {"per_device_batch_size": 16, "num_workers": 0, "intra_op_threads": 1, "precision": "fp32"}
+    refused = tuner._run_one("search", {**params, "compile": "dynamic"})
+    measured = tuner._run_one("search", {**params, "compile": "default"})
+    assert refused.result.status == "precision" and "strays 60%" in refused.result.reason
+    assert measured.result.status == "ok" and [config.compile for config in launched] == ["default"]
 
 
 def test_a_seed_that_runs_out_of_memory_is_tried_next_at_half_its_batch(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ __all__ = [
     "THREADS",
     "cannot",
     "checkpointing_note",
+    "compile_note",
     "export",
     "knob_table",
     "optimizer_note",
@@ -136,6 +137,15 @@ class ExportContext:
     def optimizer_flag(self) -> dict[str, bool]:
         """The keyword the tuned optimizer implementation adds to a torch.optim constructor (none for `default`)."""
         return constructor_kwargs(self.config.optimizer_impl)
+
+    def compile_kwargs(self) -> dict[str, Any] | None:
+        """torch.compile's keywords for the tuned mode ({} for default); None when the result trains eagerly."""
+        return self.tuned.compile_kwargs()
+
+    def compile_call(self) -> str:
+        """How the tuned compile reads as code: `module.compile()` or `module.compile(dynamic=True)`."""
+        kwargs = self.compile_kwargs() or {}
+        return "module.compile(" + ", ".join(f"{key}={value!r}" for key, value in kwargs.items()) + ")"
 
     def env_prefix(self) -> str:
         threads = self.config.intra_op_threads
@@ -356,6 +366,29 @@ def checkpointing_note(framework: str, change: str) -> KnobNotes:
             f"activation_checkpointing was tuned {state} for {context.model_name}; {framework} has no switch for it: "
             f"{change}. Without that change the memory per sample differs from what was measured, and the tuned "
             "batch may not fit or may leave memory unused"
+        ]
+
+    return note
+
+
+def compile_note(framework: str, where: str) -> KnobNotes:
+    """The note for a compiled winner in a target that has no compile option: where to add the call to match.
+
+    Args:
+        where: the framework's file and place where the network is built, e.g. "speakerlab/bin/train.py, after
+            build('embedding_model', ...)".
+    """
+
+    def note(context: ExportContext) -> list[str]:
+        if context.compile_kwargs() is None:
+            return []
+        metrics = context.tuned.metrics.get("winner") or {}
+        cost = metrics.get("compile_s")
+        paid = f" (compiling cost {cost:.0f} s here, charged over the run length)" if cost is not None else ""
+        return [
+            f"compile {context.config.compile} was measured{paid}; {framework} has no option for torch.compile: "
+            f"call {context.compile_call()} on each network module in {where} (in place: parameters and optimizer "
+            "unchanged) to train as measured; without it training runs eager, at the eager configurations' speed"
         ]
 
     return note

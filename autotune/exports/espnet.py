@@ -22,6 +22,7 @@ from autotune.exports.base import (
     KnobNotes,
     cannot,
     checkpointing_note,
+    compile_note,
     feature_note,
     knob_table,
     optimizer_note,
@@ -247,6 +248,9 @@ KNOB_TABLE = knob_table(
                 "frontend of the recipe's config)",
                 "to train as measured, dump features in data preparation (feats_type) instead",
             ),
+        ),
+        "compile": cannot(
+            compile_note("ESPnet", "espnet2/tasks/abs_task.py main_worker, after cls.build_model(args=args)")
         ),
     },
 )

@@ -74,6 +74,9 @@ def export_lightning(context: ExportContext) -> Export:
     flag = context.optimizer_flag()
     if flag:
         lines.append(f"optimizer_kwargs = {flag!r}  # add to the torch.optim constructor in configure_optimizers")
+    compiled = context.compile_kwargs()
+    if compiled is not None:
+        lines.append(f"compile_kwargs = {compiled!r}  # network.compile(**compile_kwargs) in your LightningModule")
     if dynamic:
         lines += _batch_sampler_lines(context)
         lines.append(_call("train_loader = DataLoader", loader, first=["train_dataset", "batch_sampler=batch_sampler"]))
@@ -152,6 +155,17 @@ def _optimizer_notes(context: ExportContext) -> list[str]:
     return notes(context)
 
 
+def _compile_notes(context: ExportContext) -> list[str]:
+    if context.compile_kwargs() is None:
+        return []
+    return [
+        f"compile {context.config.compile}: Lightning has no Trainer flag for torch.compile; call "
+        f"{context.compile_call()} on each network module in your LightningModule's __init__ (or pass "
+        "torch.compile(model) to trainer.fit, which Lightning unwraps and trains: lightning/pytorch/utilities/"
+        "compile.py). The trials compiled the network, not the loss"
+    ]
+
+
 _OPTIMIZER: KnobNotes = _optimizer_notes
 
 
@@ -197,5 +211,6 @@ KNOB_TABLE = knob_table(
             "the device)",
             notes=_feature_notes,
         ),
+        "compile": takes("compile_kwargs in the snippet, for your LightningModule's network", notes=_compile_notes),
     },
 )

@@ -20,6 +20,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    compile_note,
     feature_note,
     knob_table,
     optimizer_note,
@@ -251,6 +252,12 @@ KNOB_TABLE = knob_table(
                 "to train as measured, have the dataset return the waveform and compute the fbank of each batch after "
                 "x.cuda() in train() (autotune.data.features.batched_fbank gives FBank's features); as exported, its "
                 "workers do the work the tuned run took off them",
+            )
+        ),
+        "compile": cannot(
+            compile_note(
+                "3D-Speaker",
+                "speakerlab/bin/train.py, after build('embedding_model', config) and build('classifier', config)",
             )
         ),
     },

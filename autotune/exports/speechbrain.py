@@ -66,6 +66,7 @@ def export_speechbrain(context: ExportContext) -> Export:
     precision = _precision_flag(context)
     if precision is not None:
         words.append(f"--precision {precision}")
+    words += _compile_words(context)
     if config.grad_accum_steps > 1:
         words.append(f"--grad_accumulation_factor {config.grad_accum_steps}")
     if not context.on_cuda:
@@ -170,6 +171,33 @@ def _precision_notes(context: ExportContext) -> list[str]:
     return []
 
 
+def _compile_words(context: ExportContext) -> list[str]:
+    """Brain's run_opts for the tuned compile: --compile compiles every module of the recipe's `modules`
+    (speechbrain/core.py Brain._compile) with dynamic=--compile_using_dynamic_shape_tracing."""
+    kwargs = context.compile_kwargs()
+    if kwargs is None:
+        return []
+    return ["--compile"] + (["--compile_using_dynamic_shape_tracing"] if kwargs.get("dynamic") else [])
+
+
+def _compile_notes(context: ExportContext) -> list[str]:
+    kwargs = context.compile_kwargs()
+    if kwargs is None:
+        return []
+    notes = [
+        "--compile compiles every module in the recipe's `modules` (compute_features, mean_var_norm, "
+        "embedding_model, classifier) with torch.compile; the trials compiled the network and its loss head, and "
+        "computed features in the loader workers"
+    ]
+    if not kwargs.get("dynamic"):
+        notes.append(
+            "compile default was measured with torch's dynamic=None (a changing dimension turns symbolic at its "
+            "first recompile); SpeechBrain passes dynamic=False without --compile_using_dynamic_shape_tracing, "
+            "which specialises every shape: the same with this recipe's fixed-length crops"
+        )
+    return notes
+
+
 _LOADER_OPTIONS = takes("--dataloader_options (merged into the recipe's, per process)")
 KNOB_TABLE = knob_table(
     "speechbrain",
@@ -206,5 +234,6 @@ KNOB_TABLE = knob_table(
                 "to train as measured, compute it in the dataio pipeline's audio_pipeline instead",
             ),
         ),
+        "compile": takes("--compile (and --compile_using_dynamic_shape_tracing for dynamic)", notes=_compile_notes),
     },
 )

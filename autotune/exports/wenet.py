@@ -18,6 +18,7 @@ from autotune.exports.base import (
     Export,
     ExportContext,
     cannot,
+    compile_note,
     feature_note,
     knob_table,
     optimizer_note,
@@ -213,6 +214,12 @@ KNOB_TABLE = knob_table(
                 "in its dataset pipeline (wenet/dataset/processor.py compute_fbank, run by the DataLoader workers) and "
                 "has no option to move it",
                 "as exported, its workers do the work the tuned run took off them",
+            )
+        ),
+        "compile": cannot(
+            compile_note(
+                "WeNet (train.py has no such flag)",
+                "wenet/bin/train.py, after init_model(args, configs) and trace_and_print_model(...), which scripts it",
             )
         ),
     },

@@ -52,6 +52,7 @@ __all__ = [
     "AmpCheckResult",
     "PrecisionVerdict",
     "amp_precisions",
+    "space_compile_modes",
     "space_precisions",
     "compare_curves",
     "calibrate_scaler",
@@ -71,9 +72,17 @@ class AmpCheckSpec:
     trial: TrialSpec
     precisions: tuple[str, ...]
     settings: AmpCheckSettings = field(default_factory=AmpCheckSettings)
+    # torch.compile modes to train in fp32 against eager fp32 (compile_modes.py): a compiler that changes what the
+    # model computes beyond rounding is caught here, as a precision that does not train like fp32 is.
+    compile_modes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trial": self.trial.to_dict(), "precisions": list(self.precisions), "settings": self.settings.to_dict()}
+        return {
+            "trial": self.trial.to_dict(),
+            "precisions": list(self.precisions),
+            "settings": self.settings.to_dict(),
+            "compile_modes": list(self.compile_modes),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AmpCheckSpec:
@@ -81,6 +90,7 @@ class AmpCheckSpec:
             trial=TrialSpec.from_dict(data["trial"]),
             precisions=tuple(data["precisions"]),
             settings=AmpCheckSettings.from_dict(data.get("settings") or {}),
+            compile_modes=tuple(data.get("compile_modes") or ()),
         )
 
 
@@ -144,13 +154,23 @@ def _rounded(values: Sequence[float]) -> list[float | None]:
     return [_round(value) for value in values]
 
 
-def space_precisions(space: SearchSpace) -> tuple[str, ...]:
-    """Every precision a search space may try: its choices, or its fixed value."""
-    choices: list[Any] = [space.fixed["precision"]] if "precision" in space.fixed else []
+def _space_choices(space: SearchSpace, name: str) -> tuple[str, ...]:
+    """Every value of a word knob a search space may try: its choices, or its fixed value."""
+    choices: list[Any] = [space.fixed[name]] if name in space.fixed else []
     for param in space.params:
-        if param.name == "precision":
+        if param.name == name:
             choices += list(getattr(param.distribution, "choices", ()))
     return tuple(dict.fromkeys(str(choice) for choice in choices))
+
+
+def space_precisions(space: SearchSpace) -> tuple[str, ...]:
+    """Every precision a search space may try: its choices, or its fixed value."""
+    return _space_choices(space, "precision")
+
+
+def space_compile_modes(space: SearchSpace) -> tuple[str, ...]:
+    """The torch.compile modes a search space may try (compile off needs no check)."""
+    return tuple(mode for mode in _space_choices(space, "compile") if mode != "off")
 
 
 def amp_precisions(space: SearchSpace) -> tuple[str, ...]:
@@ -185,6 +205,8 @@ def run_check(spec: AmpCheckSpec) -> AmpCheckResult:
             result.verdicts.append(PrecisionVerdict(precision=precision, accepted=False, reason=reason[:300]))
             continue
         result.verdicts.append(judge(precision, result.reference_losses, losses, settings))
+    reference = result.reference_losses
+    result.verdicts += [_compiled_verdict(runner, mode, reference, settings) for mode in spec.compile_modes]
     if any(not v.accepted and v.max_deviation_fraction is not None for v in result.verdicts):
         result.floor_losses = runner.curve("fp32", perturbation=settings.perturbation)
         result.floor_deviation_fraction = compare_curves(
@@ -197,6 +219,21 @@ def run_check(spec: AmpCheckSpec) -> AmpCheckResult:
             for v in result.verdicts
         ]
     return result
+
+
+def _compiled_verdict(
+    runner: CurveRunner, mode: str, reference: list[float], settings: AmpCheckSettings
+) -> PrecisionVerdict:
+    """fp32 trained through torch.compile(mode) against eager fp32, from the same weights on the same batches."""
+    from autotune.compile_modes import check_label
+
+    label = check_label(mode)
+    try:
+        losses = runner.curve("fp32", compile_mode=mode)
+    except Exception as error:  # inductor failing on this model: every trial with the mode would fail the same way
+        reason = f"{label} rejected by the AMP check: compiling raised {type(error).__name__}: {error}"
+        return PrecisionVerdict(precision=label, accepted=False, reason=reason[:300])
+    return judge(label, reference, losses, settings)
 
 
 def main(argv: list[str]) -> int:

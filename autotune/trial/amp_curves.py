@@ -190,11 +190,15 @@ class CurveRunner:
         apply_process_settings(config, settings)
         return self.process.build(config), settings
 
-    def curve(self, precision: str, perturbation: float = 0.0) -> list[float]:
-        """Losses of `steps` training steps; `perturbation` scales relative Gaussian noise on the initial weights."""
+    def curve(self, precision: str, perturbation: float = 0.0, compile_mode: str = "off") -> list[float]:
+        """Losses of `steps` training steps; `perturbation` scales relative Gaussian noise on the initial weights;
+        `compile_mode` compiles the network as a trial does (compile_modes.apply)."""
         import torch
 
+        from autotune import compile_modes
+
         setup, settings = self._build(precision)
+        compile_modes.apply(setup.model, compile_mode)
         weights = self.initial
         if perturbation:
             noise = torch.Generator().manual_seed(self.seed + 1)

@@ -50,6 +50,7 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
 
 
 def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
+    from autotune import compile_modes
     from autotune.trial import distributed
     from autotune.trial.compute_only import in_memory_batches
     from autotune.trial.dataloader import build_loader
@@ -69,6 +70,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     # The float32 maths this trial ran (fp32-default: whatever this torch defaults to); TF32 exists only on CUDA.
     math = fp32_math() if device.type == "cuda" else None
     setup = process.build(config)
+    compile_modes.apply(setup.model, config.compile)  # in place: the optimiser and DDP see the same parameters
     accounting = _check_epoch_accounting(setup, config, rank, spec.seed)
     # Warm-up and window each may run on to the next optimiser-step boundary: room for that too.
     warmup_batches = max(timing.warmup_steps, timing.max_warmup_steps) + config.grad_accum_steps
@@ -113,7 +115,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
-    summary = window.summary(max(1, len(setup.dataset) // rank.world_size), config)  # type: ignore[arg-type]
+    epoch_samples = max(1, len(setup.dataset) // rank.world_size)  # type: ignore[arg-type]
+    summary = window.summary(epoch_samples, config, spec.run_length)
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))

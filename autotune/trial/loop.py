@@ -15,9 +15,11 @@ import torch
 
 from autotune.machine_load import CpuSample, cpu_sample, others_fraction
 from autotune.trial import distributed, steady
+from autotune.trial.compile_watch import CompileCost, CompileWatch
 from autotune.trial.distributed import Forward
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
+from autotune.trial.run_length import RunLength, run_rate
 from autotune.trial.scaler import SkipCountingScaler
 from autotune.trial.spec import TimingSettings, TrialConfig
 from autotune.workloads.base import TrainingSetup
@@ -48,14 +50,17 @@ class WindowMeasurement:
     scaler_skip_fraction: float | None = None  # fp16: optimiser steps GradScaler skipped in the window
     trimmed_steps: int = 0  # window steps that turned out to be warm-up (hindsight; counted in warmup_steps)
     cpu: tuple[CpuSample, CpuSample] | None = None  # at the window's edges: who else used the CPUs meanwhile
+    compile: CompileCost = field(default_factory=CompileCost)  # the steps that compiled (none when eager)
 
-    def summary(self, dataset_size: int, config: TrialConfig) -> dict[str, Any]:
-        """Throughput and step-time statistics; the objective amortises loader start-up over an epoch."""
+    def summary(self, dataset_size: int, config: TrialConfig, run: RunLength | None = None) -> dict[str, Any]:
+        """Throughput and step-time statistics; the objective charges the one-off costs over the run (loader
+        start-up each epoch, compiling once: trial/run_length.py)."""
         window_rate = self.samples / self.window_s
         # Without persistent workers every epoch pays the worker start-up again; a trial sees one epoch-start.
         restart_s = self.loader_start_s if config.num_workers > 0 and not config.persistent_workers else 0.0
-        epoch_samples = max(dataset_size, 1)
-        epoch_rate = epoch_samples / (epoch_samples / window_rate + restart_s)
+        compiled = self.compile.summary(self.step_times_s) if config.compile != "off" else {}
+        compile_s = float(compiled.get("compile_s", 0.0))
+        epoch_rate = run_rate(window_rate, dataset_size, restart_s, compile_s, run or RunLength())
         times = sorted(self.step_times_s)
         mean = statistics.fmean(times)
         return {
@@ -74,6 +79,7 @@ class WindowMeasurement:
             "loader_start_s": self.loader_start_s,
             "scaler_skip_fraction": self.scaler_skip_fraction,
             "trimmed_steps": self.trimmed_steps,
+            **compiled,
             **_cpu_share(self.cpu),
         }
 
@@ -190,6 +196,17 @@ class _Window:
     front: int = 0  # steps before this index turned out to be warm-up
     seconds: float = 0.0  # of the steps from front on
     samples: int = 0
+    compiled_steps: int = 0  # steps that compiled (a new shape): run, but out of the window (trial/compile_watch.py)
+    compiled_s: float = 0.0
+
+    @property
+    def steps_run(self) -> int:
+        """Steps this rank ran in the window, compiling ones included (ranks must run the same number)."""
+        return len(self.times_s) + self.compiled_steps
+
+    def add_compiled(self, step_s: float) -> None:
+        self.compiled_steps += 1
+        self.compiled_s += step_s
 
     def add(self, step_s: float, wait_s: float, samples: int, audio_s: float) -> None:
         self.times_s.append(step_s)
@@ -233,7 +250,7 @@ class _Window:
         result.warmup_s += trimmed_s
         result.warmup_steps += front
         result.trimmed_steps = front
-        result.window_s = elapsed_s - trimmed_s
+        result.window_s = elapsed_s - trimmed_s - self.compiled_s
         result.step_times_s = self.times_s[front:]
         result.step_samples = self.samples_per_step[front:]
         result.step_audio_s = self.audio_per_step[front:]
@@ -269,11 +286,14 @@ def measure(
     forward = forward or Forward(setup.model, setup.loss_fn, device)
     non_blocking = config.pin_memory and device.type == "cuda"
     step = _Stepper(setup, forward, precision, config.grad_accum_steps, non_blocking=non_blocking)
-    result = WindowMeasurement()
+    watch = CompileWatch(compiling=config.compile != "off")
+    result = WindowMeasurement(compile=watch.cost)
     # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front.
     hindsight = timing.trim_transient and device.type == "cpu" and distributed.world_size() == 1
     memory.start()  # from the first step: warm-up peaks (cuDNN autotuning, allocator growth) are real peaks too
-    warmup_times = _warm_up(setup, batches, step, device, result, on_progress, timing=timing, settle=not hindsight)
+    warmup_times = _warm_up(
+        setup, batches, step, device, result, on_progress, timing=timing, settle=not hindsight, watch=watch
+    )
     _check_finite(step.losses, "warm-up")
     window_steps = _agreed_window_steps(
         warmup_times, spent_before_s + result.warmup_s, timing, step.accum_steps, device
@@ -290,7 +310,15 @@ def measure(
         batch = next(batches)
         fetched = time.perf_counter()
         step(setup.batch_to_device(batch, device, non_blocking))
+        if watch.compiling:  # a compiling step's time must be its own (CUDA runs asynchronously)
+            _synchronize(device)
         now = time.perf_counter()
+        if watch.step_compiled(now - last):  # a new shape compiled: its cost is compile time, not the window's
+            steps.add_compiled(now - last)
+            last = now
+            if window_steps is not None and steps.steps_run >= window_steps:
+                break
+            continue
         steps.add(now - last, fetched - last, setup.samples_in(batch), setup.audio_seconds_in(batch))
         last = now
         # With hindsight the window's first step, and its first quarter, may still turn out to be warm-up: the pruner
@@ -299,7 +327,7 @@ def measure(
         phase = "warmup" if hindsight and early else "window"
         on_progress(phase, steps.samples / max(steps.seconds, 1e-9), now - window_start)
         if window_steps is not None:
-            window_done = len(steps.times_s) >= window_steps
+            window_done = steps.steps_run >= window_steps
         else:
             window_done = step.at_step_boundary and steps.done()
         if window_done:
@@ -324,8 +352,12 @@ def _warm_up(
     *,
     timing: TimingSettings,
     settle: bool,
+    watch: CompileWatch,
 ) -> list[float]:
-    """Warm-up steps, each synchronised (its time must be its own), until steady.warmup_done agrees on every rank."""
+    """Warm-up steps, each synchronised (its time must be its own), until steady.warmup_done agrees on every rank.
+
+    A step that compiled (the first of a compiled model, a recompile for a new shape) is recorded by the watch and
+    projects no rate for the pruner: its time is compile time, not the configuration's speed."""
     non_blocking = step.non_blocking
     started = time.perf_counter()
     warmup_times: list[float] = []
@@ -337,7 +369,8 @@ def _warm_up(
         step(setup.batch_to_device(batch, device, non_blocking))
         _synchronize(device)
         warmup_times.append(time.perf_counter() - step_started)
-        if len(warmup_times) > 1:  # the first step carries start-up costs; later ones project the rate
+        compiled = watch.step_compiled(warmup_times[-1])
+        if len(warmup_times) > 1 and not compiled:  # the first step carries start-up costs; later ones project it
             on_progress("warmup", setup.samples_in(batch) / warmup_times[-1], time.perf_counter() - started)
         if step.at_step_boundary:
             done = steady.warmup_done(warmup_times, timing, require_settled=settle)

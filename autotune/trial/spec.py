@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from autotune import knobs
+from autotune.trial.run_length import RunLength
 
 __all__ = [
     "LAUNCHED_AT_ENV",
@@ -92,6 +93,7 @@ class TrialConfig:
     grad_accum_steps: int = 1
     preload_audio: bool = False  # decode the corpus into RAM once, before the DataLoader starts (data/preload.py)
     feature_device: str | None = None  # workers | device; None: where the recipe computes them (feature_device.py)
+    compile: str = "off"  # torch.compile of the model's modules (autotune/compile_modes.py); off: eager
     workload_knobs: dict[str, Any] = field(default_factory=dict)  # the workload's own knobs (Workload.knobs)
 
     def __post_init__(self) -> None:
@@ -204,10 +206,13 @@ class TrialSpec:
     collective_timeout_s: float = 300.0  # a rank waiting on a dead or hung peer gives up after this
     compute_only: bool = False  # batches collated once and kept on the device: the ceiling (trial/compute_only.py)
     count_flops: bool = False  # count FLOPs per sample after the window (trial/flops.py)
+    # The training the result is for: the objective charges one-off costs (compiling) over it (trial/run_length.py).
+    run_length: RunLength = field(default_factory=RunLength)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["config"], data["timing"] = self.config.to_dict(), self.timing.to_dict()
+        data["run_length"] = self.run_length.to_dict()
         return data
 
     @classmethod
@@ -215,6 +220,8 @@ class TrialSpec:
         data = dict(data)
         data["config"] = TrialConfig.from_dict(data["config"])
         data["timing"] = TimingSettings.from_dict(data["timing"])
+        if "run_length" in data:
+            data["run_length"] = RunLength.from_dict(data["run_length"])
         return from_fields(cls, data)
 
 
@@ -224,7 +231,8 @@ class TrialResult:
 
     status: str
     reason: str = ""
-    samples_per_second: float | None = None  # the objective: window rate, loader restarts amortised over an epoch
+    # The objective: the window's rate with loader restarts and compiling charged over the run (trial/run_length.py)
+    samples_per_second: float | None = None
     window_samples_per_second: float | None = None  # the timed window alone
     audio_seconds_per_second: float | None = None
     step_time_median_s: float | None = None
@@ -266,6 +274,12 @@ class TrialResult:
     # (status ok) and re-measured with the leaders, not condemned for someone else's job.
     disturbed: bool = False
     node: str = ""  # where it was measured: the SLURM node that ran the job (--executor slurm); "" for a local trial
+    # torch.compile (config.compile): seconds its compiling steps took beyond a steady step, in warm-up and window
+    # (compiling steps are kept out of the window), the compiling steps after the first (new shapes), and the graphs
+    # dynamo compiled (trial/compile_watch.py). None for an eager trial.
+    compile_s: float | None = None
+    recompiles: int | None = None
+    compiled_graphs: int | None = None
     log_tail: str = ""
 
     def __post_init__(self) -> None:

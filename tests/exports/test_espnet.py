@@ -305,3 +305,22 @@ def test_checkpointing_cannot_reach_espnets_conformer() -> None:
     result = export(make_tuned(model="conformer", activation_checkpointing=True), "espnet")
     assert "activation_checkpointing was tuned on for conformer; ESPnet" in notes_text(result)
     assert "activation_checkpointing" not in notes_text(export(make_tuned(model="conformer"), "espnet"))
+
+
+def test_espnet_has_no_compile_option_and_the_note_names_where_the_model_is_built() -> None:
+    """ESPnet's own parsers (SpeakerTask, ASRTask) take no torch.compile option: a compiled winner is a note naming
+    abs_task.py's main_worker, where the installed ESPnet builds the model."""
+    import inspect
+
+    from espnet2.tasks.abs_task import AbsTask
+    from espnet2.tasks.asr import ASRTask
+    from espnet2.tasks.spk import SpeakerTask
+
+    for task in (SpeakerTask, ASRTask):
+        options = [option for action in task.get_parser()._actions for option in action.option_strings]
+        assert options and not [option for option in options if "compile" in option]
+    assert "model = cls.build_model(args=args)" in inspect.getsource(AbsTask.main_worker)
+    notes = notes_text(_export(compile="dynamic"))
+    assert "ESPnet has no option for torch.compile" in notes and "module.compile(dynamic=True)" in notes
+    assert "main_worker, after cls.build_model(args=args)" in notes
+    assert "torch.compile" not in notes_text(_export())

@@ -12,6 +12,7 @@ import torch
 
 from autotune.exports import export
 from tests.exports.common import TUNED, call_kwargs, cpu_result, loader_settings, make_tuned, notes_text
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 
 
 @pytest.mark.parametrize(
@@ -85,13 +86,17 @@ class _Probe:
         self.autocast: list[tuple[bool, torch.dtype]] = []
 
 
-def _module(probe: _Probe, optimizer_kwargs: dict[str, Any] | None = None) -> Any:
+def _module(
+    probe: _Probe, optimizer_kwargs: dict[str, Any] | None = None, compile_kwargs: dict[str, Any] | None = None
+) -> Any:
     import lightning.pytorch as pl
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(8, 4)
+            if compile_kwargs is not None:  # what the compile note tells users to write in __init__
+                self.layer.compile(**compile_kwargs)
 
         def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
             features, labels = batch
@@ -109,7 +114,8 @@ def _fit(python_text: str, namespace: dict[str, Any], probe: _Probe) -> Any:
     exec(compile(ast.parse(python_text), "<autotune export>", "exec"), namespace)  # exactly as printed
     trainer = namespace["trainer"]
     trainer.fit_loop.max_epochs = 1
-    trainer.fit(_module(probe, namespace.get("optimizer_kwargs")), namespace["train_loader"])
+    module = _module(probe, namespace.get("optimizer_kwargs"), namespace.get("compile_kwargs"))
+    trainer.fit(module, namespace["train_loader"])
     return trainer
 
 
@@ -171,6 +177,26 @@ def test_snippet_passes_the_optimizer_kernel_to_configure_optimizers(tmp_path: P
     (optimizer,) = trainer.optimizers
     assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["fused"] is True
     assert "optimizer_kwargs" not in (export(cpu_result("cam++", "fp32-default", 6), "lightning").python_text or "")
+
+
+@pytest.mark.slow
+@NEEDS_INDUCTOR
+def test_snippet_hands_the_compile_to_the_network_and_lightning_trains_it_compiled(tmp_path: Path, monkeypatch) -> None:
+    """compile_kwargs in the snippet, applied as the note says (network.compile in __init__): Lightning's own fit
+    trains through the compiled graph (dynamo compiles it: inductor on this CPU)."""
+    from torch._dynamo import utils
+
+    monkeypatch.chdir(tmp_path)
+    torch._dynamo.reset()
+    tuned = cpu_result("cam++", "fp32-default", 6, compile="dynamic")
+    export_ = export(tuned, "lightning")
+    text = export_.python_text or ""
+    assert "compile_kwargs = {'dynamic': True}" in text
+    assert any("network module in your LightningModule's __init__" in note for note in export_.notes)
+    graphs = utils.counters["stats"]["unique_graphs"]
+    trainer = _fit(text, {"train_dataset": _dataset(20)}, _Probe())
+    assert trainer.global_step == 3 and utils.counters["stats"]["unique_graphs"] > graphs
+    assert "compile_kwargs" not in (export(cpu_result("cam++", "fp32-default", 6), "lightning").python_text or "")
 
 
 @pytest.mark.parametrize("precision", ("bf16", "fp16", "fp32-default"))

@@ -308,3 +308,16 @@ def test_campplus_checkpointing_reaches_memory_efficient(checkpointing: bool | N
     assert layers and {layer.memory_efficient for layer in layers} == {checkpointing is not False}
     assert sum(parameter.numel() for parameter in model.parameters()) == 7_176_224  # the recipe's CAM++ still
     assert ("memory_efficient: false" in notes_text(result)) == (checkpointing is False)
+
+
+def test_3d_speaker_has_no_compile_option_and_the_note_names_where_its_networks_are_built() -> None:
+    """speakerlab's own train.py (installed from PyPI) never calls torch.compile and builds its embedding model and
+    classifier where the note says to compile them."""
+    import speakerlab.bin.train as train
+
+    source = Path(train.__file__).read_text()
+    assert "compile" not in source
+    assert "build('embedding_model', config)" in source and "build('classifier', config)" in source
+    notes = notes_text(_export(compile="default"))
+    assert "3D-Speaker has no option for torch.compile: call module.compile() on each network module" in notes
+    assert "torch.compile" not in notes_text(_export())

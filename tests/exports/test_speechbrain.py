@@ -229,3 +229,32 @@ def test_checkpointing_cannot_reach_speechbrains_ecapa() -> None:
     assert "SpeechBrain (its ECAPA_TDNN has no checkpointing option)" in notes_text(
         _export(activation_checkpointing=True)
     )
+
+
+@pytest.mark.parametrize("mode", ("off", "default", "dynamic"))
+def test_compile_reaches_brains_torch_compile_call(mode: str, tmp_path: Path, monkeypatch) -> None:
+    """--compile [--compile_using_dynamic_shape_tracing], read by SpeechBrain's own parser into run_opts, make Brain
+    call torch.compile on every module (speechbrain/core.py Brain._compile) with the tuned dynamic setting."""
+    import speechbrain as sb
+
+    _, argv = bash_words(_export(compile=mode).command, cwd=tmp_path)
+    assert ("--compile" in argv) == (mode != "off")
+    _, run_opts, _ = sb.parse_arguments(argv[2:])
+    calls: list[dict[str, Any]] = []
+
+    def recording_compile(module: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        calls.append(kwargs)
+        return module
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    modules = {"embedding_model": torch.nn.Linear(4, 3), "classifier": torch.nn.Linear(3, 2)}
+    brain = sb.Brain(modules=modules, run_opts={**run_opts, "device": "cpu"})
+    brain._compile()
+    if mode == "off":
+        assert calls == []
+        return
+    assert len(calls) == 2  # every module of the recipe's `modules`, as the note says
+    assert {call["dynamic"] for call in calls} == {mode == "dynamic"}
+    assert {call["mode"] for call in calls} == {"default"}
+    notes = notes_text(_export(compile=mode))
+    assert ("dynamic=False" in notes) == (mode == "default")

@@ -224,3 +224,15 @@ def test_checkpointing_is_yaml_in_encoder_and_decoder_conf(checkpointing: bool |
         merged = {**RECIPE[section], **edits.get(section, {})}
         assert merged.get(name, recorded["default"]) is bool(checkpointing)
     assert ("gradient_checkpointing: true" in notes_text(result)) == bool(checkpointing)
+
+
+def test_wenet_has_no_compile_flag_and_the_note_says_where_to_compile() -> None:
+    """WeNet's train.py arguments (recorded from wenet-e2e/wenet, RECORDED['source']) have no torch.compile flag;
+    its main() builds the model with `model, configs = init_model(args, configs)` and then scripts it in
+    trace_and_print_model (wenet-e2e/wenet wenet/bin/train.py, read at 010ff41)."""
+    flags = [flag for argument in RECORDED["arguments"] for flag in argument["flags"]]
+    assert "--config" in flags and not [flag for flag in flags if "compile" in flag]
+    notes = " ".join(_export(compile="dynamic").notes)
+    assert "WeNet (train.py has no such flag) has no option for torch.compile" in notes
+    assert "wenet/bin/train.py, after init_model(args, configs) and trace_and_print_model" in notes
+    assert "torch.compile" not in " ".join(_export().notes)

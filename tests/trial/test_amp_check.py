@@ -20,6 +20,7 @@ from autotune.trial.amp_check import (
     run_amp_check,
 )
 from tests.conftest import make_cpu, make_cuda
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 from tests.fixtures.runs import command_lines
 from tests.trial.tiny_setups import faulty_spec
 
@@ -121,3 +122,44 @@ def test_an_amp_check_that_hangs_is_killed_with_its_process_group(tmp_path: Path
     assert result.status == "error" and "no result within 5 s" in result.reason
     assert result.wall_s is not None and result.wall_s < 30
     assert not [pid for pid, argv in command_lines() if any(str(tmp_path).encode() in arg for arg in argv)]
+
+
+@pytest.mark.slow
+@NEEDS_INDUCTOR
+def test_compiled_training_is_checked_against_eager_like_a_precision(tmp_path: Path, tiny_corpus: Path):
+    """Each compile mode trains fp32 through torch.compile (inductor, on this CPU) from the eager reference's weights
+    on its batches: an honest compile matches eager to rounding; a compile that changes the model's maths (the
+    fixture's network triples its logits when traced) is rejected, and the tuner then never launches it."""
+    settings = AmpCheckSettings(steps=6, batch_size=5, batches=2, smoothing_steps=2, timeout_s=300)
+    honest = faulty_spec(tmp_path / "honest", tiny_corpus, 1)
+    result = run_amp_check(
+        AmpCheckSpec(trial=honest, precisions=(), settings=settings, compile_modes=("default",)), tmp_path / "h"
+    )
+    assert result.status == "ok", result.log_tail
+    (verdict,) = result.verdicts
+    assert verdict.precision == "compile=default" and verdict.accepted, verdict
+    assert verdict.max_deviation_fraction is not None and verdict.max_deviation_fraction < 1e-4
+    assert result.rejected() == {}
+
+    miscompiled = faulty_spec(tmp_path / "bad", tiny_corpus, 1)
+    settings = AmpCheckSettings(steps=6, batch_size=14, batches=2, smoothing_steps=2, timeout_s=300)
+    result = run_amp_check(
+        AmpCheckSpec(trial=miscompiled, precisions=(), settings=settings, compile_modes=("dynamic",)), tmp_path / "b"
+    )
+    assert result.status == "ok", result.log_tail
+    (verdict,) = result.verdicts
+    assert not verdict.accepted and verdict.max_deviation_fraction is not None and verdict.max_deviation_fraction > 0.2
+    assert list(result.rejected()) == ["compile=dynamic"]
+    assert "compile=dynamic rejected by the AMP check" in result.rejected()["compile=dynamic"]
+    assert result.report()["precisions"]["compile=dynamic"]["accepted"] is False
+
+
+def test_the_space_decides_which_compile_modes_are_checked():
+    from autotune.trial.amp_check import space_compile_modes
+
+    params = {"per_device_batch_size": {"type": "categorical", "choices": [4]}}
+    searched = {**params, "compile": {"type": "categorical", "choices": ["off", "default", "dynamic"]}}
+    assert space_compile_modes(space.from_dict({"params": searched}, make_cpu())) == ("default", "dynamic")
+    assert space_compile_modes(space.from_dict({"params": params}, make_cpu())) == ()
+    fixed = space.from_dict({"params": params, "fixed": {"compile": "dynamic"}}, make_cpu())
+    assert space_compile_modes(fixed) == ("dynamic",)

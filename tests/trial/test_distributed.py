@@ -11,6 +11,7 @@ from autotune import yamlio
 from autotune.data import load_source
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
 from autotune.trial.child import combine_rank_summaries
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 
 FAULTY = "tests.fixtures.faulty_workload:workload"
 TIMING = TimingSettings(warmup_steps=2, window_s=0.5, min_window_steps=4)
@@ -204,3 +205,15 @@ def test_the_rank_that_failed_first_is_the_cause_not_the_peers_it_knocked_out(tm
         yamlio.write_json(path, {"status": status})
         os.utime(path, ns=(written_ns, written_ns))
     assert ranks.failed_rank() == 2
+
+
+@pytest.mark.slow
+@NEEDS_INDUCTOR
+def test_two_ranks_compile_under_ddp_and_agree_on_their_steps(tmp_path, tiny_corpus):
+    """torch.compile inside DDP on gloo: each rank compiles its network, the compiling steps stay out of the shared
+    window on both, and the ranks still run the same number of steps (a rank that counted differently would hang
+    in the all-reduce until the collective timeout)."""
+    result = launch(_spec(tmp_path, tiny_corpus, 5, compile="dynamic"), workdir=tmp_path / "trial", timeout_s=300)
+    assert result.status == "ok", result.log_tail
+    assert result.world_size == 2 and result.compile_s is not None and result.compile_s > 0.2
+    assert result.window_steps >= 4 and result.samples_per_second < result.window_samples_per_second

@@ -1,0 +1,89 @@
+"""The training run a result is for, and a trial's throughput over it with its one-off costs paid.
+
+A configuration that compiles its model (compile_modes.py) pays minutes once and then steps faster; one without
+persistent workers pays the workers' start-up every epoch. Which is faster depends on how long the user trains: a
+compile that costs 8 minutes and saves 8% pays off after 100 minutes of training, not in a 10-minute fine-tune
+(pytorch issue 93468: OpenNMT's first 100 steps took 734 s compiled against 212 s eager, for +8% afterwards). So the
+objective every trial reports (TrialResult.samples_per_second) is the throughput over the run, with each one-off cost
+charged where it falls:
+
+- **epochs** (the default: one epoch of the data, as the loader restarts were amortised before compile existed):
+  ``run samples / (run samples / window rate + epochs x loader restart + compile)``;
+- **hours**: ``epoch rate x max(0, T - compile) / T`` over T seconds of training: compiling eats into the run.
+
+A compile the run cannot repay loses to eager on this objective, and so never wins (tuner.pick_winner ranks by it);
+the window's steady-state rate stays beside it (window_samples_per_second), and the compile figures too
+(compile_s, recompiles), so the report shows both.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["RunLength", "parse_run_length", "run_rate"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunLength:
+    """How long the user trains with the result: epochs of the data (per rank's share) or wall-clock hours."""
+
+    epochs: float | None = 1.0
+    hours: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.epochs is None) == (self.hours is None):
+            raise ValueError("a run length is either epochs or hours")
+        value = self.epochs if self.epochs is not None else self.hours
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"a run length must be positive and finite, not {value!r}")
+
+    def describe(self) -> str:
+        if self.hours is not None:
+            return f"{self.hours:g} h"
+        return f"{self.epochs:g} epoch" + ("" if self.epochs == 1 else "s")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunLength:
+        from autotune.trial.spec import from_fields
+
+        return from_fields(cls, data)
+
+
+def parse_run_length(text: str) -> RunLength:
+    """--run-length: '3ep' / '3 epochs' / '3' (epochs of the data) or a duration '12h', '90m', '1h30m' (hours).
+
+    Raises:
+        UserError: anything else, or a length that is not positive.
+    """
+    from autotune.cli_parsing import parse_duration
+    from autotune.errors import UserError
+
+    cleaned = text.strip().lower()
+    epochs = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(?:ep|epoch|epochs)?", cleaned)
+    try:
+        if epochs is not None:
+            return RunLength(epochs=float(epochs.group(1)))
+        return RunLength(epochs=None, hours=parse_duration(cleaned) / 3600.0)
+    except (UserError, ValueError):
+        raise UserError(
+            f"cannot read --run-length {text!r}; write epochs like 3ep (the default is 1ep, one epoch of the data) "
+            "or a training time like 12h or 90m, greater than zero"
+        ) from None
+
+
+def run_rate(window_rate: float, epoch_samples: int, restart_s: float, compile_s: float, run: RunLength) -> float:
+    """Samples per second over the run: the window's steady rate with loader restarts (each epoch) and compiling
+    (once) charged (module docstring)."""
+    epoch_samples = max(epoch_samples, 1)
+    epoch_s = epoch_samples / window_rate + restart_s
+    if run.hours is not None:
+        run_s = run.hours * 3600.0
+        return epoch_samples / epoch_s * max(0.0, run_s - compile_s) / run_s
+    assert run.epochs is not None
+    return run.epochs * epoch_samples / (run.epochs * epoch_s + compile_s)
