@@ -188,11 +188,16 @@ class Budget:
         """Two feasible configurations are measured: confirmation has something to compare."""
         return sum(candidate.feasible for candidate in candidates) >= 2
 
-    def reserve_s(self, candidates: Iterable[Candidate], leaders: Sequence[Candidate], repeats: int) -> float:
+    def reserve_s(
+        self, candidates: Iterable[Candidate], leaders: Sequence[Candidate], repeats: int, share: float | None = None
+    ) -> float:
         """Room kept for re-measuring the leaders while the search runs: their own wall times times the repeats, at
-        most CONFIRM_SHARE of the budget, and none until two feasible configurations can be compared."""
+        most CONFIRM_SHARE of the budget, and none until two feasible configurations can be compared; with a share
+        (a long run's sequential halving, confirmation.py), that share of the budget."""
         if not self.comparable(candidates) or repeats < 1:
             return 0.0
+        if share is not None and self.budget_s is not None:
+            return share * self.budget_s
         wanted = repeats * sum(statistics.median(r.result.wall_s or 0.0 for r in c.records) for c in leaders)
         return min(wanted, CONFIRM_SHARE * self.budget_s) if self.budget_s is not None else wanted
 

@@ -16,6 +16,7 @@ import optuna
 from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
+from autotune.confirmation import LONG_CONFIRM_SHARE, LONG_LEADERS, Confirmation, is_long
 from autotune.errors import WorkloadError
 from autotune.pruning import Pruner
 from autotune.reporting import Reporter, SilentReporter
@@ -258,7 +259,15 @@ class Tuner:
         return self.budget.closing_s(self.records, self.best())
 
     def _reserve_s(self) -> float:
-        return self.budget.reserve_s(self._candidates().values(), self._leaders(), self._rounds())
+        share = LONG_CONFIRM_SHARE if self._long() else None
+        return self.budget.reserve_s(self._candidates().values(), self._leaders(), self._rounds(), share=share)
+
+    def _long(self) -> bool:
+        """A run long enough for sequential halving of more leaders (confirmation.is_long)."""
+        trial_s = self.budget.costs.search_trial_s(self.records)
+        return self.settings.confirm_top_k > 0 and is_long(
+            trials=self.settings.trials, budget_s=self.settings.budget_s, trial_s=trial_s
+        )
 
     def _rounds(self) -> int:
         return self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0
@@ -290,19 +299,21 @@ class Tuner:
         failure = ""
         try:
             stopped_by = self._search()
-            confirmed = self._confirm()
+            confirmed, finalists = self._confirm()
         except KeyboardInterrupt:
             if not self.records:
                 raise
             logger.warning("interrupted: choosing among the %d trials measured so far", len(self.records))
             stopped_by, confirmed = "interrupted", self._leaders()
+            finalists = confirmed
         except storage.storage_failures() as error:
             if not self.records:
                 raise
             failure = storage.describe_failure(error)
             logger.warning("the study's storage failed (%s): choosing among the trials measured so far", failure)
             stopped_by, confirmed = STORAGE_FAILED, self._leaders()
-        winner, winner_reason = pick_winner([c for c in confirmed if c.feasible])
+            finalists = confirmed
+        winner, winner_reason = pick_winner([c for c in finalists if c.feasible])
         baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
             records=list(self.records),
@@ -399,28 +410,31 @@ class Tuner:
         return group_by_config(self.records)
 
     def _leaders(self) -> list[Candidate]:
-        return leaders(self._candidates().values(), self.settings.confirm_top_k)
+        top_k = max(LONG_LEADERS, self.settings.confirm_top_k) if self._long() else self.settings.confirm_top_k
+        return leaders(self._candidates().values(), top_k)
 
-    def _confirm(self) -> list[Candidate]:
-        """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""
-        leaders = self._leaders()
-        rounds = [leader for _ in range(self._rounds()) for leader in leaders]
-        if self._confirm_each(rounds) and rounds:
-            # One more round for the leaders with a window other processes disturbed (trial/child.py): their median
-            # then rests on more windows, from other minutes of the load.
-            by_key = self._candidates()
-            disturbed = [c for c in leaders if any(r.result.disturbed for r in by_key[config_key(c.config)].records)]
-            self._confirm_each(disturbed)
-        by_key = self._candidates()
-        return [by_key[config_key(leader.config)] for leader in leaders]
+    def _confirm(self) -> tuple[list[Candidate], list[Candidate]]:
+        """Re-measure the leaders, interleaved, so that one lucky or unlucky window cannot crown a winner; returns every
+        leader as re-measured and the finalists the winner is chosen among (confirmation.py)."""
+        leaders, long = self._leaders(), self._long()
+        confirmation = Confirmation(
+            measure=self._confirm_one,
+            candidates=self._candidates,
+            cost_s=lambda candidate: self.budget.costs.of(candidate.config, self.records) or 0.0,
+            left_s=lambda: None if (left := self.budget.left_s()) is None else left - self._closing_s(),
+        )
+        if long and len(leaders) > 1:
+            time_s = min(LONG_CONFIRM_SHARE * (self.settings.budget_s or 0.0), confirmation.left_s() or 0.0)
+            confirmed = confirmation.halving(leaders, time_s)
+        else:
+            confirmed = confirmation.uniform(leaders, self._rounds())
+        return confirmed.leaders, confirmed.finalists
 
-    def _confirm_each(self, leaders: list[Candidate]) -> bool:
-        """Re-measure each in turn while it fits the budget; whether all were."""
-        for leader in leaders:
-            if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
-                logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
-                return False
-            self._run_one("confirm", config_params(leader.config, self.space))
+    def _confirm_one(self, leader: Candidate) -> bool:
+        """One confirmation trial of a leader, if it fits the budget."""
+        if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
+            return False
+        self._run_one("confirm", config_params(leader.config, self.space))
         return True
 
     def plan(self) -> BudgetPlan:
