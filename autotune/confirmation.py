@@ -74,16 +74,16 @@ class Confirmation:
     """Re-measures leaders through the tuner's callbacks.
 
     Args:
-        measure: runs one confirmation trial of a candidate; False when it no longer fits the budget.
+        measure: runs one confirmation trial of a candidate.
         candidates: every configuration measured so far, by config_key (fresh after each trial).
-        cost_s: a candidate's estimated trial cost.
+        cost_s: a candidate's estimated trial cost (a trial starts only if it should end within left_s).
         left_s: seconds the budget has left, less the closing trials; None: no budget.
     """
 
     def __init__(
         self,
         *,
-        measure: Callable[[Candidate], bool],
+        measure: Callable[[Candidate], object],
         candidates: Callable[[], dict[str, Candidate]],
         cost_s: Callable[[Candidate], float],
         left_s: Callable[[], float | None],
@@ -97,9 +97,11 @@ class Confirmation:
     def _each(self, leaders: Sequence[Candidate]) -> bool:
         """Re-measure each in turn while it fits; whether all were."""
         for leader in leaders:
-            if not self.measure(leader):
+            left_s = self.left_s()
+            if left_s is not None and self.cost_s(leader) > left_s:
                 logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
                 return False
+            self.measure(leader)
         return True
 
     def uniform(self, leaders: list[Candidate], rounds: int) -> Confirmed:

@@ -262,12 +262,9 @@ class Tuner:
         share = LONG_CONFIRM_SHARE if self._long() else None
         return self.budget.reserve_s(self._candidates().values(), self._leaders(), self._rounds(), share=share)
 
-    def _long(self) -> bool:
-        """A run long enough for sequential halving of more leaders (confirmation.is_long)."""
-        trial_s = self.budget.costs.search_trial_s(self.records)
-        return self.settings.confirm_top_k > 0 and is_long(
-            trials=self.settings.trials, budget_s=self.settings.budget_s, trial_s=trial_s
-        )
+    def _long(self) -> bool:  # long enough for sequential halving of more leaders (confirmation.is_long)
+        trials, budget_s = (self.settings.trials if self.settings.confirm_top_k > 0 else 0), self.settings.budget_s
+        return is_long(trials=trials, budget_s=budget_s, trial_s=self.budget.costs.search_trial_s(self.records))
 
     def _rounds(self) -> int:
         return self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0
@@ -416,26 +413,19 @@ class Tuner:
     def _confirm(self) -> tuple[list[Candidate], list[Candidate]]:
         """Re-measure the leaders, interleaved, so that one lucky or unlucky window cannot crown a winner; returns every
         leader as re-measured and the finalists the winner is chosen among (confirmation.py)."""
-        leaders, long = self._leaders(), self._long()
+        leaders = self._leaders()
         confirmation = Confirmation(
-            measure=self._confirm_one,
+            measure=lambda leader: self._run_one("confirm", config_params(leader.config, self.space)),
             candidates=self._candidates,
-            cost_s=lambda candidate: self.budget.costs.of(candidate.config, self.records) or 0.0,
+            cost_s=lambda leader: self.budget.costs.of(leader.config, self.records) or 0.0,
             left_s=lambda: None if (left := self.budget.left_s()) is None else left - self._closing_s(),
         )
-        if long and len(leaders) > 1:
+        if self._long() and len(leaders) > 1:
             time_s = min(LONG_CONFIRM_SHARE * (self.settings.budget_s or 0.0), confirmation.left_s() or 0.0)
             confirmed = confirmation.halving(leaders, time_s)
         else:
             confirmed = confirmation.uniform(leaders, self._rounds())
         return confirmed.leaders, confirmed.finalists
-
-    def _confirm_one(self, leader: Candidate) -> bool:
-        """One confirmation trial of a leader, if it fits the budget."""
-        if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
-            return False
-        self._run_one("confirm", config_params(leader.config, self.space))
-        return True
 
     def plan(self) -> BudgetPlan:
         """What the run intends for the rest of its budget, from the trials measured so far (budget.py)."""

@@ -58,13 +58,10 @@ class _Race:
         self.records = [_record(i, 8 * (i + 1), 100.0 - i) for i in range(8)]
         self.now, self.budget_s = 0.0, budget_s
 
-    def measure(self, leader: Candidate) -> bool:
-        if self.now + 10.0 > self.budget_s:
-            return False
+    def measure(self, leader: Candidate) -> None:
         self.now += 10.0
         rate = leader.records[0].value
         self.records.append(_record(len(self.records), leader.config.per_device_batch_size, rate, role="confirm"))
-        return True
 
     def confirmation(self) -> Confirmation:
         return Confirmation(
