@@ -432,12 +432,15 @@ class Tuner:
         queue = self.warm_start or self.seeds
         comparable = self.budget.comparable(self._candidates().values())
         counted = sum(r.role != "confirm" and r.result.status != "precision" for r in self.records)
+        reserve_s, trial_s = self._reserve_s(), self.budget.costs.search_trial_s(self.records)
+        # a long run's halving: as many trials as its room holds (_long() implies a measured trial_s)
+        confirmations = int(reserve_s // trial_s) if self._long() else len(self._leaders()) * self._rounds()
         state = PlanState(
             queued_s=tuple(self._queued_s(params) for _, params in queue),
             skipped=len(self.skipped),
-            confirmations=len(self._leaders()) * self._rounds() if comparable else 0,
+            confirmations=confirmations if comparable else 0,
             searches_left=max(0, self.settings.trials - counted - len(queue)),
-            reserve_s=self._reserve_s(),
+            reserve_s=reserve_s,
             closing_s=self._closing_s(),
         )
         return self.budget.plan(self.records, state, self.before)

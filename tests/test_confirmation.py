@@ -16,6 +16,7 @@ from autotune.confirmation import (
     is_long,
     keep_better_half,
 )
+from autotune.reporting import SilentReporter
 from autotune.trial import TrialConfig, TrialResult
 from autotune.tuner import TunerSettings
 from tests.fixtures.tuners import cam_tuner
@@ -106,9 +107,18 @@ def test_a_long_run_confirms_more_leaders_by_halving_and_a_short_run_three_leade
             status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=10.0, window_s=7.0
         )
 
+    planned: list[int] = []  # the live display's planned confirmations, before the first one ran
+
+    class Plans(SilentReporter):
+        def plan_changed(self, plan) -> None:
+            stage = next(stage for stage in plan.stages if stage.name == "confirmation")
+            if stage.done == 0:
+                planned.append(stage.planned)
+
     def confirms(settings: TunerSettings) -> tuple[collections.Counter, object]:
         now[0] = 0.0
-        tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0])
+        planned.clear()
+        tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0], reporter=Plans())
         outcome = tuner.run()
         return collections.Counter(config_key(r.config) for r in outcome.records if r.role == "confirm"), outcome
 
@@ -117,6 +127,7 @@ def test_a_long_run_confirms_more_leaders_by_halving_and_a_short_run_three_leade
     assert sum(long_run.values()) * 10.0 == pytest.approx(LONG_CONFIRM_SHARE * 1000.0, abs=30.0)
     assert max(long_run.values()) > 2 * min(long_run.values())  # the leaders still in the race got more windows
     assert outcome.winner is not None and long_run[config_key(outcome.winner.config)] == max(long_run.values())
+    assert planned[-1] == int(LONG_CONFIRM_SHARE * 1000.0 // 10.0)  # as many as its room holds, not 8 leaders x 2
 
     short_run, _ = confirms(TunerSettings(trials=24, budget_s=1000.0, prune=False))
-    assert len(short_run) == 3 and set(short_run.values()) == {2}
+    assert len(short_run) == 3 and set(short_run.values()) == {2} and planned[-1] == 6
