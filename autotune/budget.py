@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["CONFIRM_SHARE", "PRIOR_FIXED_S", "Stage", "BudgetPlan", "PlanState", "TrialCosts", "Budget"]
 
 CONFIRM_SHARE = 0.25  # of the budget, at most, kept for confirmation while the search runs
+# A queued trial runs, with nothing but the baseline measured, while this share of its estimated cost is left
+# (Budget.last_chance): on a loaded 2-core machine a 5-min run measured the baseline (147 s) and skipped both seeds
+# with 90 s left, ending at 2.4 min with the recipe as its winner.
+LAST_CHANCE_SHARE = 0.5
 PRIOR_FIXED_S = 5.0  # a trial's process start, setup and teardown before any was measured (2-core CPU: 3-4 s)
 _NOT_ESTIMATES = ("baseline", "preload")  # roles whose wall time says little about a search trial's
 
@@ -176,6 +180,14 @@ class Budget:
         left = self.left_s()
         return left is None or cost_s + keep_s <= left
 
+    def last_chance(self, cost_s: float, measured_configs: int) -> bool:
+        """Whether a queued trial of cost_s that may not end in time runs anyway: only while nothing but the baseline
+        has been measured (measured_configs <= 1: skipping it leaves the recipe as the winner and the rest of the
+        budget unused) and while at least LAST_CHANCE_SHARE of its estimate is left. Its estimate then rests on the
+        baseline's precision and batch, and a seed is chosen to be faster."""
+        left = self.left_s()
+        return measured_configs <= 1 and left is not None and left >= LAST_CHANCE_SHARE * cost_s
+
     def closing_s(self, records: Sequence[TrialRecord], best: TrialRecord | None) -> float:
         """Room for the trials after confirmation (the compute-only ceiling of the winner, about the best's cost)."""
         if not self.closing_trials:
@@ -188,11 +200,16 @@ class Budget:
         """Two feasible configurations are measured: confirmation has something to compare."""
         return sum(candidate.feasible for candidate in candidates) >= 2
 
-    def reserve_s(self, candidates: Iterable[Candidate], leaders: Sequence[Candidate], repeats: int) -> float:
+    def reserve_s(
+        self, candidates: Iterable[Candidate], leaders: Sequence[Candidate], repeats: int, share: float | None = None
+    ) -> float:
         """Room kept for re-measuring the leaders while the search runs: their own wall times times the repeats, at
-        most CONFIRM_SHARE of the budget, and none until two feasible configurations can be compared."""
+        most CONFIRM_SHARE of the budget, and none until two feasible configurations can be compared; with a share
+        (a long run's sequential halving, confirmation.py), that share of the budget."""
         if not self.comparable(candidates) or repeats < 1:
             return 0.0
+        if share is not None and self.budget_s is not None:
+            return share * self.budget_s
         wanted = repeats * sum(statistics.median(r.result.wall_s or 0.0 for r in c.records) for c in leaders)
         return min(wanted, CONFIRM_SHARE * self.budget_s) if self.budget_s is not None else wanted
 

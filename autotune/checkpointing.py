@@ -23,7 +23,7 @@ change BatchNorm running statistics inside a checkpointed segment (updated again
 in 3D-Speaker's and WeNet's own code.
 
 The search trades it for a batch: a seed that runs out of the device's memory without checkpointing is tried next
-with it at the same batch, before its batch is halved (tuner._back_off). The headroom gate and the worst-case scan
+with it at the same batch, before its batch is halved (seed_queue.backed_off). The headroom gate and the worst-case scan
 measure the checkpointed model as built, so their peaks are the checkpointed ones.
 """
 

@@ -154,7 +154,13 @@ def run(
     trial_timeout: Annotated[
         str, typer.Option(help="Hard limit per trial; a trial past it is killed as a hang.")
     ] = "5m",
-    confirm: Annotated[int, typer.Option(help="How many leading configurations to re-measure before choosing.")] = 3,
+    confirm: Annotated[
+        int,
+        typer.Option(
+            help="How many leading configurations to re-measure before choosing (at least 8, by sequential "
+            "halving, on a run whose --trials and --budget hold 40 search trials)."
+        ),
+    ] = 3,
     headroom: Annotated[float, typer.Option(help="Fraction of device memory a winner must leave free.")] = 0.10,
     max_throughput_cv: Annotated[
         float,

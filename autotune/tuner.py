@@ -15,16 +15,15 @@ import optuna
 from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
-from autotune.checkpointing import checkpointed_instead
-from autotune.compile_modes import OFF, check_label
+from autotune.confirmation import LONG_CONFIRM_SHARE, LONG_LEADERS, Confirmation, is_long
 from autotune.errors import WorkloadError
 from autotune.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.pruning import Pruner
 from autotune.reattach import orphan_waiting, trial_folder
 from autotune.reporting import Reporter, SilentReporter
 from autotune.samplers import grid_points, make_sampler
+from autotune.seed_queue import admissible, backed_off, rejected_reason
 from autotune.space import SearchSpace
-from autotune.space_fit import smaller_batch
 from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch
 
 __all__ = [
@@ -41,10 +40,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 STORAGE_FAILED = "storage failure"  # TuningOutcome.stopped_by when the machine failed the study mid-run
-# A queued trial runs, with nothing but the baseline measured, while this share of its estimated cost is left
-# (Tuner._last_chance): on a loaded 2-core machine a 5-min run measured the baseline (147 s) and skipped both seeds
-# with 90 s left, ending at 2.4 min with the recipe as its winner.
-LAST_CHANCE_SHARE = 0.5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,13 +138,8 @@ class Tuner:
         # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
         # random and grid searches stay unseeded (they are the comparisons).
         cold = not self.warm_start and settings.sampler == "tpe" and len(study.trials) == 0
-        rejected = self.rejected_precisions
-        seeds = [
-            seed
-            for seed in space.seeds
-            if seed.get("precision") not in rejected and check_label(seed.get("compile", OFF)) not in rejected
-        ]
-        self.seeds = [("seed", dict(seed)) for seed in seeds] if cold else []
+        seeds = admissible(space.seeds, self.rejected_precisions)
+        self.seeds = [("seed", seed) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
         self.launcher, self.closing_trials, self.before = launcher, closing_trials, before
         spent_before_s = sum(stage.spent_s for stage in before)
@@ -230,9 +220,7 @@ class Tuner:
         return record
 
     def _rejected(self, config: TrialConfig) -> str | None:
-        """Why the AMP check rejected this configuration's precision or compile mode; None if it did not."""
-        rejected = self.rejected_precisions
-        return rejected.get(config.precision) or rejected.get(check_label(config.compile))
+        return rejected_reason(self.rejected_precisions, config)
 
     def _launch(self, spec: TrialSpec, folder: Path, pruner: Pruner | None) -> TrialResult:
         # --budget is a ceiling: a trial still running when it ends (a machine that got loaded) is stopped there.
@@ -251,7 +239,12 @@ class Tuner:
         return self.budget.closing_s(self.records, self.best())
 
     def _reserve_s(self) -> float:
-        return self.budget.reserve_s(self._candidates().values(), self._leaders(), self._rounds())
+        share = LONG_CONFIRM_SHARE if self._long() else None
+        return self.budget.reserve_s(self._candidates().values(), self._leaders(), self._rounds(), share=share)
+
+    def _long(self) -> bool:  # long enough for sequential halving of more leaders (confirmation.is_long)
+        trials, budget_s = (self.settings.trials if self.settings.confirm_top_k > 0 else 0), self.settings.budget_s
+        return is_long(trials=trials, budget_s=budget_s, trial_s=self.budget.costs.search_trial_s(self.records))
 
     def _rounds(self) -> int:
         return self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0
@@ -283,19 +276,21 @@ class Tuner:
         failure = ""
         try:
             stopped_by = self._search()
-            confirmed = self._confirm()
+            confirmed, finalists = self._confirm()
         except KeyboardInterrupt:
             if not self.records:
                 raise
             logger.warning("interrupted: choosing among the %d trials measured so far", len(self.records))
             stopped_by, confirmed = "interrupted", self._leaders()
+            finalists = confirmed
         except storage.storage_failures() as error:
             if not self.records:
                 raise
             failure = storage.describe_failure(error)
             logger.warning("the study's storage failed (%s): choosing among the trials measured so far", failure)
             stopped_by, confirmed = STORAGE_FAILED, self._leaders()
-        winner, winner_reason = pick_winner([c for c in confirmed if c.feasible])
+            finalists = confirmed
+        winner, winner_reason = pick_winner([c for c in finalists if c.feasible])
         baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
             records=list(self.records),
@@ -382,34 +377,22 @@ class Tuner:
         return started
 
     def _back_off(self, record: TrialRecord) -> None:
-        """A seed that did not fit the device's memory is tried next at half its batch (as Lightning's batch-size finder
-        backs off): seeds are written for large GPUs; on a smaller one their other settings are still a good guess.
-        Where the space searches activation checkpointing and the seed ran without it, the same batch with it comes
-        first: trading recomputation for memory is what can keep the batch (checkpointing.py)."""
-        if record.role != "seed" or record.result.status not in ("oom", "headroom"):
-            return
-        point = config_params(record.config, self.space)
-        smaller = checkpointed_instead(self.space, point) or smaller_batch(self.space, point)
-        measured = {config_key(r.config) for r in self.records}
-        if smaller is not None and config_key(self._config(smaller)) not in measured:
-            self.seeds.insert(0, ("seed", smaller))
+        """A seed out of memory is queued again, checkpointed or at half its batch (seed_queue.backed_off)."""
+        retry = backed_off(self.space, record)
+        if retry is not None and config_key(self._config(retry)) not in {config_key(r.config) for r in self.records}:
+            self.seeds.insert(0, ("seed", retry))
 
     def _last_chance(self, role: str, params: dict[str, Any]) -> bool:
-        """Whether a queued trial that may not end in time runs anyway: only while nothing but the baseline has been
-        measured (skipping it leaves the recipe as the winner and the rest of the budget unused) and while at least
-        LAST_CHANCE_SHARE of its estimate is left. Its estimate then rests on the baseline's precision and batch, and
-        a seed is chosen to be faster; a trial still running when the budget ends is stopped there (_launch)."""
-        if len({config_key(r.config) for r in self.records if r.result.feasible}) > 1:
-            return False
+        """Whether a queued trial that may not end in time runs anyway (Budget.last_chance); a trial still running
+        when the budget ends is stopped there (_launch)."""
         left, cost = self.budget.left_s(), self._queued_s(params)
-        if left is None or left < LAST_CHANCE_SHARE * cost:
+        if not self.budget.last_chance(cost, len({config_key(r.config) for r in self.records if r.result.feasible})):
             return False
-        config = self._config({**self.space.fixed, **params})
         logger.warning(
             "%s %s runs with %.0f s left although it may need %.0f s: nothing but the baseline is measured yet; "
             "it is stopped when --budget ends",
             role,
-            config.short(),
+            self._config({**self.space.fixed, **params}).short(),
             left,
             cost,
         )
@@ -427,42 +410,44 @@ class Tuner:
         return group_by_config(self.records)
 
     def _leaders(self) -> list[Candidate]:
-        return leaders(self._candidates().values(), self.settings.confirm_top_k)
+        top_k = max(LONG_LEADERS, self.settings.confirm_top_k) if self._long() else self.settings.confirm_top_k
+        return leaders(self._candidates().values(), top_k)
 
-    def _confirm(self) -> list[Candidate]:
-        """Re-measure the top few, interleaved, so that one lucky or unlucky window cannot crown a winner."""
+    def _confirm(self) -> tuple[list[Candidate], list[Candidate]]:
+        """Re-measure the leaders, interleaved, so that one lucky or unlucky window cannot crown a winner; returns every
+        leader as re-measured and the finalists the winner is chosen among (confirmation.py)."""
         leaders = self._leaders()
-        rounds = [leader for _ in range(self._rounds()) for leader in leaders]
-        if self._confirm_each(rounds) and rounds:
-            # One more round for the leaders with a window other processes disturbed (trial/child.py): their median
-            # then rests on more windows, from other minutes of the load.
-            by_key = self._candidates()
-            disturbed = [c for c in leaders if any(r.result.disturbed for r in by_key[config_key(c.config)].records)]
-            self._confirm_each(disturbed)
-        by_key = self._candidates()
-        return [by_key[config_key(leader.config)] for leader in leaders]
+        confirmation = Confirmation(
+            measure=self._confirm_one,
+            candidates=self._candidates,
+            cost_s=lambda leader: self.budget.costs.of(leader.config, self.records) or 0.0,
+            left_s=lambda: None if (left := self.budget.left_s()) is None else left - self._closing_s(),
+        )
+        if self._long() and len(leaders) > 1:
+            time_s = min(LONG_CONFIRM_SHARE * (self.settings.budget_s or 0.0), confirmation.left_s() or 0.0)
+            confirmed = confirmation.halving(leaders, time_s)
+        else:
+            confirmed = confirmation.uniform(leaders, self._rounds())
+        return confirmed.leaders, confirmed.finalists
 
-    def _confirm_each(self, leaders: list[Candidate]) -> bool:
-        """Re-measure each in turn while it fits the budget; whether all were."""
-        for leader in leaders:
-            if not self.budget.fits(self.budget.costs.of(leader.config, self.records) or 0.0, self._closing_s()):
-                logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
-                return False
-            with on_node(self.launcher, leader):  # where it was first measured (--executor slurm)
-                self._run_one("confirm", config_params(leader.config, self.space))
-        return True
+    def _confirm_one(self, leader: Candidate) -> None:
+        with on_node(self.launcher, leader):  # where it was first measured (--executor slurm)
+            self._run_one("confirm", config_params(leader.config, self.space))
 
     def plan(self) -> BudgetPlan:
         """What the run intends for the rest of its budget, from the trials measured so far (budget.py)."""
         queue = self.warm_start or self.seeds
         comparable = self.budget.comparable(self._candidates().values())
         counted = sum(r.role != "confirm" and r.result.status != "precision" for r in self.records)
+        reserve_s, trial_s = self._reserve_s(), self.budget.costs.search_trial_s(self.records)
+        # a long run's halving: as many trials as its room holds (_long() implies a measured trial_s)
+        confirmations = int(reserve_s // trial_s) if self._long() else len(self._leaders()) * self._rounds()
         state = PlanState(
             queued_s=tuple(self._queued_s(params) for _, params in queue),
             skipped=len(self.skipped),
-            confirmations=len(self._leaders()) * self._rounds() if comparable else 0,
+            confirmations=confirmations if comparable else 0,
             searches_left=max(0, self.settings.trials - counted - len(queue)),
-            reserve_s=self._reserve_s(),
+            reserve_s=reserve_s,
             closing_s=self._closing_s(),
         )
         return self.budget.plan(self.records, state, self.before)

@@ -1,0 +1,133 @@
+"""Confirmation: three leaders twice on a short run, sequential halving of more leaders on a long one."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from autotune.candidates import Candidate, TrialRecord, config_key, group_by_config
+from autotune.confirmation import (
+    LONG_CONFIRM_SHARE,
+    LONG_LEADERS,
+    LONG_RUN_TRIALS,
+    Confirmation,
+    halving_rounds,
+    is_long,
+    keep_better_half,
+)
+from autotune.reporting import SilentReporter
+from autotune.trial import TrialConfig, TrialResult
+from autotune.tuner import TunerSettings
+from tests.fixtures.tuners import cam_tuner
+
+
+def _config(batch: int) -> TrialConfig:
+    return TrialConfig(per_device_batch_size=batch, precision="bf16", intra_op_threads=2)
+
+
+def _record(number: int, batch: int, rate: float, role: str = "search") -> TrialRecord:
+    result = TrialResult(status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=10.0)
+    return TrialRecord(number=number, role=role, config=_config(batch), result=result)
+
+
+def test_halving_runs_until_two_leaders_share_the_last_round():
+    assert [halving_rounds(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 1, 2, 2, 3, 3, 4]
+
+
+def test_the_better_half_by_median_is_kept_and_a_previous_winner_whatever_its_rank():
+    records = [
+        _record(i, batch, rate) for i, (batch, rate) in enumerate([(8, 10.0), (16, 13.0), (32, 12.0), (64, 9.0)])
+    ]
+    records.append(_record(4, 64, 9.5, role="previous"))
+    kept = keep_better_half(list(group_by_config(records).values()))
+    assert [c.config.per_device_batch_size for c in kept] == [16, 32, 64]
+
+
+def test_a_run_is_long_only_when_both_its_trials_and_its_budget_hold_enough_search_trials():
+    assert is_long(trials=100, budget_s=LONG_RUN_TRIALS * 30.0, trial_s=30.0)
+    assert not is_long(trials=24, budget_s=3600.0, trial_s=20.0)  # the default --trials: a CPU run as today
+    assert not is_long(trials=100, budget_s=300.0, trial_s=25.0)  # a 5-minute CPU budget
+    assert not is_long(trials=100, budget_s=None, trial_s=25.0)
+    assert not is_long(trials=100, budget_s=3600.0, trial_s=0.0)  # nothing measured yet
+
+
+class _Race:
+    """Eight leaders with noise-free rates 100..93, each trial 10 s on a clock."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.records = [_record(i, 8 * (i + 1), 100.0 - i) for i in range(8)]
+        self.now, self.budget_s = 0.0, budget_s
+
+    def measure(self, leader: Candidate) -> None:
+        self.now += 10.0
+        rate = leader.records[0].value
+        self.records.append(_record(len(self.records), leader.config.per_device_batch_size, rate, role="confirm"))
+
+    def confirmation(self) -> Confirmation:
+        return Confirmation(
+            measure=self.measure,
+            candidates=lambda: group_by_config(self.records),
+            cost_s=lambda candidate: 10.0,
+            left_s=lambda: self.budget_s - self.now,
+        )
+
+
+def test_sequential_halving_spends_an_equal_share_per_round_on_fewer_leaders_and_ends_with_the_best_two():
+    race = _Race(budget_s=1000.0)
+    leaders = list(group_by_config(race.records).values())
+    confirmed = race.confirmation().halving(leaders, time_s=480.0)
+    windows = collections.Counter(config_key(r.config) for r in race.records if r.role == "confirm")
+    by_rank = [windows[config_key(c.config)] for c in leaders]
+    # 160 s a round: 8 leaders x 2, then 4 x 4, then 2 x 8.
+    assert by_rank == [14, 14, 6, 6, 2, 2, 2, 2]
+    assert race.now == pytest.approx(480.0)
+    assert [c.config.per_device_batch_size for c in confirmed.finalists] == [8, 16]
+    assert len(confirmed.leaders) == 8 and all(len(c.values) > 1 for c in confirmed.leaders)
+
+
+def test_sequential_halving_stops_when_the_budget_does_and_chooses_among_the_round_it_reached():
+    race = _Race(budget_s=100.0)
+    leaders = list(group_by_config(race.records).values())
+    confirmed = race.confirmation().halving(leaders, time_s=480.0)
+    assert race.now == 100.0  # ten of the first round's sixteen windows fitted: all eight are still in the race
+    assert len(confirmed.finalists) == 8
+
+
+def test_a_long_run_confirms_more_leaders_by_halving_and_a_short_run_three_leaders_twice(tmp_path, cpu_hardware):
+    """The real Tuner on a clock: 10-s trials whose rate grows a little with the batch and falls a little with the
+    workers (all within CONTENDER_FRACTION of each other)."""
+    now = [0.0]
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        now[0] += 10.0
+        config = spec.config
+        rate = 100.0 * (1.0 + config.per_device_batch_size / 1000) / (1.0 + config.num_workers / 50)
+        return TrialResult(
+            status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=10.0, window_s=7.0
+        )
+
+    planned: list[int] = []  # the live display's planned confirmations, before the first one ran
+
+    class Plans(SilentReporter):
+        def plan_changed(self, plan) -> None:
+            stage = next(stage for stage in plan.stages if stage.name == "confirmation")
+            if stage.done == 0:
+                planned.append(stage.planned)
+
+    def confirms(settings: TunerSettings) -> tuple[collections.Counter, object]:
+        now[0] = 0.0
+        planned.clear()
+        tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0], reporter=Plans())
+        outcome = tuner.run()
+        return collections.Counter(config_key(r.config) for r in outcome.records if r.role == "confirm"), outcome
+
+    long_run, outcome = confirms(TunerSettings(trials=1000, budget_s=1000.0, prune=False))
+    assert len(long_run) == LONG_LEADERS
+    assert sum(long_run.values()) * 10.0 == pytest.approx(LONG_CONFIRM_SHARE * 1000.0, abs=30.0)
+    assert max(long_run.values()) > 2 * min(long_run.values())  # the leaders still in the race got more windows
+    assert outcome.winner is not None and long_run[config_key(outcome.winner.config)] == max(long_run.values())
+    assert planned[-1] == int(LONG_CONFIRM_SHARE * 1000.0 // 10.0)  # as many as its room holds, not 8 leaders x 2
+
+    short_run, _ = confirms(TunerSettings(trials=24, budget_s=1000.0, prune=False))
+    assert len(short_run) == 3 and set(short_run.values()) == {2} and planned[-1] == 6
