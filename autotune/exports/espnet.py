@@ -16,21 +16,23 @@ from dataclasses import dataclass
 
 from autotune.exports.base import (
     TF32_OFF_ENV,
-    THREADS,
     Export,
     ExportContext,
     KnobNotes,
     cannot,
+    knob_table,
+    register,
+    takes,
+    unsupported,
+)
+from autotune.exports.knob_notes import (
+    THREADS,
     checkpointing_note,
     compile_note,
     feature_note,
-    knob_table,
     optimizer_note,
     preload_note,
-    register,
-    takes,
     unordered_note,
-    unsupported,
 )
 
 _HOP_SAMPLES = 160  # 10 ms frame shift at 16 kHz

@@ -12,17 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.exports.base import (
-    THREADS,
     Export,
     ExportContext,
     KnobNotes,
     cannot,
-    checkpointing_note,
     knob_table,
-    optimizer_note,
-    preload_note,
     register,
     takes,
+)
+from autotune.exports.knob_notes import (
+    THREADS,
+    checkpointing_note,
+    optimizer_note,
+    preload_note,
     unordered_note,
 )
 from autotune.trial.precision import TORCH_DEFAULT_FP32

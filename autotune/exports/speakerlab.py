@@ -16,19 +16,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.exports.base import (
-    THREADS,
     Export,
     ExportContext,
     cannot,
-    compile_note,
-    feature_note,
     knob_table,
-    optimizer_note,
-    preload_note,
     register,
     takes,
-    unordered_note,
     unsupported,
+)
+from autotune.exports.knob_notes import (
+    THREADS,
+    compile_note,
+    feature_note,
+    optimizer_note,
+    preload_note,
+    unordered_note,
 )
 
 _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}

@@ -17,19 +17,21 @@ from typing import Any
 
 from autotune.exports.base import (
     TF32_OFF_ENV,
-    THREADS,
     Export,
     ExportContext,
     cannot,
-    checkpointing_note,
-    feature_note,
     knob_table,
-    optimizer_note,
-    preload_note,
     register,
     takes,
-    unordered_note,
     unsupported,
+)
+from autotune.exports.knob_notes import (
+    THREADS,
+    checkpointing_note,
+    feature_note,
+    optimizer_note,
+    preload_note,
+    unordered_note,
 )
 from autotune.trial.precision import TORCH_DEFAULT_FP32
 

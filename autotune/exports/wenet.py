@@ -14,19 +14,21 @@ from typing import Any
 
 from autotune import yamlio
 from autotune.exports.base import (
-    THREADS,
     Export,
     ExportContext,
     cannot,
-    compile_note,
-    feature_note,
     knob_table,
-    optimizer_note,
-    preload_note,
     register,
     takes,
-    unordered_note,
     unsupported,
+)
+from autotune.exports.knob_notes import (
+    THREADS,
+    compile_note,
+    feature_note,
+    optimizer_note,
+    preload_note,
+    unordered_note,
 )
 
 _TORCH_DEFAULT_PREFETCH = 2  # what an unset prefetch_factor measured; WeNet's own --prefetch default is 100
