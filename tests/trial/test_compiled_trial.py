@@ -57,7 +57,8 @@ def test_a_compiled_window_is_steady_and_its_compiling_steps_are_charged_once() 
     # recompile to a few tenths).
     assert min(cost.step_times_s) > statistics.median(window.step_times_s)
     summary = window.summary(100, config, RunLength())
-    assert summary["recompiles"] == cost.recompiles and summary["compile_s"] > 0.2
+    # Charged, however warm the cache (a warm inductor cache made it 0.13 s in a full suite run on this machine).
+    assert summary["recompiles"] == cost.recompiles and summary["compile_s"] > 0
     assert summary["samples_per_second"] < 0.5 * summary["window_samples_per_second"]  # one short epoch: not repaid
     long_run = window.summary(100, config, RunLength(epochs=None, hours=1000))
     assert long_run["samples_per_second"] == pytest.approx(summary["window_samples_per_second"], rel=0.01)
@@ -84,6 +85,6 @@ def test_a_compiled_trial_subprocess_reports_its_compile(tmp_path, tiny_corpus) 
     spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, compile="default"))
     result = launch(spec, workdir=tmp_path / "trial", timeout_s=240)
     assert result.status == "ok", result.log_tail
-    assert result.compile_s is not None and result.compile_s > 0.2
+    assert result.compile_s is not None and result.compile_s > 0  # charged, however warm the cache
     assert result.recompiles is not None and result.compiled_graphs and result.compiled_graphs >= 1
     assert result.samples_per_second < result.window_samples_per_second  # the compile charged over one epoch
