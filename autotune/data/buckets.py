@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BucketPlan", "BucketBatchSampler", "bucket_of", "equal_frame_boundaries", "plan_buckets"]
+__all__ = ["BucketPlan", "BucketBatchSampler", "bucket_of", "equal_frame_boundaries", "plan_buckets", "worst_batches"]
 
 SEED_STRIDE = 1_000_003  # the epoch's generator seed is seed * SEED_STRIDE + epoch, as trial/sampling.py seeds it
 
@@ -128,6 +128,20 @@ def plan_buckets(frames: Sequence[int], *, num_buckets: int, max_frames_in_batch
     top = max(longest)
     sizes = [max(1, math.floor(max_frames_in_batch / top * (top / max(length, 1)) ** scaling)) for length in longest]
     return BucketPlan(boundaries=tuple(boundaries), batch_sizes=tuple(sizes), longest=tuple(longest))
+
+
+def worst_batches(frames: Sequence[int], plan: BucketPlan) -> list[list[int]]:
+    """Each bucket's costliest batch, longest bucket first: its batch size of its longest items (its longest item
+    repeated where the bucket has fewer), the probe NeMo's OOMptimizer runs per bucket."""
+    members: list[list[int]] = [[] for _ in plan.batch_sizes]
+    for index, length in enumerate(frames):
+        members[bucket_of(length, plan.boundaries)].append(index)
+    batches = []
+    for bucket, size in reversed(list(zip(members, plan.batch_sizes, strict=True))):
+        if bucket:
+            longest = sorted(bucket, key=lambda index: -frames[index])[:size]
+            batches.append(longest + [longest[0]] * (size - len(longest)))
+    return batches
 
 
 class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):

@@ -25,8 +25,9 @@ BATCHING_KWARGS = ("batch_size", "drop_last")  # what a trial's batch sampler do
 
 
 def dynamic_batching(config: TrialConfig) -> bool:
-    """Batches formed by a padded-frame budget (WeNet's batch_type dynamic), not by a sample count."""
-    return config.workload_knobs.get("batch_type") == "dynamic"
+    """Batches formed by a padded-frame budget (WeNet's batch_type dynamic) or per length bucket (batch_type bucket),
+    not by one sample count."""
+    return config.workload_knobs.get("batch_type") in ("dynamic", "bucket")
 
 
 def dataloader_kwargs(config: TrialConfig) -> dict[str, Any]:
