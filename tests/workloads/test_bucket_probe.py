@@ -5,11 +5,12 @@ fails the scan as the trial's OOM; the seeds' back-off (half the frame budget) b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from autotune import workloads
-from autotune.data import generate_corpus
 from autotune.trial.distributed import Forward
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TrialConfig
@@ -23,15 +24,8 @@ KNOBS = {"batch_type": "bucket", "max_frames_in_batch": 1600, "num_buckets": 4, 
 
 
 @pytest.fixture(scope="module")
-def setup_and_frames(tmp_path_factory: pytest.TempPathFactory):
-    corpus = generate_corpus(
-        tmp_path_factory.mktemp("buckets") / "corpus",
-        n_speakers=2,
-        files_per_speaker=6,
-        min_duration_s=0.5,
-        max_duration_s=2.5,
-        seed=4,
-    )
+def setup_and_frames(tiny_corpus: Path):  # 12 utterances of 1-2 s
+    corpus = tiny_corpus
     conformer = workloads.get("conformer")
     config = TrialConfig(per_device_batch_size=16, workload_knobs=KNOBS)
     context = WorkloadContext(
