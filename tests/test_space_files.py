@@ -12,7 +12,7 @@ from autotune import space, space_files, yamlio
 from autotune.errors import SpaceError
 from tests.conftest import make_cpu, make_cuda
 from tests.faults.conftest import error_line, invoke
-from tests.fixtures.space_loads import BUILTINS, FIRST_RECORDED, RECORDED, load_everywhere
+from tests.fixtures.space_loads import BEFORE_BUCKETS, BUILTINS, FIRST_RECORDED, RECORDED, load_everywhere
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -48,7 +48,7 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
     """The spaces were re-recorded when shared/core.yaml gained optimizer_impl: without it they are a8cb464's loads,
     and with it every space searches it on CUDA from a `default` baseline, foreach left out there (torch's default);
     on a CPU it is not searched (its step is ~1% of a CAM++ step there: core.yaml)."""
-    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    recorded = _without_buckets(json.loads(RECORDED.read_text())["spaces"][name])
     assert _without_optimizer_impl(recorded) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
     for machine, load in recorded["loads"].items():
         found = [param for param in load["params"] if param["name"] == "optimizer_impl"]
@@ -59,6 +59,60 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
         assert json.loads(param["distribution"])["attributes"]["choices"] == ["default", "fused"], machine
         assert load["baseline"]["optimizer_impl"] == "default"
         assert any(note.startswith("optimizer_impl foreach left out") for note in load["space_notes"])
+
+
+_BUCKET_KNOBS = ("num_buckets", "bucket_scaling")
+
+
+def _without_bucket_batch_type(params: dict) -> None:
+    """A space file's params (the recorded mapping) as before batch_type bucket: its choice, its knobs and the
+    frame budget's condition on it taken out."""
+    for knob in _BUCKET_KNOBS:
+        params.pop(knob, None)
+    if "bucket" in params.get("batch_type", {}).get("choices", []):
+        params["batch_type"]["choices"].remove("bucket")
+    if params.get("max_frames_in_batch", {}).get("when") == {"batch_type": ["dynamic", "bucket"]}:
+        params["max_frames_in_batch"]["when"] = {"batch_type": "dynamic"}
+
+
+def _without_buckets(recorded: dict) -> dict:
+    """A recording with the conformer's batch_type bucket (issue 20) taken out, in its loads and its source."""
+    stripped = json.loads(json.dumps(recorded))
+    for load in stripped["loads"].values():
+        if "error" in load:
+            continue
+        load["params"] = [param for param in load["params"] if param["name"] not in _BUCKET_KNOBS]
+        for param in load["params"]:
+            distribution = json.loads(param["distribution"])
+            choices = distribution["attributes"].get("choices")
+            if param["name"] == "batch_type" and "bucket" in choices:
+                choices.remove("bucket")
+                param["distribution"] = json.dumps(distribution)
+            if param["when"] == {"batch_type": ["dynamic", "bucket"]}:
+                param["when"] = {"batch_type": "dynamic"}
+        load["seeds"] = [seed for seed in load["seeds"] if seed.get("batch_type") != "bucket"]
+    source = stripped["source"]
+    _without_bucket_batch_type(source["params"])
+    source.get("cpu", {}).get("params", {}).pop("batch_type", None)  # the CPU space's batch types, without bucket
+    if "cuda" in source:
+        source["cuda"]["seeds"] = [seed for seed in source["cuda"]["seeds"] if seed.get("batch_type") != "bucket"]
+    return stripped
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_the_recording_differs_from_the_last_only_by_bucket_batches(name):
+    """Re-recorded when the conformer gained batch_type bucket: without it every space loads as before, and the
+    conformer searches bucket on CUDA only (a third seed there), never on a CPU."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    assert _without_buckets(recorded) == json.loads(BEFORE_BUCKETS.read_text())["spaces"][name]
+    for machine, load in recorded["loads"].items():
+        batch_type = [json.loads(p["distribution"]) for p in load.get("params", []) if p["name"] == "batch_type"]
+        if name != "conformer" or "error" in load:
+            assert batch_type == [], machine
+            continue
+        offered = batch_type[0]["attributes"]["choices"]
+        assert ("bucket" in offered) == (load["device_type"] == "cuda"), machine
+        assert any(seed["batch_type"] == "bucket" for seed in load["seeds"]) == (load["device_type"] == "cuda")
 
 
 def test_builtin_spaces_say_only_what_differs():
@@ -164,3 +218,15 @@ def test_the_cli_refuses_a_bad_reference_before_anything_runs(tmp_path, tiny_cor
     assert result.exit_code == 2
     assert "extends 'cam+', which is no built-in space" in error_line(result.stderr)
     assert not (tmp_path / "r").exists()  # nothing written
+
+
+@pytest.mark.parametrize(("model", "knob"), [("cam++", "num_buckets"), ("eres2net", "batch_type")])
+def test_bucket_knobs_for_fixed_length_crops_are_refused_before_anything_runs(tmp_path, tiny_corpus, model, knob):
+    text = f"extends: {model}\nparams:\n  {knob}: {{type: categorical, choices: [8]}}\n"
+    bad = _write(tmp_path, "space.yaml", text)
+    args = ["--model", model, "--data", str(tiny_corpus), "--space", str(bad), "--results-dir", str(tmp_path / "r")]
+    result = invoke(["run", *args])
+    assert result.exit_code == 2
+    line = error_line(result.stderr)
+    assert f"{knob} batches items by their length" in line and "remove it" in line
+    assert not (tmp_path / "r").exists()  # nothing written, no trial
