@@ -157,7 +157,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     Args:
         frames: each item's length (frames), indexed like the dataset.
         plan: the buckets and their batch sizes (plan_buckets, or a result's batch section).
-        seed: the epochs' seed; set_epoch(e) picks the epoch, as DistributedSampler.
+        seed: the epochs' seed; set_epoch(e) picks the epoch, as DistributedSampler (each pass moves on to the next).
         rank, world_size: this process and the ranks; default torch.distributed's where initialised, else 0 and 1.
         generator: draw this epoch from it instead of (seed, epoch) (a trial's per-epoch generator).
         indices: the dataset indices to batch (default every item).
@@ -195,7 +195,11 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(self._epoch_batches(self._generator())) // self.world_size
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self._epoch_batches(self._generator())[self.rank :: self.world_size]
+        batches = self._epoch_batches(self._generator())[self.rank :: self.world_size]
+        # The next pass draws the next epoch unless set_epoch says otherwise: Lightning calls set_epoch only on a
+        # batch sampler's inner sampler, and a loop that never calls it must not repeat one epoch's order forever.
+        self.epoch += 1
+        yield from batches
 
     def _generator(self) -> torch.Generator:
         if self.generator is not None:  # len() and iter() must draw the same epoch: copy the state, not the object

@@ -60,6 +60,8 @@ def test_every_item_once_per_epoch_shuffled_and_deterministic() -> None:
     second = list(sampler)
     assert _items(second) == list(range(200)) and second != first  # a fresh shuffle each epoch
     assert list(BucketBatchSampler(FRAMES, PLAN, seed=4)) != first
+    again = BucketBatchSampler(FRAMES, PLAN, seed=3)
+    assert list(again) == first and list(again) == second  # without set_epoch each pass draws the next epoch
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 7])
