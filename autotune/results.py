@@ -123,9 +123,10 @@ class TunedConfig:
     def batch_sampler(
         self, frames: Sequence[int], *, seed: int = 0, rank: int | None = None, world_size: int | None = None
     ) -> BucketBatchSampler:
-        """The sampler the trials measured, for your dataset: `DataLoader(dataset, batch_sampler=cfg.batch_sampler(
-        frames), ...)` with each item's fbank frame count (10 ms hop); call set_epoch(epoch) each epoch. Rank and
-        world size default to torch.distributed's.
+        """The sampler the trials measured, for your dataset, from each item's fbank frame count (10 ms hop):
+        `DataLoader(dataset, batch_sampler=cfg.batch_sampler(frames), **kwargs)` with dataloader_kwargs() less its
+        batch_size (None; DataLoader refuses one beside a batch_sampler). Each pass draws the next epoch's shuffle
+        (set_epoch picks one); rank and world size default to torch.distributed's.
 
         Raises:
             ValueError: the result was not tuned with bucket batches.

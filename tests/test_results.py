@@ -288,8 +288,10 @@ def test_bucket_batches_record_their_plan_and_hand_users_the_sampler(tmp_path: P
     assert isinstance(sampler, BucketBatchSampler) and list(sampler) == list(
         BucketBatchSampler(frames, plan, seed=5, rank=1, world_size=2)
     )
-    dataset = list(range(120))  # a user's DataLoader takes it as its batch_sampler
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=loaded.batch_sampler(frames), num_workers=0)
+    dataset = list(range(120))  # a user's DataLoader takes it as its batch_sampler, as docs/result.md says
+    kwargs = loaded.dataloader_kwargs()
+    kwargs.pop("batch_size")
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=loaded.batch_sampler(frames), **kwargs)
     assert sorted(int(i) for batch in loader for i in batch) == dataset
     with pytest.raises(ValueError, match="not tuned with batch_type bucket"):
         make_tuned(WITH_WORKERS).batch_sampler(frames)

@@ -59,3 +59,33 @@ def test_a_real_run_with_bucket_batches_writes_the_buckets(tmp_path: Path, tiny_
     frames = [150, 90, 210, 120, 180, 100]
     sampler = tuned.batch_sampler(frames)
     assert isinstance(sampler, BucketBatchSampler) and sorted(i for b in sampler for i in b) == list(range(6))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_get_as_many_bucket_batches_and_each_item_once(tmp_path: Path, tiny_corpus: Path) -> None:
+    """DDP on 2 gloo ranks: each reads its rank from torch.distributed, takes its share of whole bucket batches,
+    and the epoch accounting gathered from both counts every utterance once with as many batches on each rank."""
+    from autotune import workloads, yamlio
+    from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
+
+    data_file = yamlio.write_json(
+        tmp_path / "data.json", workloads.get("conformer").load_data(str(tiny_corpus)).to_dict()
+    )
+    knobs = {"batch_type": "bucket", "max_frames_in_batch": 500, "num_buckets": 3, "bucket_scaling": 1.5}
+    spec = TrialSpec(
+        workload="conformer",
+        workload_options={"model": SMALL_MODEL},
+        data_file=str(data_file),
+        config=TrialConfig(per_device_batch_size=2, world_size=2, intra_op_threads=1, workload_knobs=knobs),
+        timing=TimingSettings(warmup_steps=1, window_s=0.01, min_window_steps=1, max_window_steps=2),
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+        collective_timeout_s=120,
+    )
+    result = launch(spec, workdir=tmp_path / "trial", timeout_s=240)
+    assert result.status == "ok", result.log_tail
+    accounting = result.epoch_accounting or {}
+    batches = accounting["batches_per_epoch_per_rank"]
+    assert len(batches) == 2 and batches[0] == batches[1] > 0  # no rank waits at the epoch's end
+    assert accounting["samples_per_epoch"] == accounting["dataset_size"]  # each utterance once across the ranks
+    assert accounting["buckets"]["bucket_batch_sizes"]
