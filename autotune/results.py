@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune import compile_modes, knobs, optimizer_kernels, yamlio
 from autotune.errors import OutputError, UserError, describe_os_error
@@ -14,6 +15,9 @@ from autotune.trial.dataloader import dataloader_kwargs, dynamic_batching
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.process import apply_process_settings
 from autotune.trial.spec import TrialConfig
+
+if TYPE_CHECKING:
+    from autotune.data.buckets import BucketBatchSampler, BucketPlan
 
 __all__ = [
     "Measurements",
@@ -113,10 +117,50 @@ class TunedConfig:
         mode = self.config.compile
         return None if mode == compile_modes.OFF else compile_modes.compile_kwargs(mode)
 
+    @property
+    def bucket_plan(self) -> BucketPlan | None:
+        """The winner's duration buckets and each one's batch size (batch_type bucket), as its trials formed them
+        from the run's data (metrics.winner.epoch_accounting.buckets); None for other batching."""
+        from autotune.data.buckets import BucketPlan
+
+        if self.config.workload_knobs.get("batch_type") != "bucket":
+            return None
+        recorded = (self.winner.epoch_accounting or {}).get("buckets")
+        return BucketPlan.from_dict(recorded) if recorded else None
+
+    def batch_sampler(
+        self, frames: Sequence[int], *, seed: int = 0, rank: int | None = None, world_size: int | None = None
+    ) -> BucketBatchSampler:
+        """The sampler the trials measured, for your dataset, from each item's fbank frame count (10 ms hop):
+        `DataLoader(dataset, batch_sampler=cfg.batch_sampler(frames), **kwargs)` with dataloader_kwargs() less its
+        batch_size (None; DataLoader refuses one beside a batch_sampler). Each pass draws the next epoch's shuffle
+        (set_epoch picks one); rank and world size default to torch.distributed's.
+
+        Raises:
+            ValueError: the result was not tuned with bucket batches.
+        """
+        from autotune.data.buckets import BucketBatchSampler
+
+        plan = self.bucket_plan
+        if plan is None:
+            raise ValueError("this result was not tuned with batch_type bucket: it has no bucket plan")
+        return BucketBatchSampler(frames, plan, seed=seed, rank=rank, world_size=world_size)
+
     def _batching(self) -> dict[str, Any]:
         if not self.dynamic_batching:
             return {}
         frames = self.config.workload_knobs.get("max_frames_in_batch")
+        plan = self.bucket_plan
+        if plan is not None:
+            return {
+                "batch_type": "bucket",
+                "max_frames_in_batch": frames,
+                **plan.to_dict(),
+                "note": "bucket batches: items below bucket_boundaries[i] (fbank frames) form batches of "
+                "bucket_batch_sizes[i], the rest of the last size; per_device_batch_size is unused",
+            }
+        if self.config.workload_knobs.get("batch_type") == "bucket":  # a winner with no feasible trial to read
+            return {"batch_type": "bucket", "max_frames_in_batch": frames, "note": "no trial recorded its buckets"}
         return {
             "batch_type": "dynamic",
             "max_frames_in_batch": frames,

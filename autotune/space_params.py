@@ -57,7 +57,18 @@ class Param:
         return all(holds(context.get(key), rule) for key, rule in self.when.items())
 
 
+# Knobs of batches formed by length (the conformer's WeNet batch_conf: dynamic frame budgets, duration buckets): a
+# space naming them for a workload whose items have one length (the speaker models' fixed crops) is refused in words
+# that say why, not as an unknown name.
+LENGTH_BATCHING_KNOBS = ("batch_type", "max_frames_in_batch", "num_buckets", "bucket_scaling")
+
+
 def check_name(name: Any, known: dict[str, Any], origin: str) -> None:
+    if name not in known and name in LENGTH_BATCHING_KNOBS:
+        raise SpaceError(
+            f"{origin}: {name} batches items by their length (the conformer's batch_type dynamic or bucket), and this "
+            "workload's batches are not formed by length (fixed-length crops, or its recipe's own batching): remove it"
+        )
     if name not in known:
         raise SpaceError(f"{origin}: unknown parameter {name!r}; valid ones are {', '.join(sorted(known))}")
 

@@ -49,7 +49,7 @@ from autotune import space  # noqa: E402
 from autotune.candidates import config_key  # noqa: E402
 from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec  # noqa: E402
 from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
-from benchmarks.landscapes import GIB, LANDSCAPES, Landscape  # noqa: E402
+from benchmarks.landscapes import GIB, LANDSCAPES, Landscape, without_bucket_batches  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WITHIN = 0.02
@@ -81,7 +81,7 @@ def shipped_space(name: str) -> space.SearchSpace:
 def grid_space(name: str) -> space.SearchSpace:
     """The shipped space with GRIDS' ladders in place of its ranges (conditions and baseline kept)."""
     landscape = LANDSCAPES[name]
-    data = space.read(space.space_path(landscape.workload))  # its `extends` merged in
+    data = without_bucket_batches(space.read(space.space_path(landscape.workload)))  # `extends` merged in
     params = {**data["params"], **(data.get("cuda") or {}).get("params", {})}
     # No landscape models the optimizer kernel or torch.compile (their GPU gains and compile times are not
     # calibrated here): the grid leaves them at the recipe's default, so the grid's time (what the budgets are

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import assessment, space
+from autotune import assessment, space, workloads
 from autotune.measurements import Measurements
 from autotune.results import TunedConfig
 from autotune.trial import TrialConfig, TrialResult
@@ -85,7 +85,7 @@ def test_larger_batches_are_what_the_run_measured_above_the_winner_at_its_precis
 
 
 def test_larger_batches_of_dynamic_batching_are_counted_in_frames(cpu_hardware):
-    knobs = ("batch_type", "max_frames_in_batch")
+    knobs = tuple(workloads.get("conformer").knobs)
     conformer = space.load(space.space_path("conformer"), cpu_hardware, workload_knobs=knobs)
     dynamic = TrialConfig(
         per_device_batch_size=16, workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 8000}

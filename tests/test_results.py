@@ -268,6 +268,38 @@ def test_dynamic_batches_leave_batching_to_the_dataset_and_name_the_frame_budget
     assert "batch_type" not in make_tuned(WITH_WORKERS).to_dict()["batch"]
 
 
+def test_bucket_batches_record_their_plan_and_hand_users_the_sampler(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from autotune.data.buckets import BucketBatchSampler, plan_buckets
+
+    knobs = {"batch_type": "bucket", "max_frames_in_batch": 12000, "num_buckets": 4, "bucket_scaling": 1.5}
+    config = TrialConfig(per_device_batch_size=16, num_workers=2, workload_knobs=knobs)
+    frames = [100 + 37 * i % 1400 for i in range(120)]
+    plan = plan_buckets(frames, num_buckets=4, max_frames_in_batch=12000, scaling=1.5)
+    tuned = make_tuned(config)
+    winner = {**tuned.metrics["winner"], "epoch_accounting": {"dataset_size": 120, "buckets": plan.to_dict()}}
+    tuned = replace(tuned, metrics={**tuned.metrics, "winner": winner})
+    batch = tuned.to_dict()["batch"]
+    assert batch["batch_type"] == "bucket" and batch["max_frames_in_batch"] == 12000
+    assert batch["bucket_boundaries"] == list(plan.boundaries) and batch["bucket_batch_sizes"] == list(plan.batch_sizes)
+    loaded = load_config(write_config(tuned, tmp_path / "bucket.yaml"))
+    assert loaded.bucket_plan == plan and loaded.dataloader_kwargs()["batch_size"] is None
+    sampler = loaded.batch_sampler(frames, seed=5, rank=1, world_size=2)
+    assert isinstance(sampler, BucketBatchSampler) and list(sampler) == list(
+        BucketBatchSampler(frames, plan, seed=5, rank=1, world_size=2)
+    )
+    dataset = list(range(120))  # a user's DataLoader takes it as its batch_sampler, as docs/result.md says
+    kwargs = loaded.dataloader_kwargs()
+    kwargs.pop("batch_size")
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=loaded.batch_sampler(frames), **kwargs)
+    assert sorted(int(i) for batch in loader for i in batch) == dataset
+    with pytest.raises(ValueError, match="not tuned with batch_type bucket"):
+        make_tuned(WITH_WORKERS).batch_sampler(frames)
+    # a bucket winner whose trials recorded no plan says so rather than posing as dynamic batches
+    assert make_tuned(config).to_dict()["batch"]["note"] == "no trial recorded its buckets"
+
+
 def test_a_preloading_winner_says_so_outside_the_dataloader_kwargs() -> None:
     tuned = make_tuned(PRELOADED)
     assert tuned.to_dict()["audio"]["preload_decoded"] is True and "PreloadedAudio" in tuned.to_dict()["audio"]["note"]

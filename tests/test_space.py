@@ -204,10 +204,12 @@ def test_smaller_batch_halves_the_knob_that_sizes_the_batch():
     assert smaller_batch(cam, seed) == {**seed, "per_device_batch_size": 256}
     assert smaller_batch(cam, {**seed, "per_device_batch_size": 192}) == {**seed, "per_device_batch_size": 64}
     assert smaller_batch(cam, {**seed, "per_device_batch_size": 32}) is None  # nothing smaller is offered
-    asr = space.load(space.space_path("conformer"), make_cuda(), workload_knobs=("batch_type", "max_frames_in_batch"))
-    dynamic, static = asr.seeds
+    knobs = ("batch_type", "max_frames_in_batch", "num_buckets", "bucket_scaling")
+    asr = space.load(space.space_path("conformer"), make_cuda(), workload_knobs=knobs)
+    dynamic, static, bucket = asr.seeds
     assert smaller_batch(asr, dynamic) == {**dynamic, "max_frames_in_batch": 24000}  # frames, not the fixed batch
     assert smaller_batch(asr, static) == {**static, "per_device_batch_size": 16}
+    assert smaller_batch(asr, bucket) == {**bucket, "max_frames_in_batch": 24000}  # every bucket's batch halves
 
 
 def test_seeds_must_be_a_list_of_mappings_with_known_knobs(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import space
+from autotune import space, workloads
 from autotune.errors import SpaceError
 from tests.conftest import make_cpu, make_cuda
 
@@ -28,7 +28,7 @@ def test_a_global_recipe_batch_is_shared_among_devices_and_a_per_device_one_is_n
     shared = space.load(CAM, gpus, world_size=4)
     assert shared.baseline["per_device_batch_size"] == 64  # 3D-Speaker divides batch_size by the world size
     assert any("global batch 256 over 4 devices -> 64" in note for note in shared.baseline_notes)
-    knobs = ("batch_type", "max_frames_in_batch")
+    knobs = tuple(workloads.get("conformer").knobs)
     conformer = space.load(CONFORMER, gpus, world_size=4, workload_knobs=knobs)
     assert conformer.baseline["per_device_batch_size"] == 16  # WeNet's batch_size is per GPU
 

@@ -59,7 +59,7 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
     and with it every space searches it on CUDA from a `default` baseline, foreach left out there (torch's default);
     on a CPU it is not searched (its step is ~1% of a CAM++ step there: core.yaml)."""
     recorded = json.loads(RECORDED.read_text())["spaces"][name]
-    assert _without_issue20_knobs(recorded) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
+    assert _without_issue20_knobs(_without_buckets(recorded)) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
     for machine, load in recorded["loads"].items():
         found = [param for param in load["params"] if param["name"] == "optimizer_impl"]
         if load["device_type"] == "cpu":
@@ -117,6 +117,59 @@ def test_every_builtin_space_searches_compile_on_cuda_only_from_an_eager_baselin
         assert json.loads(param["distribution"])["attributes"]["choices"] == ["off", "default", "dynamic"], machine
         assert load["baseline"]["compile"] == "off"
         assert not any(note.startswith("compile ") for note in load["space_notes"])
+
+
+_BUCKET_KNOBS = ("num_buckets", "bucket_scaling")
+
+
+def _without_bucket_batch_type(params: dict) -> None:
+    """A space file's params (the recorded mapping) as before batch_type bucket: its choice, its knobs and the
+    frame budget's condition on it taken out."""
+    for knob in _BUCKET_KNOBS:
+        params.pop(knob, None)
+    if "bucket" in params.get("batch_type", {}).get("choices", []):
+        params["batch_type"]["choices"].remove("bucket")
+    if params.get("max_frames_in_batch", {}).get("when") == {"batch_type": ["dynamic", "bucket"]}:
+        params["max_frames_in_batch"]["when"] = {"batch_type": "dynamic"}
+
+
+def _without_buckets(recorded: dict) -> dict:
+    """A recording with the conformer's batch_type bucket (issue 20) taken out, in its loads and its source."""
+    stripped = json.loads(json.dumps(recorded))
+    for load in stripped["loads"].values():
+        if "error" in load:
+            continue
+        load["params"] = [param for param in load["params"] if param["name"] not in _BUCKET_KNOBS]
+        for param in load["params"]:
+            distribution = json.loads(param["distribution"])
+            choices = distribution["attributes"].get("choices")
+            if param["name"] == "batch_type" and "bucket" in choices:
+                choices.remove("bucket")
+                param["distribution"] = json.dumps(distribution)
+            if param["when"] == {"batch_type": ["dynamic", "bucket"]}:
+                param["when"] = {"batch_type": "dynamic"}
+        load["seeds"] = [seed for seed in load["seeds"] if seed.get("batch_type") != "bucket"]
+    source = stripped["source"]
+    _without_bucket_batch_type(source["params"])
+    source.get("cpu", {}).get("params", {}).pop("batch_type", None)  # the CPU space's batch types, without bucket
+    if "cuda" in source:
+        source["cuda"]["seeds"] = [seed for seed in source["cuda"]["seeds"] if seed.get("batch_type") != "bucket"]
+    return stripped
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_only_the_conformer_searches_bucket_batches_and_on_cuda_only(name):
+    """The conformer gained batch_type bucket: it searches it on CUDA only (a third seed there), never on a CPU;
+    without it every space loads as at a8cb464 (with the other issue-20 knobs stripped, the test above)."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    for machine, load in recorded["loads"].items():
+        batch_type = [json.loads(p["distribution"]) for p in load.get("params", []) if p["name"] == "batch_type"]
+        if name != "conformer" or "error" in load:
+            assert batch_type == [], machine
+            continue
+        offered = batch_type[0]["attributes"]["choices"]
+        assert ("bucket" in offered) == (load["device_type"] == "cuda"), machine
+        assert any(seed["batch_type"] == "bucket" for seed in load["seeds"]) == (load["device_type"] == "cuda")
 
 
 def test_builtin_spaces_say_only_what_differs():
@@ -222,3 +275,15 @@ def test_the_cli_refuses_a_bad_reference_before_anything_runs(tmp_path, tiny_cor
     assert result.exit_code == 2
     assert "extends 'cam+', which is no built-in space" in error_line(result.stderr)
     assert not (tmp_path / "r").exists()  # nothing written
+
+
+@pytest.mark.parametrize(("model", "knob"), [("cam++", "num_buckets"), ("eres2net", "batch_type")])
+def test_bucket_knobs_for_fixed_length_crops_are_refused_before_anything_runs(tmp_path, tiny_corpus, model, knob):
+    text = f"extends: {model}\nparams:\n  {knob}: {{type: categorical, choices: [8]}}\n"
+    bad = _write(tmp_path, "space.yaml", text)
+    args = ["--model", model, "--data", str(tiny_corpus), "--space", str(bad), "--results-dir", str(tmp_path / "r")]
+    result = invoke(["run", *args])
+    assert result.exit_code == 2
+    line = error_line(result.stderr)
+    assert f"{knob} batches items by their length" in line and "remove it" in line
+    assert not (tmp_path / "r").exists()  # nothing written, no trial

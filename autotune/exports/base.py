@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune import knobs
 from autotune.errors import UserError
@@ -13,6 +13,9 @@ from autotune.optimizer_kernels import constructor_kwargs
 from autotune.results import TunedConfig
 from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
 from autotune.trial.spec import TrialConfig
+
+if TYPE_CHECKING:
+    from autotune.data.buckets import BucketPlan
 
 __all__ = [
     "Export",
@@ -115,6 +118,11 @@ class ExportContext:
         frames = self.config.workload_knobs.get("max_frames_in_batch")
         return int(frames) if frames else None
 
+    @property
+    def bucket_plan(self) -> BucketPlan | None:
+        """The duration buckets and their batch sizes (per device) when the result was tuned with batch_type bucket."""
+        return self.tuned.bucket_plan
+
     def loader_extras(self) -> dict[str, Any]:
         """prefetch_factor / persistent_workers / in_order: DataLoader accepts them only with workers; unset means its
         default."""
@@ -186,15 +194,22 @@ class ExportContext:
         notes = [self.measured_precision_note()]
         measured = self.config.world_size
         if self.world_size != measured:
-            frames = self.max_frames_in_batch
+            frames, plan = self.max_frames_in_batch, self.bucket_plan
             kept = (
                 f"max_frames_in_batch={frames} per device"
                 if frames is not None
+                else f"bucket_batch_sizes={list(plan.batch_sizes)} per device"
+                if plan is not None
                 else f"per_device_batch_size={self.config.per_device_batch_size}, global batch {self.global_batch_size}"
             )
             notes.append(
                 f"Measured with world_size={measured}; exported for {self.world_size} device(s) with the per-device "
                 f"settings kept ({kept}): throughput on {self.world_size} device(s) was not measured"
+            )
+        if self.config.workload_knobs.get("batch_type") == "bucket" and self.bucket_plan is None:
+            notes.append(
+                "Tuned with bucket batches, but no trial recorded its buckets (metrics.winner.epoch_accounting): the "
+                "batch settings below are not what was measured; re-run autotune"
             )
         if not self.on_cuda:
             notes.append(

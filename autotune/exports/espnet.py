@@ -89,7 +89,7 @@ def trainer_overrides(context: ExportContext, recipe: Recipe) -> dict[str, str]:
     """The trainer's own arguments (ESPnet spells booleans true/false), in the order they are printed."""
     config = context.config
     values: dict[str, str] = {}
-    if context.max_frames_in_batch is None:
+    if context.max_frames_in_batch is None and context.bucket_plan is None:
         if recipe.sequence_batches:
             values["batch_type"] = "sorted"  # a fixed batch_size of length-sorted utterances, as WeNet's static
         values["batch_size"] = str(context.step_batch_size)
@@ -133,8 +133,16 @@ def _notes(context: ExportContext, recipe: Recipe) -> tuple[str, ...]:
         f"{recipe.stage} builds the trainer's --output_dir, data and shape arguments and appends {recipe.args_option} "
         "after --config, so these values override the recipe's YAML"
     ]
-    frames = context.max_frames_in_batch
-    if frames is None:
+    frames, plan = context.max_frames_in_batch, context.bucket_plan
+    if plan is not None:
+        notes.append(
+            f"Bucket batches ({len(plan.batch_sizes)} duration buckets, {list(plan.batch_sizes)} utterances per GPU) "
+            "have no ESPnet key: its batch_type folded divides batch_size by 1 + length // fold_length "
+            "(espnet2/samplers/folded_batch_sampler.py), a batch shrinking about linearly with length "
+            "(bucket_scaling 1), and numel/length pack a bin budget; none takes a batch size per bucket. Not exported: "
+            "the recipe's batching is left as it is, measure it"
+        )
+    elif frames is None:
         batch = (
             f"batch_size {context.step_batch_size} is the total across {context.world_size} GPU(s) (ESPnet splits each "
             f"mini-batch rank::world_size, {config.per_device_batch_size} per GPU)"

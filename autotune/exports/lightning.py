@@ -3,8 +3,9 @@
 Precision strings are Lightning 2.x's ("32-true", "16-mixed", "bf16-mixed"); the DataLoader batch is per process
 under DDP; Trainer(benchmark=...) sets cudnn.benchmark. Lightning sets no TF32 flag of its own, so float32 runs
 torch's defaults (fp32-default) unless the snippet sets them. Under dynamic batching the snippet builds autotune's
-LengthSortedBatchSampler (WeNet's batching) as the loader's batch_sampler; Lightning's distributed sampler is turned
-off then, and each rank batches its own stride of the dataset.
+LengthSortedBatchSampler (WeNet's batching) as the loader's batch_sampler, and under bucket batching autotune's
+BucketBatchSampler with the result's buckets; Lightning's distributed sampler is turned off then: each rank batches
+its own stride of the dataset (dynamic) or takes its share of whole batches (bucket).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ _TF32_LINES = {
 @register("lightning")
 def export_lightning(context: ExportContext) -> Export:
     config = context.config
-    dynamic = context.max_frames_in_batch is not None
+    dynamic = context.max_frames_in_batch is not None or context.bucket_plan is not None
     trainer: dict[str, Any] = {"accelerator": "gpu" if context.on_cuda else "cpu", "devices": context.world_size}
     if context.world_size > 1:
         trainer["strategy"] = "ddp"
@@ -65,7 +66,9 @@ def export_lightning(context: ExportContext) -> Export:
     loader: dict[str, Any] = {"num_workers": config.num_workers, "pin_memory": config.pin_memory}
     loader |= context.loader_extras()
     lines = ["import torch", "from lightning.pytorch import Trainer", "from torch.utils.data import DataLoader"]
-    if dynamic:
+    if context.bucket_plan is not None:
+        lines.append("from autotune.data.buckets import BucketBatchSampler, BucketPlan")
+    elif dynamic:
         lines.append("from autotune.data.batching import LengthSortedBatchSampler")
     lines.append("")
     if config.intra_op_threads is not None:
@@ -89,6 +92,18 @@ def export_lightning(context: ExportContext) -> Export:
 
 
 def _batch_sampler_lines(context: ExportContext) -> list[str]:
+    plan = context.bucket_plan
+    if plan is not None:
+        return [
+            "# train_frames: each item's fbank frame count (10 ms hop), indexed like train_dataset",
+            "batch_sampler = BucketBatchSampler(",
+            "    train_frames,",
+            f"    BucketPlan(boundaries={plan.boundaries!r}, batch_sizes={plan.batch_sizes!r}),",
+            "    seed=0,  # each pass over it draws the next epoch's shuffle",
+            "    rank=trainer.global_rank,",
+            "    world_size=trainer.world_size,",
+            ")",
+        ]
     return [
         "# train_frames: each item's frame count, indexed like train_dataset",
         "batch_sampler = LengthSortedBatchSampler(",
@@ -108,7 +123,15 @@ def _call(head: str, kwargs: dict[str, Any], *, first: list[str] | None = None) 
 
 def _notes(context: ExportContext) -> tuple[str, ...]:
     config = context.config
-    if context.max_frames_in_batch is None:
+    plan = context.bucket_plan
+    if plan is not None:
+        batch = (
+            f"Bucket batches: an item below boundaries[i] frames goes to bucket i, whose batches hold "
+            f"batch_sizes[i] items per device ({list(plan.batch_sizes)}); the batches are shuffled each epoch and "
+            "dealt whole, as many to every rank (needs autotune installed; define train_frames). Lightning's "
+            "distributed sampler is off: the sampler takes the rank's share itself"
+        )
+    elif context.max_frames_in_batch is None:
         batch = (
             f"DataLoader batch_size {config.per_device_batch_size} is per process under DDP: global batch "
             f"{context.global_batch_size} with devices={context.world_size} and accumulate_grad_batches="

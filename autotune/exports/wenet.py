@@ -52,6 +52,9 @@ def export_wenet(context: ExportContext) -> Export:
     edits: dict[str, Any] = {}
     if frames is not None:  # batch_conf has no max_frames_in_batch key to override: the config needs editing
         edits["dataset_conf"] = {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": frames}}
+    if (plan := context.bucket_plan) is not None:  # dataset.py's batch_type bucket: both lists, per GPU
+        bucket = {"bucket_boundaries": list(plan.boundaries), "bucket_batch_sizes": list(plan.batch_sizes)}
+        edits["dataset_conf"] = {"batch_conf": {"batch_type": "bucket", **bucket}}
     if context.optimizer_flag():  # neither has optim_conf a fused/foreach key to override
         edits["optim_conf"] = {**RECIPE_OPTIM_CONF, **context.optimizer_flag()}
     if context.config.activation_checkpointing:  # the recipe sets no gradient_checkpointing key (False by default)
@@ -88,7 +91,7 @@ def _command(context: ExportContext) -> str:
         flags.append("--pin_memory")
     if context.precision == "fp16" and context.on_cuda:
         flags.append("--use_amp")
-    if context.max_frames_in_batch is None:
+    if context.max_frames_in_batch is None and context.bucket_plan is None:
         flags.append(f'--override_config "dataset_conf.batch_conf.batch_size {config.per_device_batch_size}"')
     flags.append(f'--override_config "accum_grad {config.grad_accum_steps}"')
     return (
@@ -103,7 +106,16 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
         "Run from WeNet's examples/aishell/s0 after run.sh's data stages (data.list, dict, global_cmvn); the paths "
         "are run.sh's"
     ]
-    if context.max_frames_in_batch is not None:
+    plan = context.bucket_plan
+    if plan is not None:
+        notes.append(
+            f"Bucket batches: an utterance below bucket_boundaries[i] fbank frames goes to bucket i, the rest to the "
+            f"last; each bucket's batches hold its bucket_batch_sizes entry per GPU ({list(plan.batch_sizes)}). Merge "
+            "the YAML into conf/train_conformer.yaml (--override_config cannot add keys). autotune bucketed each "
+            "utterance by its length at the slowest speed perturbation (0.9) and shuffled whole batches; WeNet buckets "
+            "the perturbed length in its sorted stream, so a few items land one bucket lower there"
+        )
+    elif context.max_frames_in_batch is not None:
         notes.append(
             f"max_frames_in_batch {context.max_frames_in_batch} is the fbank-frame budget of each GPU's batch (WeNet "
             "shards data by rank): merge the YAML into conf/train_conformer.yaml (its batch_conf has no "

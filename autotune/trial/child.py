@@ -150,6 +150,7 @@ def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) 
         batches_per_rank=tuple(count[0] for count in counts),
         samples_per_rank=tuple(count[1] for count in counts),
         largest_batch=max(count[2] for count in counts),
+        buckets=plan.to_dict() if (plan := getattr(batches, "plan", None)) is not None else None,
     )
     mismatch = accounting.mismatch()
     if mismatch:

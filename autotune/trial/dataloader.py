@@ -38,8 +38,9 @@ UNORDERED_NOTE = (
 
 
 def dynamic_batching(config: TrialConfig) -> bool:
-    """Batches formed by a padded-frame budget (WeNet's batch_type dynamic), not by a sample count."""
-    return config.workload_knobs.get("batch_type") == "dynamic"
+    """Batches formed by a padded-frame budget (WeNet's batch_type dynamic) or per length bucket (batch_type bucket),
+    not by one sample count."""
+    return config.workload_knobs.get("batch_type") in ("dynamic", "bucket")
 
 
 def dataloader_kwargs(config: TrialConfig) -> dict[str, Any]:

@@ -100,6 +100,7 @@ class EpochAccounting:
     batches_per_rank: tuple[int, ...]
     samples_per_rank: tuple[int, ...]
     largest_batch: int
+    buckets: dict[str, Any] | None = None  # the epoch's duration buckets and their batch sizes (data/buckets.py)
 
     @property
     def samples_total(self) -> int:
@@ -143,6 +144,8 @@ class EpochAccounting:
         }
         if not self.checkable:
             data["unchecked"] = self.unchecked_reason()
+        if self.buckets is not None:
+            data["buckets"] = self.buckets
         return data
 
 

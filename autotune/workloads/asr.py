@@ -11,9 +11,11 @@ computed once per run before the trials as run.sh stage 1 does (`autotune.data.c
 fbank. The recipe accumulates gradients over 4 batches (``accum_grad: 4``): the space file holds that as
 grad_accum_steps.
 
-Batching follows the recipe's batch_conf through two workload knobs: ``batch_type`` static (``per_device_batch_size``
-length-sorted utterances, the recipe's 16) or dynamic (``max_frames_in_batch`` padded frames per batch); see
-`autotune.data.batching`. Option ``model`` overrides ConformerASR's keyword arguments (e.g. a small model in tests).
+Batching follows the recipe's batch_conf through the workload knob ``batch_type``: static (``per_device_batch_size``
+length-sorted utterances, the recipe's 16), dynamic (``max_frames_in_batch`` padded frames per batch; see
+`autotune.data.batching`) or bucket (WeNet's bucket_boundaries and bucket_batch_sizes: ``num_buckets`` duration
+buckets, each with its own batch from ``max_frames_in_batch`` and ``bucket_scaling``; see `autotune.data.buckets`).
+Option ``model`` overrides ConformerASR's keyword arguments (e.g. a small model in tests).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from autotune.data import DataSource
+    from autotune.data.buckets import BucketPlan
     from autotune.data.offline import Preparation
     from autotune.trial.spec import TrialConfig
 
@@ -41,8 +44,10 @@ RECIPE_LR = 0.002
 RECIPE_WARMUP_STEPS = 25000
 RECIPE_GRAD_CLIP = 5.0
 PUBLISHED_VOCAB_SIZE = 4233  # aishell's character dictionary, which the published 46.2M parameters count
-BATCH_TYPES = ("static", "dynamic")
+BATCH_TYPES = ("static", "dynamic", "bucket")
 DEFAULT_MAX_FRAMES_IN_BATCH = 12000  # WeNet's default for batch_type dynamic
+DEFAULT_NUM_BUCKETS = 8
+DEFAULT_BUCKET_SCALING = 1.0  # WeNet's dynamic budget in every bucket
 
 
 def load_asr_data(path: str | None) -> DataSource:
@@ -54,14 +59,32 @@ def load_asr_data(path: str | None) -> DataSource:
     return load_transcribed_data(path, task="ASR")
 
 
+def bucket_plan(frames: Sequence[int], config: TrialConfig) -> BucketPlan:
+    """The duration buckets of this data and each one's batch, from the configuration's bucket knobs."""
+    from autotune.data.buckets import plan_buckets
+
+    knobs = config.workload_knobs
+    return plan_buckets(
+        frames,
+        num_buckets=int(knobs.get("num_buckets", DEFAULT_NUM_BUCKETS)),
+        max_frames_in_batch=int(knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH)),
+        scaling=float(knobs.get("bucket_scaling", DEFAULT_BUCKET_SCALING)),
+    )
+
+
 def _batch_sampler_factory(frames: tuple[int, ...], sort_size: int) -> Any:
     from autotune.data.batching import LengthSortedBatchSampler
+    from autotune.data.buckets import BucketBatchSampler
 
-    def factory(config: TrialConfig, generator: torch.Generator, indices: Sequence[int]) -> LengthSortedBatchSampler:
-        """One epoch of WeNet-style batches over one rank's share of the list."""
+    def factory(config: TrialConfig, generator: torch.Generator, indices: Sequence[int]) -> Any:
+        """One epoch of WeNet-style batches over one rank's share of the list; bucket batches are dealt whole, so
+        that every rank gets as many: the sampler takes every item and this rank's batches (torch.distributed's
+        rank, as lhotse's samplers read it), from the same generator on every rank."""
         batch_type = config.workload_knobs.get("batch_type", "static")
         if batch_type not in BATCH_TYPES:
             raise ValueError(f"batch_type {batch_type!r} is not one of {', '.join(BATCH_TYPES)}")
+        if batch_type == "bucket":
+            return BucketBatchSampler(frames, bucket_plan(frames, config), generator=generator)
         size: dict[str, int] = {"batch_size": config.per_device_batch_size}
         if batch_type == "dynamic":
             frames_in_batch = config.workload_knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH)
@@ -144,7 +167,9 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
 def _worst_case_batches(dataset: Any) -> Any:
     """The costliest batch a configuration can meet: the longest utterances, at the slowest speed perturbation (the
     most frames), packed to the batch limit: batch_size of them (static), or as many as fit max_frames_in_batch
-    padded to the longest (dynamic)."""
+    padded to the longest (dynamic); with buckets, each bucket's longest items at that bucket's batch, as NeMo's
+    OOMptimizer probes each bucket's longest (a bucket with fewer items repeats its longest to fill the batch a
+    larger corpus would give it)."""
     import copy
 
     from autotune.data.asr import collate_asr_batch
@@ -154,6 +179,13 @@ def _worst_case_batches(dataset: Any) -> Any:
     slowest.speeds = (min(dataset.speeds),)
 
     def worst(config: TrialConfig) -> list[Any]:
+        if config.workload_knobs.get("batch_type") == "bucket":
+            from autotune.data.buckets import worst_batches
+
+            return [
+                collate_asr_batch([slowest[index] for index in batch])
+                for batch in worst_batches(frames, bucket_plan(frames, config))
+            ]
         count = config.per_device_batch_size
         if config.workload_knobs.get("batch_type", "static") == "dynamic":
             budget = int(config.workload_knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
@@ -189,7 +221,7 @@ def conformer() -> Workload:
         published_parameters=46_197_266,
         space_file="conformer.yaml",
         options={"speed_perturb": True, "spec_aug": True, "sort_size": 500, "model": {}},
-        knobs=("batch_type", "max_frames_in_batch"),
+        knobs=("batch_type", "max_frames_in_batch", "num_buckets", "bucket_scaling"),
         checkpointing="WeNet's gradient_checkpointing: every encoder and decoder layer recomputed in backward",
         prepare_data=_prepare_conformer,
     )

@@ -180,3 +180,11 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "drop_last",
     )
     return {name: getattr(loader, name) for name in names}
+
+
+def bucket_tuned(plan: Any, *, model: str = "conformer", **kwargs: Any) -> TunedConfig:
+    """A result tuned with batch_type bucket whose winner's trials formed `plan` (a data.buckets.BucketPlan)."""
+    knobs = {"batch_type": "bucket", "max_frames_in_batch": 16000, "num_buckets": len(plan.batch_sizes)}
+    tuned = make_tuned(model=model, workload_knobs={**knobs, "bucket_scaling": 1.5}, **kwargs)
+    winner = {**tuned.metrics["winner"], "epoch_accounting": {"dataset_size": 300, "buckets": plan.to_dict()}}
+    return dataclasses.replace(tuned, metrics={**tuned.metrics, "winner": winner})

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from autotune.data.buckets import BucketPlan
 from autotune.exports import export
-from tests.exports.common import PRECISIONS, RECIPES, bash_words, make_tuned, notes_text
+from tests.exports.common import PRECISIONS, RECIPES, bash_words, bucket_tuned, make_tuned, notes_text
 
 pytest.importorskip("espnet2", reason="the frameworks extra installs espnet")
 
@@ -97,6 +98,24 @@ def test_conformer_arguments_parse_in_espnet(dynamic: bool) -> None:
         assert "batch_bins" in notes_text(result) and "3840000" in notes_text(result)
     else:
         assert (args.batch_type, args.batch_size) == ("sorted", 64)
+
+
+@pytest.mark.slow
+def test_bucket_batches_are_a_note_and_the_recipes_batching_stays() -> None:
+    """ESPnet's parser takes the arguments with no batch key (the recipe's folded batches stay); the note says why
+    per-bucket batch sizes have no ESPnet key, naming its folded sampler's rule (checked in its source)."""
+    import inspect
+
+    from espnet2.samplers.folded_batch_sampler import FoldedBatchSampler
+    from espnet2.tasks.asr import ASRTask
+
+    assert "int(batch_size / (1 + factor))" in inspect.getsource(FoldedBatchSampler)
+    plan = BucketPlan(boundaries=(300, 600), batch_sizes=(40, 20, 10))
+    result = export(bucket_tuned(plan, precision="bf16", world_size=2), "espnet")
+    _, options = run_sh(result.command)
+    args = ASRTask.get_parser().parse_args(shlex.split(options["--asr_args"]))
+    assert args.batch_type == "folded" and "--batch_size" not in options["--asr_args"]
+    assert "no ESPnet key" in notes_text(result) and "[40, 20, 10]" in notes_text(result)
 
 
 def test_amp_semantics_are_stated() -> None:

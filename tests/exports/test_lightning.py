@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from autotune.data.buckets import BucketPlan
 from autotune.exports import export
-from tests.exports.common import TUNED, call_kwargs, cpu_result, loader_settings, make_tuned, notes_text
+from tests.exports.common import TUNED, bucket_tuned, call_kwargs, cpu_result, loader_settings, make_tuned, notes_text
 from tests.fixtures.inductor import NEEDS_INDUCTOR
 
 
@@ -165,6 +166,37 @@ def test_dynamic_snippet_trains_with_its_batch_sampler(tmp_path: Path, monkeypat
     assert sum(probe.batch_sizes) == len(frames) and max(probe.batch_sizes) > 1  # every item once, real batches
     batches = list(namespace["batch_sampler"])
     assert all(max(frames[i] for i in batch) * len(batch) <= 400 or len(batch) == 1 for batch in batches)
+
+
+def test_bucket_batching_emits_autotunes_bucket_sampler() -> None:
+    plan = BucketPlan(boundaries=(150, 250), batch_sizes=(6, 3, 2))
+    text = export(bucket_tuned(plan, world_size=2), "lightning").python_text or ""
+    sampler = call_kwargs(text, "BucketBatchSampler")
+    assert sampler["rank"] == "trainer.global_rank" and sampler["world_size"] == "trainer.world_size"
+    assert "BucketPlan(boundaries=(150, 250), batch_sizes=(6, 3, 2))" in text
+    assert call_kwargs(text, "Trainer")["use_distributed_sampler"] is False
+    assert call_kwargs(text, "DataLoader")["batch_sampler"] == "batch_sampler"
+
+
+@pytest.mark.slow
+def test_bucket_snippet_trains_each_item_once_per_epoch_reshuffled(tmp_path: Path, monkeypatch) -> None:
+    """Lightning's fit over two epochs with the snippet's sampler: every item once per epoch in bucket batches, and
+    the second epoch shuffled anew (Lightning calls set_epoch only on a batch sampler's inner sampler)."""
+    monkeypatch.chdir(tmp_path)
+    plan = BucketPlan(boundaries=(150, 250), batch_sizes=(4, 2, 1))
+    tuned = bucket_tuned(plan, precision="fp32-default", device_type="cpu", workers=0, pin_memory=False)
+    frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400, 120, 130]
+    probe = _Probe()
+    namespace: dict[str, Any] = {"train_dataset": _dataset(len(frames)), "train_frames": frames}
+    exec(compile(ast.parse(export(tuned, "lightning").python_text or ""), "<autotune export>", "exec"), namespace)
+    sampler = namespace["batch_sampler"]
+    trainer = namespace["trainer"]
+    trainer.fit_loop.max_epochs = 2
+    trainer.fit(_module(probe), namespace["train_loader"])
+    assert sampler.epoch == 2  # each of Lightning's passes drew its own epoch (the shuffles differ: test_buckets)
+    per_epoch = len(probe.batch_sizes) // 2
+    for epoch in (probe.batch_sizes[:per_epoch], probe.batch_sizes[per_epoch:]):
+        assert sum(epoch) == len(frames) and max(epoch) == 4  # every item once, the short bucket's batch of 4
 
 
 @pytest.mark.slow

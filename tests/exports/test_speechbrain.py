@@ -258,3 +258,25 @@ def test_compile_reaches_brains_torch_compile_call(mode: str, tmp_path: Path, mo
     assert {call["mode"] for call in calls} == {"default"}
     notes = notes_text(_export(compile=mode))
     assert ("dynamic=False" in notes) == (mode == "default")
+
+
+def test_dynamic_batch_sampler_sizes_buckets_by_one_budget_only() -> None:
+    """What docs/exports.md says of bucket batches in SpeechBrain, checked in its own sampler: DynamicBatchSampler
+    takes our bucket boundaries (upper bounds there: length <= boundary) but gives each bucket max_batch_length /
+    its boundary items, one padded-length budget for all (bucket_scaling 1 measured at the boundary); a per-bucket
+    batch size beyond that (bucket_scaling above 1) has no SpeechBrain form."""
+    from speechbrain.dataio.sampler import DynamicBatchSampler
+
+    from autotune.data.buckets import bucket_of, plan_buckets
+
+    frames = [100 + (37 * i) % 1400 for i in range(200)]
+    plan = plan_buckets(frames, num_buckets=4, max_frames_in_batch=12000, scaling=1.0)
+    upper = [boundary - 1 for boundary in plan.boundaries] + [max(frames)]
+    sampler = DynamicBatchSampler(
+        frames, max_batch_length=12000, bucket_boundaries=upper, lengths_list=frames, shuffle=False
+    )
+    # one bucket per boundary, plus SpeechBrain's own overflow bucket above the last (empty here)
+    assert sampler._bucket_lens[: len(upper)] == [int(12000 / bound) for bound in upper]
+    batches = list(sampler)
+    assert all(len({bucket_of(frames[i], plan.boundaries) for i in batch}) == 1 for batch in batches)
+    assert sorted(i for batch in batches for i in batch) == list(range(200))

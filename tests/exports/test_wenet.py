@@ -11,8 +11,9 @@ import pytest
 import torch
 import yaml
 
+from autotune.data.buckets import plan_buckets
 from autotune.exports import export
-from tests.exports.common import PRECISIONS, RECIPES, bash_words, make_tuned, notes_text, parsed
+from tests.exports.common import PRECISIONS, RECIPES, bash_words, bucket_tuned, make_tuned, notes_text, parsed
 
 RECORDED = json.loads((RECIPES / "wenet_train_args.json").read_text())
 RECIPE = yaml.safe_load((RECIPES / "wenet_train_conformer.yaml").read_text())
@@ -111,6 +112,24 @@ def test_dynamic_batching_is_yaml_because_override_config_cannot_add_a_key() -> 
     with pytest.raises(AssertionError, match="not in the recipe"):
         override(RECIPE, ["dataset_conf.batch_conf.max_frames_in_batch 12000"])
     assert not any("batch_size" in item for item in args.override_config)
+
+
+def test_bucket_batches_are_the_batch_conf_wenets_code_ran_with() -> None:
+    """The exported batch_conf is the one WeNet's own bucket batching was run with at the recorded commit
+    (tests/exports/recipes/wenet_bucket_batches.json, whose batches our sampler forms: tests/data/test_buckets.py),
+    and passes dataset.py's checks for batch_type bucket; the batch size is not overridden."""
+    recorded = json.loads((RECIPES / "wenet_bucket_batches.json").read_text())
+    plan = plan_buckets(recorded["frames"], num_buckets=6, max_frames_in_batch=16000, scaling=1.5)
+    result = export(bucket_tuned(plan, world_size=2), "wenet")
+    batch_conf = parsed(result)["dataset_conf"]["batch_conf"]
+    assert batch_conf == recorded["batch_conf"]
+    # wenet/dataset/dataset.py (batch_type bucket) and datapipes.py BucketBySequenceLengthDataPipe's assertions
+    assert batch_conf["batch_type"] in ("static", "bucket", "dynamic")
+    assert "bucket_boundaries" in batch_conf and "bucket_batch_sizes" in batch_conf
+    assert len(batch_conf["bucket_batch_sizes"]) == len(batch_conf["bucket_boundaries"]) + 1
+    _, args = parse(result.command)
+    assert not any("batch_size" in item for item in args.override_config)
+    assert any("bucket_boundaries[i]" in note for note in result.notes)
 
 
 @pytest.mark.parametrize("world_size", (1, 4), ids=("ws1", "ws4"))

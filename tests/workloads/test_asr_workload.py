@@ -16,7 +16,7 @@ from autotune import workloads, yamlio
 from autotune.data import generate_corpus
 from autotune.errors import DataError
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
-from autotune.trial.dataloader import build_loader
+from autotune.trial.dataloader import build_loader, dataloader_kwargs
 from autotune.workloads.asr import warmup_lr
 from autotune.workloads.base import WorkloadContext
 from tests.workloads.short_trial import run_two_steps
@@ -52,7 +52,12 @@ def _setup(workload: workloads.Workload, corpus: Path, config: TrialConfig) -> w
 
 
 def test_registered_with_the_published_size(conformer: workloads.Workload) -> None:
-    assert conformer.task == "asr" and set(conformer.knobs) == {"batch_type", "max_frames_in_batch"}
+    assert conformer.task == "asr" and set(conformer.knobs) == {
+        "batch_type",
+        "max_frames_in_batch",
+        "num_buckets",
+        "bucket_scaling",
+    }
     assert conformer.published_parameters == 46_197_266  # with aishell's 4233-character vocabulary
     assert conformer.count_parameters is not None and conformer.count_parameters() == 46_197_266
 
@@ -80,9 +85,26 @@ def test_static_and_dynamic_batches_follow_the_knobs(conformer: workloads.Worklo
     batches = list(sampler)
     assert sorted(i for b in batches for i in b) == [1, 3, 5]
     assert all(max(frames[i] for i in b) * len(b) <= 400 for b in batches)
-    bucket = TrialConfig(per_device_batch_size=1, workload_knobs={"batch_type": "bucket"})
+    unknown = TrialConfig(per_device_batch_size=1, workload_knobs={"batch_type": "bucketed"})
     with pytest.raises(ValueError, match="batch_type"):
-        setup.batch_sampler_factory(bucket, torch.Generator(), [0])  # type: ignore[misc]
+        setup.batch_sampler_factory(unknown, torch.Generator(), [0])  # type: ignore[misc]
+
+
+def test_bucket_batches_and_their_worst_case(conformer: workloads.Workload, corpus: Path) -> None:
+    knobs = {"batch_type": "bucket", "max_frames_in_batch": 600, "num_buckets": 3, "bucket_scaling": 2.0}
+    config = TrialConfig(per_device_batch_size=16, workload_knobs=knobs)
+    setup = _setup(conformer, corpus, config)
+    frames = setup.dataset.max_frames  # type: ignore[attr-defined]
+    sampler = setup.batch_sampler_factory(config, torch.Generator().manual_seed(0), [0, 2, 4])  # type: ignore[misc]
+    plan = sampler.plan
+    # bucket batches are dealt whole from every item (the rank's item share is not used): one rank has them all
+    assert sorted(i for b in sampler for i in b) == list(range(len(frames))) and len(plan.batch_sizes) > 1
+    worst = setup.worst_case_batches(config)  # type: ignore[misc]
+    assert [int(batch["feats"].shape[0]) for batch in worst] == list(reversed(plan.batch_sizes))
+    # each bucket's batch is its longest items at the slowest speed: the frames the plan was made from
+    assert [int(batch["feat_lengths"].max()) for batch in worst] == list(reversed(plan.longest))
+    loader_kwargs = dataloader_kwargs(config)
+    assert loader_kwargs["batch_size"] is None and "drop_last" not in loader_kwargs
 
 
 def test_optimizer_step_warms_up_and_clips(conformer: workloads.Workload, corpus: Path) -> None:
@@ -100,8 +122,12 @@ def test_optimizer_step_warms_up_and_clips(conformer: workloads.Workload, corpus
 
 @pytest.mark.parametrize(
     ("workers", "extra"),
-    [(0, {"batch_type": "static"}), (1, {"batch_type": "dynamic", "max_frames_in_batch": 500})],
-    ids=["static-in-process", "dynamic-worker"],
+    [
+        (0, {"batch_type": "static"}),
+        (1, {"batch_type": "dynamic", "max_frames_in_batch": 500}),
+        (0, {"batch_type": "bucket", "max_frames_in_batch": 500, "num_buckets": 3, "bucket_scaling": 1.5}),
+    ],
+    ids=["static-in-process", "dynamic-worker", "bucket-in-process"],
 )
 def test_trains_in_a_trial_subprocess(corpus: Path, tmp_path: Path, workers: int, extra: dict) -> None:
     data_file = yamlio.write_json(tmp_path / "data.json", workloads.get("conformer").load_data(str(corpus)).to_dict())
@@ -119,6 +145,12 @@ def test_trains_in_a_trial_subprocess(corpus: Path, tmp_path: Path, workers: int
     assert result.all_losses_finite and result.window_steps == 1
     assert result.samples_per_second and result.samples_per_second > 0
     assert result.audio_seconds_per_second and result.audio_seconds_per_second > result.samples_per_second  # >1 s each
+    buckets = (result.epoch_accounting or {}).get("buckets")
+    if extra["batch_type"] == "bucket":  # the trial reports the buckets it formed, for the result
+        assert buckets and len(buckets["bucket_batch_sizes"]) == len(buckets["bucket_boundaries"]) + 1
+        assert result.worst_case_batches == len(buckets["bucket_batch_sizes"])  # each bucket probed
+    else:
+        assert buckets is None
 
 
 def test_preloads_only_the_kept_utterances_and_reads_them_from_ram(
