@@ -200,6 +200,9 @@ class TrialSpec:
     collective_timeout_s: float = 300.0  # a rank waiting on a dead or hung peer gives up after this
     compute_only: bool = False  # batches collated once and kept on the device: the ceiling (trial/compute_only.py)
     count_flops: bool = False  # count FLOPs per sample after the window (trial/flops.py)
+    # SLURM nodes the trial spans (--nodes): config.world_size ranks in all, world_size // nodes on each, started by
+    # torchrun on every node (trial/multinode.py); 1: autotune's own launcher on one machine (trial/launch.py).
+    nodes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -262,6 +265,11 @@ class TrialResult:
     # (status ok) and re-measured with the leaders, not condemned for someone else's job.
     disturbed: bool = False
     node: str = ""  # where it was measured: the SLURM node that ran the job (--executor slurm); "" for a local trial
+    nodes: int = 1  # nodes the ranks ran on (--nodes); world_size counts the ranks of all of them
+    hosts: list[str] | None = None  # each rank's node (SLURM's name, else the host name), in rank order
+    # How the ranks met and talked (trial/interconnect.py): backend, rendezvous, gloo's interface or NCCL's version
+    # and the NCCL_* environment; None for a trial of one rank.
+    interconnect: dict[str, Any] | None = None
     log_tail: str = ""
 
     def __post_init__(self) -> None:

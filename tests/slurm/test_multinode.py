@@ -1,0 +1,94 @@
+"""Multi-node trials on the two-node test cluster (--nodes 2): torchrun on both nodes, gloo across them, the ranks'
+hosts and the global batch recorded, one rank killed on one node classified as on one node (trial/multinode.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import workloads, yamlio
+from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+from autotune.trial.slurm import SlurmLauncher, SlurmSettings
+from tests.fixtures.slurm import NODES, PARTITION
+
+pytestmark = pytest.mark.slow
+
+
+def _spec(tmp_path: Path, corpus: Path, *, window_s: float = 0.01, steps: int = 1, hang: bool = False) -> TrialSpec:
+    data = workloads.get("cam++").load_data(str(corpus))
+    return TrialSpec(
+        workload="cam++",
+        workload_options={"crop_s": 0.5},
+        data_file=str(yamlio.write_json(tmp_path / "data.json", data.to_dict())),
+        config=TrialConfig(per_device_batch_size=2, world_size=2, grad_accum_steps=2, intra_op_threads=1),
+        timing=TimingSettings(
+            warmup_steps=1, window_s=window_s, min_window_steps=steps, max_window_steps=steps, min_timed_share=0
+        ),
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+        nodes=2,
+    )
+
+
+def _launcher() -> SlurmLauncher:
+    return SlurmLauncher(settings=SlurmSettings(partition=PARTITION), poll_s=0.2)
+
+
+def test_a_cam_plus_plus_trial_spans_both_nodes(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, tiny_corpus)
+    result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=150)
+    assert result.status == "ok", (result.reason, result.log_tail, slurm_cluster.logs())
+    assert result.world_size == 2 and result.nodes == 2
+    assert sorted(result.hosts or []) == sorted(NODES)  # one rank on each emulated node
+    assert result.interconnect["backend"] == "gloo" and result.interconnect["rendezvous"] == "c10d (torchrun)"
+    assert result.interconnect["gloo_interface"]  # the interface gloo's device sits on (loopback here)
+    assert spec.config.global_batch_size == 2 * 1 * 2 * 2  # per device x devices x nodes x accumulation
+    script = next((tmp_path / "trial" / "slurm").glob("*_submission.sh")).read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert (tmp_path / "trial" / "trial.node1.log").exists()  # the second node's torchrun logged on the shared folder
+
+
+def _kill_a_rank_on(node: str, after: Path, stop: threading.Event) -> list[int]:
+    """SIGKILL the trial's rank on `node` once the trial is in its window (its progress file exists)."""
+    killed: list[int] = []
+    while not stop.is_set() and not killed:
+        if after.exists():
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                with contextlib.suppress(OSError):
+                    environ = (entry / "environ").read_bytes()
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                    is_rank = b"autotune.trial" in argv and b"autotune.trial.torchrun_agent" not in argv
+                    on_node = f"SLURMD_NODENAME={node}\0".encode() in environ
+                    if is_rank and on_node and b"TORCHELASTIC_RUN_ID=" in environ:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                        killed.append(int(entry.name))
+        time.sleep(0.1)
+    return killed
+
+
+def test_a_rank_killed_on_one_node_fails_the_trial_as_on_one_node(
+    slurm_cluster, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    spec = _spec(tmp_path, tiny_corpus, window_s=30.0, steps=10_000)  # long enough to be killed in
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(
+        target=lambda: killed.extend(_kill_a_rank_on(NODES[1], Path(spec.result_path + ".progress"), stop))
+    )
+    killer.start()
+    try:
+        result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=150)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no rank found on node2"
+    assert result.status == "signal", (result.reason, result.log_tail)
+    assert "of 2: killed by SIGKILL" in result.reason and f"(on node {NODES[1]})" in result.reason
+    assert result.wall_s is not None and result.wall_s < 100  # failed at once, not after a collective's timeout
