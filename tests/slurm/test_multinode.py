@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from autotune import workloads, yamlio
+from autotune import load_config, workloads, yamlio
+from autotune.cli import app
 from autotune.trial import TimingSettings, TrialConfig, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, SlurmSettings
+from tests.fixtures.runs import error_line, run_args
 from tests.fixtures.slurm import NODES, PARTITION
-
-pytestmark = pytest.mark.slow
 
 
 def _spec(tmp_path: Path, corpus: Path, *, window_s: float = 0.01, steps: int = 1, hang: bool = False) -> TrialSpec:
@@ -40,6 +41,7 @@ def _launcher() -> SlurmLauncher:
     return SlurmLauncher(settings=SlurmSettings(partition=PARTITION), poll_s=0.2)
 
 
+@pytest.mark.slow
 def test_a_cam_plus_plus_trial_spans_both_nodes(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
     spec = _spec(tmp_path, tiny_corpus)
     result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=150)
@@ -74,6 +76,7 @@ def _kill_a_rank_on(node: str, after: Path, stop: threading.Event) -> list[int]:
     return killed
 
 
+@pytest.mark.slow
 def test_a_rank_killed_on_one_node_fails_the_trial_as_on_one_node(
     slurm_cluster, tiny_corpus: Path, tmp_path: Path
 ) -> None:
@@ -92,3 +95,49 @@ def test_a_rank_killed_on_one_node_fails_the_trial_as_on_one_node(
     assert result.status == "signal", (result.reason, result.log_tail)
     assert "of 2: killed by SIGKILL" in result.reason and f"(on node {NODES[1]})" in result.reason
     assert result.wall_s is not None and result.wall_s < 100  # failed at once, not after a collective's timeout
+
+
+# `autotune run --nodes` as a person meets it: bad input is one line and exit code 2 before anything is written; a
+# short run on the test cluster writes a result that says it spanned two nodes.
+SLURM = ["--executor", "slurm", "--slurm-partition", PARTITION, "--no-amp-check", "--no-ceiling"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--nodes", "2"], "--nodes 2 needs --executor slurm"),
+        (["--nodes", "0"], "--nodes must be at least 1, got 0"),
+        (["--nodes", "0", *SLURM], "--nodes must be at least 1, got 0"),
+    ],
+    ids=["without-slurm", "zero", "zero-with-slurm"],
+)
+def test_bad_nodes_input_is_one_line_and_exit_2(extra, words, tiny_corpus: Path, tmp_path: Path) -> None:
+    assert words in error_line(run_args(tiny_corpus, tmp_path / "results", *extra))
+    assert not (tmp_path / "results").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--nodes", "3"], f"--nodes 3: partition {PARTITION} has 2 node(s); use --nodes 2 or less"),
+        (["--nodes", "2", "--parallel", "2"], "--parallel 2 x --nodes 2: partition tests has 2 node(s), not the 4"),
+    ],
+    ids=["above-the-partition", "parallel-times-nodes"],
+)
+def test_more_nodes_than_the_partition_has_is_refused(slurm_cluster, extra, words, tiny_corpus, tmp_path) -> None:
+    assert words in error_line(run_args(tiny_corpus, tmp_path / "results", *SLURM, *extra))
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_a_run_across_two_nodes_records_them(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
+    args = [*SLURM, "--nodes", "2", "--devices", "1", "--trials", "1", "--confirm", "0", "--max-throughput-cv", "0"]
+    result = CliRunner().invoke(app, run_args(tiny_corpus, tmp_path / "results", *args))
+    assert result.exit_code == 0, (result.output, slurm_cluster.logs())
+    (path,) = (tmp_path / "results").glob("*/*-nodes2.yaml")  # its own file: never a one-node result's
+    tuned = load_config(path)
+    cluster, config = tuned.cluster, tuned.config
+    assert cluster["nodes"] == 2 and cluster["devices_per_node"] == 1 and config.world_size == 2
+    assert cluster["global_batch_size"] == config.per_device_batch_size * 1 * 2 * config.grad_accum_steps
+    assert sorted(cluster["hosts"]) == sorted(NODES) and cluster["interconnect"]["backend"] == "gloo"
+    assert tuned.search["study_name"].endswith("-ws2-nodes2")  # its own study: not compared with one node's
