@@ -236,7 +236,13 @@ def _watch(spec: TrialSpec, workdir: Path, task: NodeTask, agent: Any, timeout_s
             return "done"
         if _failing(reports, written):
             settle_until = settle_until or time.monotonic() + SETTLE_S
-            if len(reports) == spec.nodes or time.monotonic() >= settle_until:
+            crashed = {
+                int(rank) for report in reports.values() for rank in report.get("failures") or {} if rank.isdigit()
+            }
+            # Every rank said how it ended (a result, or its launcher saw it die): a launcher that lingers (torchrun's
+            # exit barrier waits for peers that failed) has nothing more to tell.
+            settled = len(set(written) | crashed) == spec.config.world_size
+            if settled or len(reports) == spec.nodes or time.monotonic() >= settle_until:
                 return "failed"
         elif len(reports) == spec.nodes:
             return "failed"  # every launcher ended, not every rank wrote a result
