@@ -263,7 +263,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         preload_probe=preloading.preload_probe(
             model=request.model,
             data=plan.data.describe(),
-            world_size=plan.world_size,
+            world_size=plan.world_size // plan.nodes,  # the ranks that share one node's RAM
             memory_bytes=plan.hardware.memory_bytes,
         ),
         closing_trials=1 if request.compute_ceiling else 0,

@@ -134,6 +134,8 @@ def test_a_run_across_two_nodes_records_them(slurm_cluster, tiny_corpus: Path, t
     args = [*SLURM, "--nodes", "2", "--devices", "1", "--trials", "1", "--confirm", "0", "--max-throughput-cv", "0"]
     result = CliRunner().invoke(app, run_args(tiny_corpus, tmp_path / "results", *args))
     assert result.exit_code == 0, (result.output, slurm_cluster.logs())
+    said = " ".join(result.output.split())  # the console wraps its lines
+    assert "data-parallel on 2 processes (gloo) across 2 nodes (torchrun on each)" in said
     (path,) = (tmp_path / "results").glob("*/*-nodes2.yaml")  # its own file: never a one-node result's
     tuned = load_config(path)
     cluster, config = tuned.cluster, tuned.config
