@@ -51,6 +51,12 @@ def test_a_cam_plus_plus_trial_spans_both_nodes(slurm_cluster, tiny_corpus: Path
     assert result.interconnect["backend"] == "gloo" and result.interconnect["rendezvous"] == "c10d (torchrun)"
     assert result.interconnect["gloo_interface"]  # the interface gloo's device sits on (loopback here)
     assert spec.config.global_batch_size == 2 * 1 * 2 * 2  # per device x devices x nodes x accumulation
+    # One process group across the nodes: the epoch split over both ranks, each rank's rate over the shared window.
+    accounting = result.epoch_accounting or {}
+    assert accounting["world_size"] == 2 and len(accounting["batches_per_epoch_per_rank"]) == 2
+    assert accounting["samples_per_epoch"] == accounting["dataset_size"]
+    rates = result.per_rank_samples_per_second or []
+    assert len(rates) == 2 and min(rates) > 0 and result.window_samples_per_second == pytest.approx(sum(rates), rel=0.1)
     script = next((tmp_path / "trial" / "slurm").glob("*_submission.sh")).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
     assert (tmp_path / "trial" / "trial.node1.log").exists()  # the second node's torchrun logged on the shared folder
