@@ -149,3 +149,5 @@ def test_a_run_across_two_nodes_records_them(slurm_cluster, tiny_corpus: Path, t
     assert cluster["global_batch_size"] == config.per_device_batch_size * 1 * 2 * config.grad_accum_steps
     assert sorted(cluster["hosts"]) == sorted(NODES) and cluster["interconnect"]["backend"] == "gloo"
     assert tuned.search["study_name"].endswith("-ws2-nodes2")  # its own study: not compared with one node's
+    exported = CliRunner().invoke(app, ["export", str(path), "--to", "lightning"])
+    assert exported.exit_code == 0 and "num_nodes=2" in exported.output and "devices=1" in exported.output
