@@ -21,13 +21,13 @@ from tests.fixtures.runs import error_line, run_args
 from tests.fixtures.slurm import NODES, PARTITION
 
 
-def _spec(tmp_path: Path, corpus: Path, *, window_s: float = 0.01, steps: int = 1, hang: bool = False) -> TrialSpec:
+def _spec(tmp_path: Path, corpus: Path, *, devices: int = 1, window_s: float = 0.01, steps: int = 1) -> TrialSpec:
     data = workloads.get("cam++").load_data(str(corpus))
     return TrialSpec(
         workload="cam++",
         workload_options={"crop_s": 0.5},
         data_file=str(yamlio.write_json(tmp_path / "data.json", data.to_dict())),
-        config=TrialConfig(per_device_batch_size=2, world_size=2, grad_accum_steps=2, intra_op_threads=1),
+        config=TrialConfig(per_device_batch_size=2, world_size=2 * devices, grad_accum_steps=2, intra_op_threads=1),
         timing=TimingSettings(
             warmup_steps=1, window_s=window_s, min_window_steps=steps, max_window_steps=steps, min_timed_share=0
         ),
@@ -42,21 +42,23 @@ def _launcher() -> SlurmLauncher:
 
 
 @pytest.mark.slow
-def test_a_cam_plus_plus_trial_spans_both_nodes(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
-    spec = _spec(tmp_path, tiny_corpus)
+@pytest.mark.parametrize("devices", (1, 2), ids=("1-per-node", "2-per-node"))
+def test_a_cam_plus_plus_trial_spans_both_nodes(slurm_cluster, devices: int, tiny_corpus: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, tiny_corpus, devices=devices)
     result = _launcher()(spec, workdir=tmp_path / "trial", timeout_s=150)
     assert result.status == "ok", (result.reason, result.log_tail, slurm_cluster.logs())
-    assert result.world_size == 2 and result.nodes == 2
-    assert sorted(result.hosts or []) == sorted(NODES)  # one rank on each emulated node
+    assert result.world_size == 2 * devices and result.nodes == 2
+    assert sorted(result.hosts or []) == sorted(NODES * devices)  # `devices` ranks on each emulated node
     assert result.interconnect["backend"] == "gloo" and result.interconnect["rendezvous"] == "c10d (torchrun)"
     assert result.interconnect["gloo_interface"]  # the interface gloo's device sits on (loopback here)
-    assert spec.config.global_batch_size == 2 * 1 * 2 * 2  # per device x devices x nodes x accumulation
+    assert spec.config.global_batch_size == 2 * devices * 2 * 2  # per device x devices x nodes x accumulation
     # One process group across the nodes: the epoch split over both ranks, each rank's rate over the shared window.
     accounting = result.epoch_accounting or {}
-    assert accounting["world_size"] == 2 and len(accounting["batches_per_epoch_per_rank"]) == 2
-    assert accounting["samples_per_epoch"] == accounting["dataset_size"]
+    assert accounting["world_size"] == 2 * devices and len(accounting["batches_per_epoch_per_rank"]) == 2 * devices
+    assert accounting["samples_per_epoch"] == 2 * sum(accounting["batches_per_epoch_per_rank"])  # whole batches of 2
     rates = result.per_rank_samples_per_second or []
-    assert len(rates) == 2 and min(rates) > 0 and result.window_samples_per_second == pytest.approx(sum(rates), rel=0.1)
+    assert len(rates) == 2 * devices and min(rates) > 0
+    assert result.window_samples_per_second == pytest.approx(sum(rates), rel=0.1)
     script = next((tmp_path / "trial" / "slurm").glob("*_submission.sh")).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
     assert (tmp_path / "trial" / "trial.node1.log").exists()  # the second node's torchrun logged on the shared folder
