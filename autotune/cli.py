@@ -125,8 +125,8 @@ def run(
     devices: Annotated[
         Optional[int],
         typer.Option(
-            help="Devices per trial: every trial trains data-parallel on N GPUs (NCCL), or as N processes on a CPU "
-            "(gloo). Default: every visible GPU; 1 on a CPU."
+            help="Devices per trial (per node with --nodes): every trial trains data-parallel on N GPUs (NCCL), or as "
+            "N processes on a CPU (gloo). Default: every visible GPU; 1 on a CPU."
         ),
     ] = None,
     global_batch: Annotated[
@@ -247,6 +247,13 @@ def run(
             "partition's nodes); the baseline and the confirmations run one at a time."
         ),
     ] = 1,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            help="--executor slurm: nodes per trial, --devices ranks on each, started by torchrun on every node "
+            "(one job of that many nodes per trial: docs/cluster.md)."
+        ),
+    ] = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
     _setup_logging(verbose)
@@ -296,6 +303,7 @@ def run(
             amp_check=AmpCheckSettings() if amp_check else None,
             compute_ceiling=ceiling,
             slurm=parse_executor(executor, slurm_partition, slurm_option),
+            nodes=nodes,
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
         if data is None:

@@ -54,7 +54,8 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     if plan.world_size > 1:
         unit = "GPUs (NCCL)" if plan.hardware.device_type == "cuda" else "processes (gloo)"
         fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
-        console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{fixed}")
+        across = f" across {plan.nodes} nodes (torchrun on each)" if plan.nodes > 1 else ""
+        console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{across}{fixed}")
     console.print(
         f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
         f"{data['total_audio_hours']} h{synthetic}"

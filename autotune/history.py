@@ -62,7 +62,7 @@ def history_row(tuned: TunedConfig, result_path: str | os.PathLike[str]) -> dict
     return {
         "created": tuned.created,
         "model": tuned.workload.get("name"),
-        "fingerprint": hardware.get("fingerprint"),
+        "fingerprint": _fingerprint(tuned),
         "device_type": tuned.device_type,
         "torch_version": _text(hardware.get("torch_version")),
         "cuda_version": _text(hardware.get("cuda_version")),
@@ -75,6 +75,13 @@ def history_row(tuned: TunedConfig, result_path: str | os.PathLike[str]) -> dict
         "autotune_version": tuned.autotune_version,
         "result_path": str(result_path),
     }
+
+
+def _fingerprint(tuned: TunedConfig) -> str | None:
+    """The hardware a result ran on: a multi-node result's is its nodes' fingerprint and their count (-nodes2), so
+    that its throughput is never compared with (or flagged as a regression against) one node's."""
+    fingerprint = tuned.hardware.get("fingerprint")
+    return f"{fingerprint}-nodes{tuned.nodes}" if fingerprint and tuned.nodes > 1 else fingerprint
 
 
 def _text(value: Any) -> str | None:

@@ -62,6 +62,14 @@ class TunedConfig:
     created: str
     autotune_version: str
     notes: list[str] = field(default_factory=list)
+    # A multi-node result (--nodes): nodes, devices per node, the global batch, the ranks' hosts and the interconnect
+    # facts (run_result.cluster_section); empty for one machine, and then not written.
+    cluster: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the result was measured on (1 unless --nodes)."""
+        return int(self.cluster.get("nodes") or 1)
 
     @property
     def precision(self) -> PrecisionSettings:
@@ -207,6 +215,7 @@ class TunedConfig:
             "hardware": self.hardware,
             "data": self.data,
             "search": self.search,
+            **({"cluster": self.cluster} if self.cluster else {}),
         }
 
     @classmethod
@@ -223,6 +232,7 @@ class TunedConfig:
             created=data["created"],
             autotune_version=data["autotune_version"],
             notes=list(data.get("notes") or []),
+            cluster=dict(data.get("cluster") or {}),
         )
 
     def to_yaml(self, path_hint: str = "RESULT.yaml") -> str:

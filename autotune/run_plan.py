@@ -46,6 +46,7 @@ class RunRequest:
     amp_check: AmpCheckSettings | None = field(default_factory=AmpCheckSettings)  # None: --no-amp-check
     compute_ceiling: bool = True  # measure the winner once more on batches already in memory
     slurm: SlurmSettings | None = None  # --executor slurm: each trial a SLURM job (trial/slurm.py); None: local
+    nodes: int = 1  # --nodes: SLURM nodes per trial, `devices` ranks on each (trial/multinode.py)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -63,7 +64,8 @@ class RunPlan:
     out_path: Path
     workdir: Path
     options: dict[str, Any]
-    world_size: int = 1
+    world_size: int = 1  # ranks per trial, on all its nodes: devices x nodes
+    nodes: int = 1
     warm_start: warmstart.WarmStart | None = None
     option_notes: tuple[str, ...] = ()  # what the workload says about its options (Workload.check_options)
     preparation: Preparation | None = None  # the workload's one-off data preparation, done by execute()

@@ -86,7 +86,26 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         autotune_version=__version__,
         notes=notes,
+        cluster=cluster_section(plan, outcome),
     )
+
+
+def cluster_section(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
+    """A multi-node result's own section: nodes, devices per node, the global batch, and the hosts and interconnect
+    facts its winner's first measurement recorded (trial/interconnect.py); empty for one machine."""
+    if plan.nodes <= 1 or outcome.winner is None:
+        return {}
+    config = outcome.winner.config
+    measured = next((record.result for record in outcome.winner.records if record.result.hosts), None)
+    return {
+        "nodes": plan.nodes,
+        "devices_per_node": config.world_size // plan.nodes,
+        "world_size": config.world_size,
+        "global_batch_size": config.global_batch_size,
+        "launcher": "torchrun (c10d rendezvous on the first node), one per node under a SLURM job",
+        "hosts": list(measured.hosts or []) if measured else [],
+        "interconnect": dict(measured.interconnect or {}) if measured else {},
+    }
 
 
 def learning_rate_advice(

@@ -41,6 +41,7 @@ from autotune.run_plan import RunPlan, RunRequest
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, check_parallel, check_slurm
+from autotune.trial.slurm_nodes import check_nodes
 from autotune.tuner import STORAGE_FAILED, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
 
@@ -110,18 +111,23 @@ def prepare(request: RunRequest) -> RunPlan:
     """
     started_s = time.monotonic()
     check_request(request)
+    if request.nodes < 1 or (request.nodes > 1 and request.slurm is None):
+        check_nodes(request.slurm, request.nodes)  # before asking any cluster anything
     if request.slurm is not None:
         check_slurm(request.slurm)  # the cluster answers, the partition and options are its own
         check_parallel(request.slurm, request.settings.parallel)  # no more trials in flight than nodes
+        check_nodes(request.slurm, request.nodes, request.settings.parallel)  # M nodes per trial, xN in flight
     settings = request.settings
     workload = workloads.get(request.model)
     check_workload_options(workload, request.workload_options)
     hardware = probe(request.device)
-    world_size = resolve_world_size(request, hardware)
+    nodes = request.nodes
+    world_size = resolve_world_size(request, hardware) * nodes  # --devices is per node: every node's ranks count
     space_file = Path(request.space) if request.space else space_module.space_path(workload.space_file or workload.name)
     space = space_module.load(
         space_file,
-        hardware,
+        # `auto` threads are one rank's share of its node's cores: the space divides by all ranks, of every node
+        dataclasses.replace(hardware, cpu_cores=hardware.cpu_cores * nodes),
         workload_knobs=tuple(workload.knobs),
         world_size=world_size,
         global_batch_size=request.global_batch,
@@ -131,8 +137,11 @@ def prepare(request: RunRequest) -> RunPlan:
     if settings.sampler == "grid":
         space.points()  # raises a one-line SpaceError for a continuous space or one too large to walk
     safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)
+    across = f"-nodes{nodes}" if nodes > 1 else ""  # a multi-node result never replaces a one-node one's file
     out_path = (
-        Path(request.out) if request.out else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}.yaml"
+        Path(request.out)
+        if request.out
+        else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}{across}.yaml"
     )
     check_writable(out_path)
     if request.storage is None:
@@ -142,6 +151,8 @@ def prepare(request: RunRequest) -> RunPlan:
     study_name = f"{safe_name}-{data.fingerprint()}-{hardware.fingerprint()}"
     if world_size > 1 or request.global_batch is not None:  # a different experiment: its own study
         study_name += f"-ws{world_size}" + (f"-gb{request.global_batch}" if request.global_batch else "")
+    if nodes > 1:  # M nodes of N ranks is not N*M ranks of one machine: neither compared nor warm-started together
+        study_name += f"-nodes{nodes}"
     created = make_folders([out_path.parent, *([Path(request.results_dir)] if request.storage is None else [])])
     try:
         study = _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
@@ -176,6 +187,7 @@ def prepare(request: RunRequest) -> RunPlan:
         workdir=workdir,
         options=options,
         world_size=world_size,
+        nodes=nodes,
         warm_start=warm,
         option_notes=option_notes,
         started_s=started_s,
@@ -218,6 +230,7 @@ def spec_maker(plan: RunPlan, settings: TunerSettings, data_file: Path) -> Calla
             seed=settings.seed,
             collective_timeout_s=settings.trial_timeout_s,
             run_length=plan.request.run_length,
+            nodes=plan.nodes,
         )
 
     return make_spec
@@ -255,7 +268,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         preload_probe=preloading.preload_probe(
             model=request.model,
             data=plan.data.describe(),
-            world_size=plan.world_size,
+            world_size=plan.world_size // plan.nodes,  # the ranks that share one node's RAM
             memory_bytes=plan.hardware.memory_bytes,
         ),
         closing_trials=1 if request.compute_ceiling else 0,

@@ -99,6 +99,17 @@ def test_no_history_is_an_empty_frame_with_the_columns(tmp_path: Path) -> None:
     assert history.render_table(frame).row_count == 0
 
 
+def test_a_multi_node_result_is_never_compared_with_one_nodes(tmp_path: Path) -> None:
+    one = make_tuned("2025-03-01T02:30:00+00:00", 200.0)
+    two = dataclasses.replace(make_tuned("2025-03-02T02:30:00+00:00", 150.0), cluster={"nodes": 2})
+    for tuned in (one, two):
+        history.record(tuned, result_path(tmp_path, tuned), tmp_path / "results")
+    frame = history.load(tmp_path / "results", "cam++")
+    assert frame["fingerprint"].tolist() == [one.hardware["fingerprint"], f"{one.hardware['fingerprint']}-nodes2"]
+    change_cells = history.render_table(frame).columns[-1]._cells
+    assert change_cells == ["-", "-"]  # 150 on two nodes is no regression from 200 on one: nothing to compare
+
+
 def render(table) -> str:
     console = Console(file=io.StringIO(), width=250, color_system=None)
     console.print(table)

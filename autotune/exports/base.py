@@ -123,6 +123,39 @@ class ExportContext:
         """The duration buckets and their batch sizes (per device) when the result was tuned with batch_type bucket."""
         return self.tuned.bucket_plan
 
+    @property
+    def nodes(self) -> int:
+        """Nodes to launch on: the result's (--nodes), where its devices divide among them; else one."""
+        nodes = self.tuned.nodes
+        return nodes if nodes > 1 and self.world_size % nodes == 0 else 1
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.world_size // self.nodes
+
+    def multinode_torchrun(self) -> str:
+        """torchrun across the result's nodes, as its trials ran (trial/multinode.py): inside an sbatch job of that
+        many nodes, srun starts one torchrun per node, and they meet in c10d's rendezvous on the job's first node
+        (its name from `scontrol show hostnames`, the port free there: 29500 is torchrun's own default)."""
+        first = '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500"'
+        return (
+            f"srun --nodes={self.nodes} --ntasks-per-node=1 torchrun --nnodes={self.nodes} "
+            f"--nproc_per_node={self.devices_per_node} --rdzv_backend=c10d --rdzv_endpoint={first} "
+            '--rdzv_id="$SLURM_JOB_ID"'
+        )
+
+    def multinode_note(self) -> str | None:
+        """What a multi-node command asks of the job around it (None for one node)."""
+        if self.nodes == 1:
+            return None
+        gpus = f" --gpus-per-node={self.devices_per_node}" if self.on_cuda else ""
+        return (
+            f"Measured on {self.nodes} nodes of {self.devices_per_node} device(s) each: run the command inside an "
+            f"sbatch job of #SBATCH --nodes={self.nodes} --ntasks-per-node=1{gpus} --exclusive (the first node hosts "
+            "torchrun's c10d rendezvous on port 29500; NCCL_SOCKET_IFNAME / NCCL_IB_HCA as the result's "
+            "cluster.interconnect recorded them)"
+        )
+
     def loader_extras(self) -> dict[str, Any]:
         """prefetch_factor / persistent_workers / in_order: DataLoader accepts them only with workers; unset means its
         default."""
@@ -210,6 +243,11 @@ class ExportContext:
             notes.append(
                 "Tuned with bucket batches, but no trial recorded its buckets (metrics.winner.epoch_accounting): the "
                 "batch settings below are not what was measured; re-run autotune"
+            )
+        if self.tuned.nodes > 1 and self.nodes == 1:
+            notes.append(
+                f"Measured on {self.tuned.nodes} nodes; {self.world_size} device(s) do not divide among them, so this "
+                "is a one-node launch: its throughput was not measured"
             )
         if not self.on_cuda:
             notes.append(

@@ -75,14 +75,27 @@ def export_espnet(context: ExportContext) -> Export:
     recipe = RECIPES.get(context.model_name)
     if recipe is None:
         return unsupported("espnet", context, _unsupported_reason(context))
-    ngpu = context.world_size if context.on_cuda else 0
+    ngpu = context.devices_per_node if context.on_cuda else 0  # run.sh's --ngpu is per node (launch.py)
+    nodes = f"--num_nodes {context.nodes} " if context.nodes > 1 else ""
     trainer_args = " ".join(f"--{key} {value}" for key, value in trainer_overrides(context, recipe).items())
     env = context.env_prefix() + (TF32_OFF_ENV + " " if context.on_cuda and context.precision == "fp32" else "")
     command = (
-        f"{env}./run.sh --stage {recipe.stage} --stop_stage {recipe.stage} --ngpu {ngpu} "
+        f"{env}./run.sh --stage {recipe.stage} --stop_stage {recipe.stage} --ngpu {ngpu} {nodes}"
         f"{recipe.config_option} {recipe.config} \\\n    {recipe.args_option} {shlex.quote(trainer_args)}"
     )
-    return Export(target="espnet", command=command, notes=_notes(context, recipe))
+    return Export(target="espnet", command=command, notes=_notes(context, recipe) + _multinode_notes(context))
+
+
+def _multinode_notes(context: ExportContext) -> tuple[str, ...]:
+    """ESPnet starts its ranks itself (espnet2/bin/launch.py): across nodes only through slurm.pl (srun, then
+    --dist_launcher slurm in the trainer) or MPI; run.pl refuses other nodes."""
+    if context.nodes == 1:
+        return ()
+    return (
+        f"Measured on {context.nodes} nodes of {context.devices_per_node} device(s) each: set cmd_backend='slurm' in "
+        "cmd.sh (ESPnet's launch.py then submits the trainer through slurm.pl and srun with --dist_launcher slurm; "
+        "its default run.pl refuses other nodes) and give slurm.pl's conf the partition the trials ran on",
+    )
 
 
 def trainer_overrides(context: ExportContext, recipe: Recipe) -> dict[str, str]:

@@ -53,7 +53,9 @@ _TF32_LINES = {
 def export_lightning(context: ExportContext) -> Export:
     config = context.config
     dynamic = context.max_frames_in_batch is not None or context.bucket_plan is not None
-    trainer: dict[str, Any] = {"accelerator": "gpu" if context.on_cuda else "cpu", "devices": context.world_size}
+    trainer: dict[str, Any] = {"accelerator": "gpu" if context.on_cuda else "cpu", "devices": context.devices_per_node}
+    if context.nodes > 1:
+        trainer["num_nodes"] = context.nodes  # under srun: Lightning's SLURMEnvironment gives each task its rank
     if context.world_size > 1:
         trainer["strategy"] = "ddp"
     trainer |= {
@@ -88,7 +90,20 @@ def export_lightning(context: ExportContext) -> Export:
     else:
         loader = {"batch_size": config.per_device_batch_size, "shuffle": True, **loader, "drop_last": True}
         lines.append(_call("train_loader = DataLoader", loader, first=["train_dataset"]))
-    return Export(target="lightning", python_text="\n".join(lines) + "\n", notes=_notes(context))
+    notes = _notes(context) + _nodes_notes(context)
+    return Export(target="lightning", python_text="\n".join(lines) + "\n", notes=notes)
+
+
+def _nodes_notes(context: ExportContext) -> tuple[str, ...]:
+    """Lightning across nodes: one task per device, started by srun (SLURMEnvironment reads SLURM_PROCID,
+    SLURM_LOCALID and SLURM_NTASKS; it checks --ntasks-per-node against devices), never torchrun."""
+    if context.nodes == 1:
+        return ()
+    return (
+        f"Measured on {context.nodes} nodes of {context.devices_per_node} device(s) each: in an sbatch job of "
+        f"#SBATCH --nodes={context.nodes} --ntasks-per-node={context.devices_per_node}, start it as `srun python "
+        "train.py` (one task per device: Lightning's SLURMEnvironment takes each task's rank from srun)",
+    )
 
 
 def _batch_sampler_lines(context: ExportContext) -> list[str]:

@@ -86,9 +86,11 @@ def export_3d_speaker(context: ExportContext) -> Export:
             "ECAPA-TDNN); it has no recipe for this model's task",
         )
     config = context.config
-    gpus = " ".join(str(index) for index in range(context.world_size))
+    # train.py picks args.gpu[LOCAL_RANK]: the list is one node's GPUs (several nodes: torchrun on each, under srun)
+    gpus = " ".join(str(index) for index in range(context.devices_per_node))
+    launcher = context.multinode_torchrun() if context.nodes > 1 else f"torchrun --nproc_per_node={context.world_size}"
     words = [
-        f"torchrun --nproc_per_node={context.world_size} speakerlab/bin/train.py --config {recipe.config} --gpu {gpus}",
+        f"{launcher} speakerlab/bin/train.py --config {recipe.config} --gpu {gpus}",
         " ".join(_DATA_ARGS) + f" --exp_dir {recipe.exp_dir}",
         f"--batch_size {context.step_batch_size} --num_workers {config.num_workers}",
     ]
@@ -103,7 +105,20 @@ def export_3d_speaker(context: ExportContext) -> Export:
     if embedding_model is not None:
         words.append(f"--embedding_model {shlex.quote(embedding_model)}")
     command = context.env_prefix() + context.tf32_env() + " \\\n    ".join(words)
-    return Export(target="3d-speaker", command=command, notes=_notes(context, recipe, loader is not None))
+    notes = _notes(context, recipe, loader is not None) + _multinode_notes(context)
+    return Export(target="3d-speaker", command=command, notes=notes)
+
+
+def _multinode_notes(context: ExportContext) -> tuple[str, ...]:
+    said = context.multinode_note()
+    if said is None:
+        return ()
+    return (
+        said,
+        "3D-Speaker's train.py takes LOCAL_RANK for its rank (speakerlab/bin/train.py): on every node local rank 0 "
+        "writes the log and checkpoints into --exp_dir, so give each node its own exp_dir or keep only the first "
+        "node's",
+    )
 
 
 def _dataloader_override(context: ExportContext) -> str | None:

@@ -74,8 +74,11 @@ def export_speechbrain(context: ExportContext) -> Export:
     if not context.on_cuda:
         words.append("--device cpu" + (" --distributed_backend gloo" if context.world_size > 1 else ""))
     launcher = f"torchrun --nproc_per_node={context.world_size}" if context.world_size > 1 else "python"
+    if context.nodes > 1:  # SpeechBrain reads torchrun's RANK/LOCAL_RANK/WORLD_SIZE, on every node alike
+        launcher = context.multinode_torchrun()
     command = context.env_prefix() + _tf32_env(context) + f"{launcher} " + " \\\n    ".join(words)
-    return Export(target="speechbrain", command=command, notes=_notes(context))
+    notes = _notes(context) + tuple(filter(None, [context.multinode_note()]))
+    return Export(target="speechbrain", command=command, notes=notes)
 
 
 def _unsupported_reason(context: ExportContext) -> str:

@@ -61,7 +61,8 @@ def export_wenet(context: ExportContext) -> Export:
         edits["encoder_conf"] = {"gradient_checkpointing": True}
         edits["decoder_conf"] = {"gradient_checkpointing": True}
     yaml_text = yamlio.dump_yaml(edits) if edits else None
-    return Export(target="wenet", yaml_text=yaml_text, command=_command(context), notes=_notes(context))
+    notes = _notes(context) + tuple(filter(None, [context.multinode_note()]))
+    return Export(target="wenet", yaml_text=yaml_text, command=_command(context), notes=notes)
 
 
 def runnable_workers(context: ExportContext) -> int:
@@ -94,10 +95,12 @@ def _command(context: ExportContext) -> str:
     if context.max_frames_in_batch is None and context.bucket_plan is None:
         flags.append(f'--override_config "dataset_conf.batch_conf.batch_size {config.per_device_batch_size}"')
     flags.append(f'--override_config "accum_grad {config.grad_accum_steps}"')
-    return (
-        f"{context.env_prefix()}{context.tf32_env()}torchrun --standalone --nnodes=1 "
-        f"--nproc_per_node={context.world_size} wenet/bin/train.py \\\n    " + " \\\n    ".join(flags)
+    launcher = (
+        context.multinode_torchrun()
+        if context.nodes > 1
+        else f"torchrun --standalone --nnodes=1 --nproc_per_node={context.world_size}"
     )
+    return f"{context.env_prefix()}{context.tf32_env()}{launcher} wenet/bin/train.py \\\n    " + " \\\n    ".join(flags)
 
 
 def _notes(context: ExportContext) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
 
 def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     from autotune import compile_modes
-    from autotune.trial import distributed
+    from autotune.trial import distributed, interconnect
     from autotune.trial.compute_only import in_memory_batches
     from autotune.trial.dataloader import build_loader
     from autotune.trial.flops import count_flops_per_sample
@@ -120,9 +120,13 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
-    summaries = distributed.all_gather({**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s})
+    own = {**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s, "host": interconnect.rank_host()}
+    summaries = distributed.all_gather(own)
     distributed.stop()
     combined = combine_rank_summaries(summaries, device_type=device.type)
+    if rank.distributed:  # where the ranks ran and how they talked (trial/interconnect.py)
+        hosts = [item["host"] for item in summaries]
+        combined.update(nodes=len(set(hosts)), hosts=hosts, interconnect=interconnect.facts(device.type))
     return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict(), "fp32_math": math}
 
 
@@ -159,7 +163,7 @@ def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) 
 
 
 # A rank's raw figures that the trial's are combined from (throughput, other processes' CPU share): no result field.
-_RANK_ONLY = ("samples", "audio_s", "window_cpu_busy_s", "window_cpu_own_s", "window_cpu_capacity_s")
+_RANK_ONLY = ("samples", "audio_s", "host", "window_cpu_busy_s", "window_cpu_own_s", "window_cpu_capacity_s")
 
 
 def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str) -> dict[str, Any]:

@@ -137,24 +137,26 @@ def check_parallel(settings: SlurmSettings, parallel: int) -> None:
 def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -> dict[str, Any]:
     """What one trial asks of the scheduler, as submitit's SlurmExecutor parameters.
 
-    One node and one task: the task is trial.launch, which starts the ranks itself as it does locally. On CUDA one
-    GPU per rank. The whole node by default (exclusive): a throughput trial that shares its node measures its
-    neighbours. CPUs: one per rank and per DataLoader worker, the least the trial needs (an exclusive job gets the
+    One node and one task: the task is trial.launch, which starts the ranks itself as it does locally; a trial of
+    --nodes M asks for M nodes, one task on each (torchrun there: trial/multinode.py). On CUDA one GPU per rank.
+    The whole node by default (exclusive): a throughput trial that shares its node measures its neighbours. CPUs
+    (per node): one per rank and per DataLoader worker, the least the trial needs (an exclusive job gets the
     node's every CPU anyway, and srun gives its one task all of them). The time limit is the trial's hard timeout
     plus START_GRACE_S, in whole minutes as SLURM counts them. settings.options override any of these.
     """
     config = spec.config
+    per_node = config.world_size // spec.nodes  # --nodes M: M nodes, one task each (trial/multinode.py)
     parameters: dict[str, Any] = {
-        "nodes": 1,
+        "nodes": spec.nodes,
         "ntasks_per_node": 1,
-        "cpus_per_task": config.world_size * (1 + config.num_workers),
+        "cpus_per_task": per_node * (1 + config.num_workers),
         "time": max(1, math.ceil((timeout_s + START_GRACE_S + WARNING_SIGNAL_S) / 60)),
         "exclusive": True,
         "signal_delay_s": WARNING_SIGNAL_S,
         "job_name": f"autotune-{Path(spec.result_path).parent.name}",
     }
     if spec.device_type == "cuda":
-        parameters["gpus_per_node"] = config.world_size
+        parameters["gpus_per_node"] = per_node
     if settings.partition:
         parameters["partition"] = settings.partition
     parameters.update(settings.options)
@@ -188,10 +190,21 @@ def run_on_node(
 
     folder, spec = Path(workdir), TrialSpec.from_dict(spec_data)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    first = os.environ.get("SLURM_NODEID", "0") == "0"  # a multi-node trial's first node speaks for it
     try:
         mismatch = _unlike_node(spec, node, fingerprint)
-        result = mismatch or launch(spec, workdir=folder, timeout_s=timeout_s)
+        if spec.nodes > 1:
+            from autotune.trial.multinode import run_node
+
+            measured = run_node(spec, folder, timeout_s, mismatch)
+            if measured is None:
+                return {}  # another node of the trial: its task's return is not read
+            result = measured
+        else:
+            result = mismatch or launch(spec, workdir=folder, timeout_s=timeout_s)
     except UncompletedJobError:
+        if not first:
+            return {}
         # submitit's handler calls any USR2 a time-out for jobs under 50 minutes (core/job_environment.py
         # has_timed_out), which trials are; USR2 is what --signal asked for before the limit. A preemption sends
         # SIGTERM, which reaches the ranks (the parent then reads PREEMPTED from the controller).

@@ -208,6 +208,9 @@ class TrialSpec:
     count_flops: bool = False  # count FLOPs per sample after the window (trial/flops.py)
     # The training the result is for: the objective charges one-off costs (compiling) over it (trial/run_length.py).
     run_length: RunLength = field(default_factory=RunLength)
+    # SLURM nodes the trial spans (--nodes): config.world_size ranks in all, world_size // nodes on each, started by
+    # torchrun on every node (trial/multinode.py); 1: autotune's own launcher on one machine (trial/launch.py).
+    nodes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -280,6 +283,11 @@ class TrialResult:
     compile_s: float | None = None
     recompiles: int | None = None
     compiled_graphs: int | None = None
+    nodes: int = 1  # nodes the ranks ran on (--nodes); world_size counts the ranks of all of them
+    hosts: list[str] | None = None  # each rank's node (SLURM's name, else the host name), in rank order
+    # How the ranks met and talked (trial/interconnect.py): backend, rendezvous, gloo's interface or NCCL's version
+    # and the NCCL_* environment; None for a trial of one rank.
+    interconnect: dict[str, Any] | None = None
     log_tail: str = ""
 
     def __post_init__(self) -> None:
