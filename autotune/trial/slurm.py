@@ -9,11 +9,9 @@ classified as today's statuses (trial/slurm_state.py).
 A trial that ran and failed (an OOM, a NaN, a crashed rank) keeps the status its own launcher gave it; one whose
 ranks died of the SIGTERM the scheduler sends when it ends a job takes the scheduler's status and reason.
 
-A job whose node the scheduler lost or took away (NODE_FAIL, BOOT_FAIL, PREEMPTED) says nothing about the trial's
-configuration: the trial is measured once more in a new job (never SLURM's own requeue, which jobs are submitted
-without: it holds a requeued job back two minutes, hides the loss from autotune and reruns it over the first run's
-files). A trial that loses its node twice keeps the status above, as a local trial that took its run down twice stays
-failed (storage.py): perhaps it takes nodes down.
+A job whose node the scheduler lost or took away (NODE_FAIL, BOOT_FAIL, PREEMPTED; for a multi-node trial, also a
+failure that coincides with a node going down) says nothing about the trial's configuration: the trial is measured
+once more in a new job (trial/slurm_loss.py).
 
 A job outlives the autotune process that submitted it. The job's id and spec are written beside the trial's files
 (JOB_FILE), and the trial's folder is recorded in the study, so a rerun that retries a trial of a run that died
@@ -38,7 +36,8 @@ from typing import Any
 from autotune import yamlio
 from autotune.errors import UserError
 from autotune.trial.launch import ShouldPrune, launch
-from autotune.trial.slurm_state import NODE_LOSSES, SCHEDULER_KILLS, JobState, classify, read_state, slurm_command
+from autotune.trial.slurm_loss import NODE_LOSS_ATTEMPTS, killed_from_outside, lost_its_node, multinode_loss
+from autotune.trial.slurm_state import JobState, classify, read_state, slurm_command
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
 __all__ = [
@@ -60,8 +59,6 @@ START_GRACE_S = 60.0  # the job's time limit covers the trial's timeout plus the
 WARNING_SIGNAL_S = 30  # submitit's USR2 before the time limit: the trial is stopped and its result written in time
 POLL_S = 0.5  # the trial's files on the shared folder
 STATE_POLL_S = 5.0  # the controller (scontrol): a trial's end is read from its result file, not from here
-FINAL_STATE_WAIT_S = 10.0  # after a signalled trial's result: how long to wait for the job's final state
-NODE_LOSS_ATTEMPTS = 2  # jobs a trial may lose its node in: the last one's status stands
 # What may differ between two specs of one trial: paths (each run has its own data file) and the timing, which a run
 # lengthens on a busy machine (preflight); the configuration, workload, options, device and seed may not.
 _RUN_FIELDS = ("data_file", "result_path", "timing", "collective_timeout_s")
@@ -274,13 +271,13 @@ class SlurmLauncher:
             except BaseException:  # Ctrl-C in the controller: the job goes with it
                 job.cancel(check=False)
                 raise
-            if not _lost_its_node(result, state) or len(lost) + 1 >= NODE_LOSS_ATTEMPTS:
+            if not lost_its_node(result, state) or len(lost) + 1 >= NODE_LOSS_ATTEMPTS:
                 break
             lost.append(job.job_id)
             logger.warning("%s; the trial is measured again in a new job", result.reason)
             job = None
         Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
-        if lost and _lost_its_node(result, state):
+        if lost and lost_its_node(result, state):
             result.reason += f"; its earlier job {', '.join(lost)} had lost its node too"
         if result.wall_s is None:
             result.wall_s = time.perf_counter() - started
@@ -352,7 +349,7 @@ class SlurmLauncher:
             if self.stop.is_set():
                 raise KeyboardInterrupt  # __call__ cancels the job
             if written.exists():
-                return self._killed_from_outside(job, TrialResult.from_dict(yamlio.read_json(written)))
+                return self._explained(job, spec, TrialResult.from_dict(yamlio.read_json(written)))
             reason = _prune_reason(spec, should_prune)  # a progress file exists only while the trial runs
             if reason:
                 job.cancel(check=False)
@@ -370,21 +367,12 @@ class SlurmLauncher:
                     return TrialResult(status=status, reason=reason, log_tail=_log_tail(workdir, job)), state
             time.sleep(self.poll_s)
 
-    def _killed_from_outside(self, job: Any, result: TrialResult) -> tuple[TrialResult, JobState | None]:
-        """A trial killed by a signal in a job the scheduler ended (cancelled, preempted, its time limit, its memory,
-        its node): the scheduler's reason is the cause (its SIGTERM reached the ranks, which the trial's launcher saw
-        as a signal)."""
-        if result.status != "signal":
-            return result, None
-        deadline = time.monotonic() + FINAL_STATE_WAIT_S
-        state = read_state(job.job_id, job)
-        while (state is None or not state.final) and time.monotonic() < deadline:
-            time.sleep(self.poll_s)  # the job ends a moment after its task wrote the result
-            state = read_state(job.job_id, job)
-        if state is not None and state.state in SCHEDULER_KILLS:
-            result.status, reason = classify(job.job_id, state)
-            result.reason = f"{reason}; the trial was {result.reason}"
-        return result, state
+    def _explained(self, job: Any, spec: TrialSpec, result: TrialResult) -> tuple[TrialResult, JobState | None]:
+        """A trial's own result with what the scheduler knows of its end (trial/slurm_loss.py): a signal the scheduler
+        sent, and for a multi-node trial that failed, a node lost meanwhile."""
+        if spec.nodes > 1 and not result.feasible:
+            return multinode_loss(job, result, poll_s=self.poll_s, state_poll_s=self.state_poll_s)
+        return killed_from_outside(job, result, self.poll_s)
 
 
 def result_file(workdir: Path, job_id: str) -> Path:
@@ -398,11 +386,6 @@ def _available(node: str) -> bool:
     done = slurm_command("sinfo", "--noheader", "--nodes", node, "--format=%t")
     states = done.stdout.split() if done.returncode == 0 else []
     return bool(states) and all(state.rstrip("~#%$@^-") in ("idle", "mix", "alloc", "comp") for state in states)
-
-
-def _lost_its_node(result: TrialResult, state: JobState | None) -> bool:
-    """Whether a trial failed because the scheduler lost or took away its node (its configuration is not at fault)."""
-    return not result.feasible and state is not None and state.state in NODE_LOSSES
 
 
 def _prune_reason(spec: TrialSpec, should_prune: ShouldPrune | None) -> str | None:
