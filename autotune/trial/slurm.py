@@ -11,7 +11,8 @@ ranks died of the SIGTERM the scheduler sends when it ends a job takes the sched
 
 A job whose node the scheduler lost or took away (NODE_FAIL, BOOT_FAIL, PREEMPTED; for a multi-node trial, also a
 failure that coincides with a node going down) says nothing about the trial's configuration: the trial is measured
-once more in a new job (trial/slurm_loss.py).
+once more in a new job (trial/slurm_loss.py). A job pinned to a node (a leader's confirmation) waits for it in the
+queue a bounded time, then runs on another node (trial/slurm_pinning.py).
 
 A job outlives the autotune process that submitted it. The job's id and spec are written beside the trial's files
 (JOB_FILE), and the trial's folder is recorded in the study, so a rerun that retries a trial of a run that died
@@ -37,6 +38,7 @@ from autotune import yamlio
 from autotune.errors import UserError
 from autotune.trial.launch import ShouldPrune, launch
 from autotune.trial.slurm_loss import NODE_LOSS_ATTEMPTS, killed_from_outside, lost_its_node, multinode_loss
+from autotune.trial.slurm_pinning import NodeNotFree, default_pin_wait_s, pinned_node
 from autotune.trial.slurm_state import JobState, classify, read_state, slurm_command
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
@@ -71,6 +73,7 @@ class SlurmSettings:
 
     partition: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    pin_wait_s: float | None = None  # a pinned job's queue wait (trial/slurm_pinning.py); None: from --budget
 
 
 def _submitit() -> Any:
@@ -254,20 +257,28 @@ class SlurmLauncher:
     # The node the next jobs ask for (a leader's confirmations, where it was measured first: in_flight.on_node);
     # None: any node of the partition.
     node: str | None = None
+    budget_s: float | None = None  # the run's --budget: a pinned job's default queue wait (trial/slurm_pinning.py)
+    _not_free: set[str] = field(default_factory=set, repr=False)  # pinned nodes that did not come free in the wait
 
     def __call__(
         self, spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
     ) -> TrialResult:
         workdir.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        job, lost = self._reattach(spec, workdir), []
+        started, asked = time.perf_counter(), self.node
+        job, lost, pinned_until = self._reattach(spec, workdir), [], None
         while True:
             if job is None:
-                job = self._submit(spec, workdir, timeout_s)
+                node = pinned_node(asked, self._not_free, spec.config.short())
+                job = self._submit(spec, workdir, timeout_s, node)
                 if isinstance(job, TrialResult):
                     return job
+                pinned_until = time.monotonic() + self._pin_wait_s() if node else None
             try:
-                result, state = self._wait(job, spec, workdir, should_prune)
+                result, state = self._wait(job, spec, workdir, should_prune, pinned_until)
+            except NodeNotFree:
+                self._not_free.add(str(asked))
+                job = None
+                continue
             except BaseException:  # Ctrl-C in the controller: the job goes with it
                 job.cancel(check=False)
                 raise
@@ -275,13 +286,18 @@ class SlurmLauncher:
                 break
             lost.append(job.job_id)
             logger.warning("%s; the trial is measured again in a new job", result.reason)
-            job = None
+            job, pinned_until = None, None
         Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
         if lost and lost_its_node(result, state):
             result.reason += f"; its earlier job {', '.join(lost)} had lost its node too"
         if result.wall_s is None:
             result.wall_s = time.perf_counter() - started
+        result.asked_node = asked or ""
         return result
+
+    def _pin_wait_s(self) -> float:
+        wait_s = self.settings.pin_wait_s
+        return default_pin_wait_s(self.budget_s) if wait_s is None else wait_s
 
     @staticmethod
     def can_reattach(workdir: Path) -> bool:
@@ -289,16 +305,15 @@ class SlurmLauncher:
         trial in its own folder rather than a new one)."""
         return (workdir / JOB_FILE).is_file()
 
-    def _submit(self, spec: TrialSpec, workdir: Path, timeout_s: float) -> Any:
-        """A new job for the trial (a submitit job), or the error TrialResult when sbatch refuses it. The progress an
-        earlier job of this trial left goes first (the pruner reads it); its logs and result file stay."""
+    def _submit(self, spec: TrialSpec, workdir: Path, timeout_s: float, node: str | None = None) -> Any:
+        """A new job for the trial (a submitit job) on `node` where one is given, or the error TrialResult when sbatch
+        refuses it. The progress an earlier job of this trial left goes first (the pruner reads it); its logs and
+        result file stay."""
         Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
         executor = _submitit().SlurmExecutor(folder=workdir / JOB_FOLDER)
         parameters = job_parameters(spec, timeout_s, self.settings)
-        if self.node and _available(self.node):
-            parameters["nodelist"] = self.node
-        elif self.node:
-            logger.warning("node %s is not available; trial %s runs on another node", self.node, spec.config.short())
+        if node:
+            parameters["nodelist"] = node
         executor.update_parameters(**parameters)
         try:
             job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s, self.fingerprint)
@@ -338,11 +353,12 @@ class SlurmLauncher:
         return job
 
     def _wait(
-        self, job: Any, spec: TrialSpec, workdir: Path, should_prune: ShouldPrune | None
+        self, job: Any, spec: TrialSpec, workdir: Path, should_prune: ShouldPrune | None, pinned_until: float | None
     ) -> tuple[TrialResult, JobState | None]:
         """The trial's result and the job's final state where it was read. Files every poll_s (the result, the
         progress for pruning: the shared file system, cheap); the controller every state_poll_s (an RPC to
-        slurmctld, which busy clusters ration)."""
+        slurmctld, which busy clusters ration). A pinned job still pending at pinned_until (monotonic) is cancelled
+        and NodeNotFree raised."""
         written = result_file(workdir, job.job_id)
         seen, asked_at = None, -math.inf
         while True:
@@ -359,6 +375,13 @@ class SlurmLauncher:
                 if state is not None and (state.state, state.reason) != seen:
                     seen = (state.state, state.reason)
                     logger.info("SLURM job %s: %s (%s)", job.job_id, state.state, state.reason)
+                if state is not None and state.state == "PENDING" and pinned_until and asked_at >= pinned_until:
+                    job.cancel(check=False)
+                    logger.warning(
+                        "SLURM job %s waited %.0f s for its node (%s) and was cancelled; trial %s runs on another node",
+                        job.job_id, self._pin_wait_s(), state.reason, spec.config.short(),
+                    )  # fmt: skip
+                    raise NodeNotFree(job.job_id)
                 if state is not None and state.final:
                     time.sleep(self.poll_s)  # a result renamed into place as the job ended: read it, not the state
                     if written.exists():
@@ -378,14 +401,6 @@ class SlurmLauncher:
 def result_file(workdir: Path, job_id: str) -> Path:
     """Where a job writes the trial's result (RESULT_FILE)."""
     return workdir / RESULT_FILE.format(job_id=job_id)
-
-
-def _available(node: str) -> bool:
-    """Whether the controller can give a job this node soon: up and answering, not drained or down (a job asking for
-    a node that is not would wait for it without end). sinfo's short states: `idle*` is not answering."""
-    done = slurm_command("sinfo", "--noheader", "--nodes", node, "--format=%t")
-    states = done.stdout.split() if done.returncode == 0 else []
-    return bool(states) and all(state.rstrip("~#%$@^-") in ("idle", "mix", "alloc", "comp") for state in states)
 
 
 def _prune_reason(spec: TrialSpec, should_prune: ShouldPrune | None) -> str | None:
