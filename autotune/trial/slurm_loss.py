@@ -86,13 +86,14 @@ def multinode_loss(
     started, limit_s = time.monotonic(), detection_s()
     state = read_state(job.job_id, job)
     while state is None or not state.final:
-        down = lost_nodes(state.nodes) if state is not None and state.nodes else []
+        waited_s = time.monotonic() - started
+        settled = waited_s >= FINAL_STATE_WAIT_S  # a job whose nodes are all alive has ended by now: ask of its nodes
+        down = lost_nodes(state.nodes) if settled and state is not None and state.nodes else []
         if down:
             job.cancel(check=False)
             nodes = state.nodes if state is not None else ""
             state = JobState("NODE_FAIL", reason=f"{', '.join(down)} down or not responding", nodes=nodes)
             break
-        waited_s = time.monotonic() - started
         if waited_s >= limit_s:
             job.cancel(check=False)
             logger.warning(
@@ -100,8 +101,7 @@ def multinode_loss(
                 waited_s,
             )  # fmt: skip
             return result, state
-        # the job of a trial whose nodes are all alive ends within seconds: ask often then, at the RPC's pace after
-        time.sleep(poll_s if waited_s < FINAL_STATE_WAIT_S else state_poll_s)
+        time.sleep(state_poll_s if settled else poll_s)  # the controller's RPC at its pace once the end is overdue
         state = read_state(job.job_id, job)
     if state.state in NODE_LOSSES:
         result.status, reason = classify(job.job_id, state)

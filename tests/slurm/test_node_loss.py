@@ -59,6 +59,7 @@ def test_a_failure_whose_job_ends_node_fail_is_the_node_s_loss(monkeypatch) -> N
 
 def test_a_failure_while_a_node_stops_answering_is_the_node_s_loss(monkeypatch) -> None:
     calls = _answers(monkeypatch, [JobState("RUNNING", nodes="node[1-2]")], sinfo="node1 alloc\nnode2 alloc*\n")
+    monkeypatch.setattr(slurm_loss, "FINAL_STATE_WAIT_S", 0.05)  # the nodes are asked of once the job's end is overdue
     job = _Job()
     result, state = slurm_loss.multinode_loss(job, _failed(), poll_s=0.01, state_poll_s=0.01)
     assert slurm_loss.lost_its_node(result, state) and job.cancelled  # it would hold node1 until SLURM gave up
