@@ -4,6 +4,7 @@ and for real on the two-node test cluster with the pinned node held by another j
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -93,9 +94,7 @@ def test_a_confirmation_whose_node_is_held_runs_on_the_other(slurm_cluster, tiny
         assert result.node == NODES[0] and result.asked_node == NODES[1]
         jobs = sorted(int(path.name.split("_")[0]) for path in (tmp_path / "trial" / "slurm").glob("*_submission.sh"))
         assert len(jobs) == 2, jobs
-        pinned = dict(
-            word.split("=", 1) for word in slurm_cluster.command("scontrol", "show", "job", str(jobs[0]), "-o").split()
-        )
+        pinned = dict(re.findall(r"(\w+)=(\S*)", slurm_cluster.command("scontrol", "show", "job", str(jobs[0]), "-o")))
         assert pinned["JobState"] == "CANCELLED" and pinned["ReqNodeList"] == NODES[1], pinned  # it pended, pinned
         assert pinned["NodeList"] in ("(null)", ""), pinned  # never started
         (tmp_path / "again").mkdir()
