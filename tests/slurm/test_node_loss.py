@@ -141,4 +141,7 @@ def test_a_two_node_trial_whose_second_node_dies_is_measured_again(slurm_cluster
     assert lost["status"] != "ok", lost  # the first node wrote the trial's failure before the controller knew
     said = [r.getMessage() for r in caplog.records if "measured again in a new job" in r.getMessage()]
     assert len(said) == 1 and "lost its node mid-trial" in said[0], said
-    assert read_state(str(jobs[1])).state in ("COMPLETED", "COMPLETING")
+    deadline = time.monotonic() + 30  # the trial's result comes a moment before its job's end
+    while not (second := read_state(str(jobs[1])) or JobState("")).final and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert second.state == "COMPLETED" and second.nodes == "node[1-2]", second
