@@ -80,8 +80,8 @@ def test_the_result_notes_confirmations_that_ran_on_another_node() -> None:
 def test_a_confirmation_whose_node_is_held_runs_on_the_other(slurm_cluster, tiny_corpus: Path, tmp_path: Path) -> None:
     # node2 is held by someone else's job: a trial pinned to it pends (Resources), is cancelled after its wait and
     # runs on node1; the next trial pinned to node2 goes to any node at once.
-    hold = ("--exclusive", f"--partition={PARTITION}", f"--nodelist={NODES[1]}", "--wrap", "sleep 300")
-    blocker = slurm_cluster.command("sbatch", "--parsable", *hold).strip()
+    hold = ("--exclusive", f"--partition={PARTITION}", f"--nodelist={NODES[1]}", "--output=/dev/null")
+    blocker = slurm_cluster.command("sbatch", "--parsable", *hold, "--wrap", "sleep 300").strip()
     try:
         deadline = time.monotonic() + 30
         while (state := read_state(blocker)) is None or state.state != "RUNNING":
