@@ -240,6 +240,13 @@ def run(
             "exclusive=false, time=30), repeatable; overrides what autotune asks for each trial.",
         ),
     ] = None,
+    slurm_pin_wait: Annotated[
+        Optional[str],
+        typer.Option(
+            help="--executor slurm: how long a confirmation waits in the queue for its leader's node before it runs "
+            "on another (e.g. 3m; default 3% of --budget, 1-10 min: docs/cluster.md)."
+        ),
+    ] = None,
     parallel: Annotated[
         int,
         typer.Option(
@@ -302,7 +309,7 @@ def run(
             drift_threshold=drift_threshold,
             amp_check=AmpCheckSettings() if amp_check else None,
             compute_ceiling=ceiling,
-            slurm=parse_executor(executor, slurm_partition, slurm_option),
+            slurm=parse_executor(executor, slurm_partition, slurm_option, slurm_pin_wait),
             nodes=nodes,
         )
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")

@@ -57,20 +57,27 @@ def parse_workload_options(pairs: list[str] | None, crop_seconds: float | None) 
     return options
 
 
-def parse_executor(executor: str, partition: str | None, options: list[str] | None) -> SlurmSettings | None:
+def parse_executor(
+    executor: str, partition: str | None, options: list[str] | None, pin_wait: str | None = None
+) -> SlurmSettings | None:
     """--executor and its --slurm-* options: None for local trials, the SLURM settings for slurm. The cluster itself
     is checked later, with the other inputs (runner.prepare: trial/slurm.py check_slurm)."""
     name = executor.strip().lower()
     if name not in EXECUTORS:
         raise UserError(f"--executor {executor!r}: unknown; use one of {', '.join(EXECUTORS)}")
     if name == "local":
-        given = [flag for flag, value in (("--slurm-partition", partition), ("--slurm-option", options)) if value]
+        flags = (("--slurm-partition", partition), ("--slurm-option", options), ("--slurm-pin-wait", pin_wait))
+        given = [flag for flag, value in flags if value]
         if given:
             raise UserError(f"{' and '.join(given)} apply to SLURM trials only; add --executor slurm")
         return None
     from autotune.trial.slurm import SlurmSettings
 
-    return SlurmSettings(partition=partition, options=parse_slurm_options(options))
+    try:
+        pin_wait_s = None if pin_wait is None else parse_duration(pin_wait)
+    except UserError as error:
+        raise UserError(f"--slurm-pin-wait: {error}") from None
+    return SlurmSettings(partition=partition, options=parse_slurm_options(options), pin_wait_s=pin_wait_s)
 
 
 def parse_slurm_options(pairs: list[str] | None) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from autotune.candidates import Candidate, TrialRecord
 from autotune.pruning import Pruner
 from autotune.trial import TrialConfig, TrialResult, TrialSpec
 
-__all__ = ["Started", "InFlight", "measure", "tell", "on_node", "FEASIBILITY"]
+__all__ = ["Started", "InFlight", "measure", "tell", "on_node", "placement_notes", "FEASIBILITY"]
 
 logger = logging.getLogger(__name__)
 FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
@@ -175,8 +175,9 @@ def tell(study: optuna.Study, started: Started, record: TrialRecord) -> None:
 def on_node(launcher: Any, leader: Candidate) -> Iterator[None]:
     """Trials launched in the block ask for the node that first measured `leader` (SlurmLauncher.node), so that a
     leader's confirmations compare like with like when its search trials ran on several nodes at once. Where that
-    node is not available the trial runs on another, and its result's node says so. A launcher without nodes (a
-    local run) is left as it is."""
+    node is down, drained or not free within the pinned queue wait (trial/slurm_pinning.py, which says why another node
+    is better than no confirmation) the trial runs on another, and its result's node and asked_node say so. A launcher
+    without nodes (a local run) is left as it is."""
     node = next((record.result.node for record in leader.records if record.result.node), "")
     if not node or not hasattr(launcher, "node"):
         yield
@@ -186,3 +187,21 @@ def on_node(launcher: Any, leader: Candidate) -> Iterator[None]:
         yield
     finally:
         launcher.node = None
+
+
+def placement_notes(candidates: list[Candidate]) -> list[str]:
+    """A note for each confirmed leader whose confirmations ran on a node other than the one they asked for (on_node):
+    its median then mixes windows of like nodes (the study's fingerprint) but not of one node."""
+    notes = []
+    for candidate in candidates:
+        results = [record.result for record in candidate.records]
+        elsewhere = [result for result in results if result.asked_node and result.node != result.asked_node]
+        if elsewhere:
+            asked = elsewhere[0].asked_node
+            ran = ", ".join(sorted({result.node or "an unknown node" for result in elsewhere}))
+            notes.append(
+                f"{len(elsewhere)} confirmation(s) of {candidate.config.short()} ran on {ran}, not on {asked} where it "
+                f"was first measured ({asked} was down, drained or not free within --slurm-pin-wait): its median "
+                "mixes windows of like nodes, not of one"
+            )
+    return notes

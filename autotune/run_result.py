@@ -7,6 +7,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
+from autotune.in_flight import placement_notes
 from autotune.measurements import NOT_MEASURED, Measurements, speedup_range, summarise_measurements
 from autotune.results import TunedConfig
 from autotune.storage import redact_url
@@ -42,6 +43,7 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         notes.append(outcome.winner_reason)
     if winner.measurements < 2:
         notes.append("the winner rests on a single measurement (budget too small for confirmation)")
+    notes.extend(placement_notes(outcome.confirmed))  # confirmations that could not have their leader's node
     lr_note = learning_rate_advice(
         outcome.winner.config,
         outcome.baseline.config if outcome.baseline else None,

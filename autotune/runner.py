@@ -251,7 +251,8 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     search_settings, amp = machine.settings, machine.amp
     launcher = None  # trial.launch
     if request.slurm is not None:  # each job checks that its node is like this machine (the study's fingerprint)
-        launcher = SlurmLauncher(settings=request.slurm, fingerprint=plan.hardware.fingerprint())
+        fingerprint, budget_s = plan.hardware.fingerprint(), search_settings.budget_s  # budget: the pin wait's default
+        launcher = SlurmLauncher(settings=request.slurm, fingerprint=fingerprint, budget_s=budget_s)
     tuner = Tuner(
         study=study,
         space=plan.space,

@@ -9,11 +9,10 @@ classified as today's statuses (trial/slurm_state.py).
 A trial that ran and failed (an OOM, a NaN, a crashed rank) keeps the status its own launcher gave it; one whose
 ranks died of the SIGTERM the scheduler sends when it ends a job takes the scheduler's status and reason.
 
-A job whose node the scheduler lost or took away (NODE_FAIL, BOOT_FAIL, PREEMPTED) says nothing about the trial's
-configuration: the trial is measured once more in a new job (never SLURM's own requeue, which jobs are submitted
-without: it holds a requeued job back two minutes, hides the loss from autotune and reruns it over the first run's
-files). A trial that loses its node twice keeps the status above, as a local trial that took its run down twice stays
-failed (storage.py): perhaps it takes nodes down.
+A job whose node the scheduler lost or took away (NODE_FAIL, BOOT_FAIL, PREEMPTED; for a multi-node trial, also a
+failure that coincides with a node going down) says nothing about the trial's configuration: the trial is measured
+once more in a new job (trial/slurm_loss.py). A job pinned to a node (a leader's confirmation) waits for it in the
+queue a bounded time, then runs on another node (trial/slurm_pinning.py).
 
 A job outlives the autotune process that submitted it. The job's id and spec are written beside the trial's files
 (JOB_FILE), and the trial's folder is recorded in the study, so a rerun that retries a trial of a run that died
@@ -38,7 +37,9 @@ from typing import Any
 from autotune import yamlio
 from autotune.errors import UserError
 from autotune.trial.launch import ShouldPrune, launch
-from autotune.trial.slurm_state import NODE_LOSSES, SCHEDULER_KILLS, JobState, classify, read_state, slurm_command
+from autotune.trial.slurm_loss import NODE_LOSS_ATTEMPTS, killed_from_outside, lost_its_node, multinode_loss
+from autotune.trial.slurm_pinning import NodeNotFree, default_pin_wait_s, pinned_node
+from autotune.trial.slurm_state import JobState, classify, read_state, slurm_command
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
 
 __all__ = [
@@ -60,8 +61,6 @@ START_GRACE_S = 60.0  # the job's time limit covers the trial's timeout plus the
 WARNING_SIGNAL_S = 30  # submitit's USR2 before the time limit: the trial is stopped and its result written in time
 POLL_S = 0.5  # the trial's files on the shared folder
 STATE_POLL_S = 5.0  # the controller (scontrol): a trial's end is read from its result file, not from here
-FINAL_STATE_WAIT_S = 10.0  # after a signalled trial's result: how long to wait for the job's final state
-NODE_LOSS_ATTEMPTS = 2  # jobs a trial may lose its node in: the last one's status stands
 # What may differ between two specs of one trial: paths (each run has its own data file) and the timing, which a run
 # lengthens on a busy machine (preflight); the configuration, workload, options, device and seed may not.
 _RUN_FIELDS = ("data_file", "result_path", "timing", "collective_timeout_s")
@@ -74,6 +73,7 @@ class SlurmSettings:
 
     partition: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    pin_wait_s: float | None = None  # a pinned job's queue wait (trial/slurm_pinning.py); None: from --budget
 
 
 def _submitit() -> Any:
@@ -257,34 +257,47 @@ class SlurmLauncher:
     # The node the next jobs ask for (a leader's confirmations, where it was measured first: in_flight.on_node);
     # None: any node of the partition.
     node: str | None = None
+    budget_s: float | None = None  # the run's --budget: a pinned job's default queue wait (trial/slurm_pinning.py)
+    _not_free: set[str] = field(default_factory=set, repr=False)  # pinned nodes that did not come free in the wait
 
     def __call__(
         self, spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
     ) -> TrialResult:
         workdir.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        job, lost = self._reattach(spec, workdir), []
+        started, asked = time.perf_counter(), self.node
+        job, lost, pinned_until = self._reattach(spec, workdir), [], None
         while True:
             if job is None:
-                job = self._submit(spec, workdir, timeout_s)
+                node = pinned_node(asked, self._not_free, spec.config.short())
+                job = self._submit(spec, workdir, timeout_s, node)
                 if isinstance(job, TrialResult):
                     return job
+                pinned_until = time.monotonic() + self._pin_wait_s() if node else None
             try:
-                result, state = self._wait(job, spec, workdir, should_prune)
+                result, state = self._wait(job, spec, workdir, should_prune, pinned_until)
+            except NodeNotFree:
+                self._not_free.add(str(asked))
+                job = None
+                continue
             except BaseException:  # Ctrl-C in the controller: the job goes with it
                 job.cancel(check=False)
                 raise
-            if not _lost_its_node(result, state) or len(lost) + 1 >= NODE_LOSS_ATTEMPTS:
+            if not lost_its_node(result, state) or len(lost) + 1 >= NODE_LOSS_ATTEMPTS:
                 break
             lost.append(job.job_id)
             logger.warning("%s; the trial is measured again in a new job", result.reason)
-            job = None
+            job, pinned_until = None, None
         Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
-        if lost and _lost_its_node(result, state):
+        if lost and lost_its_node(result, state):
             result.reason += f"; its earlier job {', '.join(lost)} had lost its node too"
         if result.wall_s is None:
             result.wall_s = time.perf_counter() - started
+        result.asked_node = asked or ""
         return result
+
+    def _pin_wait_s(self) -> float:
+        wait_s = self.settings.pin_wait_s
+        return default_pin_wait_s(self.budget_s) if wait_s is None else wait_s
 
     @staticmethod
     def can_reattach(workdir: Path) -> bool:
@@ -292,16 +305,15 @@ class SlurmLauncher:
         trial in its own folder rather than a new one)."""
         return (workdir / JOB_FILE).is_file()
 
-    def _submit(self, spec: TrialSpec, workdir: Path, timeout_s: float) -> Any:
-        """A new job for the trial (a submitit job), or the error TrialResult when sbatch refuses it. The progress an
-        earlier job of this trial left goes first (the pruner reads it); its logs and result file stay."""
+    def _submit(self, spec: TrialSpec, workdir: Path, timeout_s: float, node: str | None = None) -> Any:
+        """A new job for the trial (a submitit job) on `node` where one is given, or the error TrialResult when sbatch
+        refuses it. The progress an earlier job of this trial left goes first (the pruner reads it); its logs and
+        result file stay."""
         Path(spec.result_path + PROGRESS_SUFFIX).unlink(missing_ok=True)
         executor = _submitit().SlurmExecutor(folder=workdir / JOB_FOLDER)
         parameters = job_parameters(spec, timeout_s, self.settings)
-        if self.node and _available(self.node):
-            parameters["nodelist"] = self.node
-        elif self.node:
-            logger.warning("node %s is not available; trial %s runs on another node", self.node, spec.config.short())
+        if node:
+            parameters["nodelist"] = node
         executor.update_parameters(**parameters)
         try:
             job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s, self.fingerprint)
@@ -341,18 +353,19 @@ class SlurmLauncher:
         return job
 
     def _wait(
-        self, job: Any, spec: TrialSpec, workdir: Path, should_prune: ShouldPrune | None
+        self, job: Any, spec: TrialSpec, workdir: Path, should_prune: ShouldPrune | None, pinned_until: float | None
     ) -> tuple[TrialResult, JobState | None]:
         """The trial's result and the job's final state where it was read. Files every poll_s (the result, the
         progress for pruning: the shared file system, cheap); the controller every state_poll_s (an RPC to
-        slurmctld, which busy clusters ration)."""
+        slurmctld, which busy clusters ration). A pinned job still pending at pinned_until (monotonic) is cancelled
+        and NodeNotFree raised."""
         written = result_file(workdir, job.job_id)
         seen, asked_at = None, -math.inf
         while True:
             if self.stop.is_set():
                 raise KeyboardInterrupt  # __call__ cancels the job
             if written.exists():
-                return self._killed_from_outside(job, TrialResult.from_dict(yamlio.read_json(written)))
+                return self._explained(job, spec, TrialResult.from_dict(yamlio.read_json(written)))
             reason = _prune_reason(spec, should_prune)  # a progress file exists only while the trial runs
             if reason:
                 job.cancel(check=False)
@@ -362,6 +375,13 @@ class SlurmLauncher:
                 if state is not None and (state.state, state.reason) != seen:
                     seen = (state.state, state.reason)
                     logger.info("SLURM job %s: %s (%s)", job.job_id, state.state, state.reason)
+                if state is not None and state.state == "PENDING" and pinned_until and asked_at >= pinned_until:
+                    job.cancel(check=False)
+                    logger.warning(
+                        "SLURM job %s waited %.0f s for its node (%s) and was cancelled; trial %s runs on another node",
+                        job.job_id, self._pin_wait_s(), state.reason, spec.config.short(),
+                    )  # fmt: skip
+                    raise NodeNotFree(job.job_id)
                 if state is not None and state.final:
                     time.sleep(self.poll_s)  # a result renamed into place as the job ended: read it, not the state
                     if written.exists():
@@ -370,39 +390,17 @@ class SlurmLauncher:
                     return TrialResult(status=status, reason=reason, log_tail=_log_tail(workdir, job)), state
             time.sleep(self.poll_s)
 
-    def _killed_from_outside(self, job: Any, result: TrialResult) -> tuple[TrialResult, JobState | None]:
-        """A trial killed by a signal in a job the scheduler ended (cancelled, preempted, its time limit, its memory,
-        its node): the scheduler's reason is the cause (its SIGTERM reached the ranks, which the trial's launcher saw
-        as a signal)."""
-        if result.status != "signal":
-            return result, None
-        deadline = time.monotonic() + FINAL_STATE_WAIT_S
-        state = read_state(job.job_id, job)
-        while (state is None or not state.final) and time.monotonic() < deadline:
-            time.sleep(self.poll_s)  # the job ends a moment after its task wrote the result
-            state = read_state(job.job_id, job)
-        if state is not None and state.state in SCHEDULER_KILLS:
-            result.status, reason = classify(job.job_id, state)
-            result.reason = f"{reason}; the trial was {result.reason}"
-        return result, state
+    def _explained(self, job: Any, spec: TrialSpec, result: TrialResult) -> tuple[TrialResult, JobState | None]:
+        """A trial's own result with what the scheduler knows of its end (trial/slurm_loss.py): a signal the scheduler
+        sent, and for a multi-node trial that failed, a node lost meanwhile."""
+        if spec.nodes > 1 and not result.feasible:
+            return multinode_loss(job, result, poll_s=self.poll_s, state_poll_s=self.state_poll_s)
+        return killed_from_outside(job, result, self.poll_s)
 
 
 def result_file(workdir: Path, job_id: str) -> Path:
     """Where a job writes the trial's result (RESULT_FILE)."""
     return workdir / RESULT_FILE.format(job_id=job_id)
-
-
-def _available(node: str) -> bool:
-    """Whether the controller can give a job this node soon: up and answering, not drained or down (a job asking for
-    a node that is not would wait for it without end). sinfo's short states: `idle*` is not answering."""
-    done = slurm_command("sinfo", "--noheader", "--nodes", node, "--format=%t")
-    states = done.stdout.split() if done.returncode == 0 else []
-    return bool(states) and all(state.rstrip("~#%$@^-") in ("idle", "mix", "alloc", "comp") for state in states)
-
-
-def _lost_its_node(result: TrialResult, state: JobState | None) -> bool:
-    """Whether a trial failed because the scheduler lost or took away its node (its configuration is not at fault)."""
-    return not result.feasible and state is not None and state.state in NODE_LOSSES
 
 
 def _prune_reason(spec: TrialSpec, should_prune: ShouldPrune | None) -> str | None:

@@ -288,6 +288,9 @@ class TrialResult:
     # How the ranks met and talked (trial/interconnect.py): backend, rendezvous, gloo's interface or NCCL's version
     # and the NCCL_* environment; None for a trial of one rank.
     interconnect: dict[str, Any] | None = None
+    # The node the trial's job asked for (a leader's confirmation: in_flight.on_node); "" where any would do. Unlike
+    # `node`, the asked node was down or drained, or not free within the queue wait (trial/slurm_pinning.py).
+    asked_node: str = ""
     log_tail: str = ""
 
     def __post_init__(self) -> None:

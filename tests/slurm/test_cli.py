@@ -22,8 +22,10 @@ runner = CliRunner()
         (["--executor", "kubernetes"], "--executor 'kubernetes': unknown; use one of local, slurm"),
         (["--slurm-partition", "gpu"], "--slurm-partition apply to SLURM trials only; add --executor slurm"),
         (["--executor", "slurm", "--slurm-option", "mem"], "--slurm-option 'mem' is not KEY=VALUE"),
+        (["--slurm-pin-wait", "3m"], "--slurm-pin-wait apply to SLURM trials only; add --executor slurm"),
+        (["--executor", "slurm", "--slurm-pin-wait", "soon"], "--slurm-pin-wait: cannot read duration 'soon'"),
     ],
-    ids=["unknown-executor", "slurm-option-without-slurm", "option-form"],
+    ids=["unknown-executor", "slurm-option-without-slurm", "option-form", "pin-wait-without-slurm", "pin-wait-form"],
 )
 def test_bad_executor_input_is_one_line_and_exit_2(extra, words, tiny_corpus: Path, tmp_path: Path) -> None:
     assert words in error_line(run_args(tiny_corpus, tmp_path / "results", *extra))

@@ -107,11 +107,11 @@ def test_a_trial_whose_node_is_lost_is_measured_once_more(states, jobs, status, 
         def __init__(self, job_id: str) -> None:
             self.job_id = job_id
 
-    def submit(self, spec, workdir, timeout_s):
+    def submit(self, spec, workdir, timeout_s, node=None):
         submitted.append(str(40 + len(submitted)))
         return Job(submitted[-1])
 
-    def wait(self, job, spec, workdir, should_prune):
+    def wait(self, job, spec, workdir, should_prune, pinned_until):
         state = JobState(states[len(submitted) - 1], nodes=f"node{len(submitted)}")
         if state.state == "COMPLETED":
             return slurm.TrialResult(status="ok", samples_per_second=10.0), None
