@@ -96,7 +96,7 @@ def run_node(
     spec: TrialSpec, workdir: Path, timeout_s: float, mismatch: TrialResult | None = None
 ) -> TrialResult | None:
     """This node's part of the trial; the trial's result on the first node, None on the others (their task's return
-    is not read). mismatch: this node's hardware is not the study's (trial/slurm.py): it runs no rank."""
+    is not read). mismatch: this node's hardware is not the study's (trial/slurm_on_node.py): it runs no rank."""
     task = NodeTask.from_environment()
     if task.index == 0:
         return _first_node(spec, workdir, timeout_s, task, mismatch)

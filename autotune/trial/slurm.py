@@ -1,10 +1,10 @@
 """The SLURM executor: a trial as a SLURM job, submitted through submitit, with trial.launch's signature.
 
-The job runs trial.launch on its node (the same ranks, process groups, hard timeout and classified result as a local
-trial), in the trial's folder, which must be on a file system the node shares with this process: the spec goes out
-there, and the result, the progress file (for pruning) and every log come back there. What only the scheduler knows
-(the job cancelled, preempted, killed for its time limit or its memory, its node lost) is read from the controller and
-classified as today's statuses (trial/slurm_state.py).
+The job runs trial.launch on its node (trial/slurm_on_node.py: the same ranks, process groups, hard timeout and
+classified result as a local trial), in the trial's folder, which must be on a file system the node shares with this
+process: the spec goes out there, and the result, the progress file (for pruning) and every log come back there. What
+only the scheduler knows (the job cancelled, preempted, killed for its time limit or its memory, its node lost) is
+read from the controller and classified as today's statuses (trial/slurm_state.py).
 
 A trial that ran and failed (an OOM, a NaN, a crashed rank) keeps the status its own launcher gave it; one whose
 ranks died of the SIGTERM the scheduler sends when it ends a job takes the scheduler's status and reason.
@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shlex
 import shutil
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,8 +34,9 @@ from typing import Any
 
 from autotune import yamlio
 from autotune.errors import UserError
-from autotune.trial.launch import ShouldPrune, launch
+from autotune.trial.launch import ShouldPrune
 from autotune.trial.slurm_loss import NODE_LOSS_ATTEMPTS, killed_from_outside, lost_its_node, multinode_loss
+from autotune.trial.slurm_on_node import result_file, run_on_node
 from autotune.trial.slurm_pinning import NodeNotFree, default_pin_wait_s, pinned_node
 from autotune.trial.slurm_state import JobState, classify, read_state, slurm_command
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec
@@ -48,13 +47,10 @@ __all__ = [
     "check_slurm",
     "check_parallel",
     "job_parameters",
-    "run_on_node",
-    "result_file",
     "same_trial",
 ]
 
 logger = logging.getLogger(__name__)
-RESULT_FILE = "slurm-result-{job_id}.json"  # beside the trial's own files: what run_on_node returns, as JSON
 JOB_FOLDER = "slurm"  # submitit's pickles and the job's stdout/stderr, inside the trial's folder
 JOB_FILE = "slurm-job.json"  # the trial's current job: its id and spec, for a rerun to re-attach to
 START_GRACE_S = 60.0  # the job's time limit covers the trial's timeout plus the interpreter's start and the unpickling
@@ -171,70 +167,6 @@ def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -
     # back two minutes and run it again unseen, over the first run's files.
     parameters["additional_parameters"] = {"no_requeue": True, **(parameters.get("additional_parameters") or {})}
     return parameters
-
-
-def run_on_node(
-    spec_data: dict[str, Any], workdir: str, timeout_s: float, fingerprint: str | None = None
-) -> dict[str, Any]:
-    """The job: one trial through trial.launch on this node; its result also written to RESULT_FILE (atomically),
-    so that the submitting process reads it from the shared file system whatever submitit does afterwards. The
-    file is named by the job: a job on a node the controller gave up for lost (cut off, not dead) may still finish,
-    and must not pass its result for that of the job that measures the trial again.
-
-    submitit's warning signal (USR2, WARNING_SIGNAL_S before the time limit) raises in here: trial.launch then kills
-    its ranks, and the result says the time limit came first (or the job was preempted).
-
-    fingerprint: the study's hardware fingerprint (hardware.py); a node whose own differs measures nothing and the
-    result is an error naming both, so that unlike nodes of a partition never mix their measurements into a study."""
-    from submitit.core.utils import UncompletedJobError
-
-    folder, spec = Path(workdir), TrialSpec.from_dict(spec_data)
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    first = os.environ.get("SLURM_NODEID", "0") == "0"  # a multi-node trial's first node speaks for it
-    try:
-        mismatch = _unlike_node(spec, node, fingerprint)
-        if spec.nodes > 1:
-            from autotune.trial.multinode import run_node
-
-            measured = run_node(spec, folder, timeout_s, mismatch)
-            if measured is None:
-                return {}  # another node of the trial: its task's return is not read
-            result = measured
-        else:
-            result = mismatch or launch(spec, workdir=folder, timeout_s=timeout_s)
-    except UncompletedJobError:
-        if not first:
-            return {}
-        # submitit's handler calls any USR2 a time-out for jobs under 50 minutes (core/job_environment.py
-        # has_timed_out), which trials are; USR2 is what --signal asked for before the limit. A preemption sends
-        # SIGTERM, which reaches the ranks (the parent then reads PREEMPTED from the controller).
-        job = os.environ.get("SLURM_JOB_ID", "?")
-        result = TrialResult(
-            status="timeout",
-            reason=f"SLURM job {job} reached its time limit's warning signal before the trial ended (raise it: "
-            "--trial-timeout, or --slurm-option time=MINUTES)",
-        )
-    result.node = node
-    data = result.to_dict()
-    yamlio.write_json(result_file(folder, os.environ.get("SLURM_JOB_ID", "")), data)
-    return data
-
-
-def _unlike_node(spec: TrialSpec, node: str, fingerprint: str | None) -> TrialResult | None:
-    """The error result for a node whose hardware is not the study's (None where it is, or nothing was asked)."""
-    if fingerprint is None:
-        return None
-    from autotune.hardware import probe
-
-    own = probe(spec.device_type).fingerprint()
-    if own == fingerprint:
-        return None
-    return TrialResult(
-        status="error",
-        reason=f"node {node}'s hardware fingerprint {own} is not the study's {fingerprint}: its measurements would "
-        "not compare; submit to like nodes only (--slurm-partition, or --slurm-option constraint=...)",
-        wall_s=0.0,
-    )
 
 
 def same_trial(recorded: dict[str, Any], spec: TrialSpec) -> bool:
@@ -396,11 +328,6 @@ class SlurmLauncher:
         if spec.nodes > 1 and not result.feasible:
             return multinode_loss(job, result, poll_s=self.poll_s, state_poll_s=self.state_poll_s)
         return killed_from_outside(job, result, self.poll_s)
-
-
-def result_file(workdir: Path, job_id: str) -> Path:
-    """Where a job writes the trial's result (RESULT_FILE)."""
-    return workdir / RESULT_FILE.format(job_id=job_id)
 
 
 def _prune_reason(spec: TrialSpec, should_prune: ShouldPrune | None) -> str | None:

@@ -134,14 +134,14 @@ def test_a_node_unlike_the_study_s_measures_nothing_and_says_why(tmp_path, monke
     pytest.importorskip("submitit")
     from autotune import yamlio
     from autotune.hardware import probe
-    from autotune.trial import slurm
+    from autotune.trial import slurm_on_node
 
     monkeypatch.setenv("SLURMD_NODENAME", "node7")
     monkeypatch.setenv("SLURM_JOB_ID", "41")
-    monkeypatch.setattr(slurm, "launch", lambda *args, **kwargs: pytest.fail("a trial was launched"))
+    monkeypatch.setattr(slurm_on_node, "launch", lambda *args, **kwargs: pytest.fail("a trial was launched"))
     spec = dataclasses.replace(SPEC, device_type="cpu", result_path=str(tmp_path / "result.json"))
-    data = slurm.run_on_node(spec.to_dict(), str(tmp_path), 60.0, fingerprint="a100-x8-0123456789")
+    data = slurm_on_node.run_on_node(spec.to_dict(), str(tmp_path), 60.0, fingerprint="a100-x8-0123456789")
     own = probe("cpu").fingerprint()
     assert data["status"] == "error" and data["node"] == "node7"
     assert f"node node7's hardware fingerprint {own} is not the study's a100-x8-0123456789" in data["reason"]
-    assert yamlio.read_json(slurm.result_file(tmp_path, "41")) == data
+    assert yamlio.read_json(slurm_on_node.result_file(tmp_path, "41")) == data

@@ -15,7 +15,8 @@ import pytest
 
 from autotune import yamlio
 from autotune.trial import TimingSettings, TrialResult, slurm_loss
-from autotune.trial.slurm import SlurmLauncher, SlurmSettings, read_state, result_file
+from autotune.trial.slurm import SlurmLauncher, SlurmSettings, read_state
+from autotune.trial.slurm_on_node import result_file
 from autotune.trial.slurm_state import JobState
 from tests.fixtures import slurm
 from tests.fixtures.slurm import NODES, PARTITION

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from autotune import yamlio
 from autotune.cli import app
-from autotune.trial.slurm import JOB_FILE, read_state, result_file
+from autotune.trial.slurm import JOB_FILE, read_state
+from autotune.trial.slurm_on_node import result_file
 from tests.fixtures.runs import all_trials, run_args, start, wait_for
 from tests.fixtures.slurm import PARTITION
 
