@@ -1,30 +1,32 @@
 """The `autotune` command: parse, call the library, print. No tuning logic lives here.
 
 This module holds the app, `run` and the entry point; the small commands are in `autotune.cli_commands`, the text
-parsing in `autotune.cli_parsing`, the consoles and error line in `autotune.cli_output`. Nothing heavy is imported
-at module level (torch, optuna, the runner come inside the commands) so that `autotune --help` stays fast.
+parsing in `autotune.cli_parsing`, how a run ends (exit codes, SIGTERM) in `autotune.cli_exit`, the consoles and error
+line in `autotune.cli_output`. Nothing heavy is imported at module level (torch, optuna, the runner come inside the
+commands) so that `autotune --help` stays fast.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from autotune import cli_commands, cli_doctor
+from autotune.cli_exit import (
+    EXIT_INTERRUPTED,
+    EXIT_NO_STABLE_CONFIG,
+    finish,
+    machine_failure_line,
+    machine_failures,
+    sigterm_interrupts,
+)
 from autotune.cli_output import fail, plain, stderr_console, stdout_console
 from autotune.cli_parsing import parse_budget, parse_duration, parse_executor, parse_workload_options
 from autotune.errors import MACHINE_FAILURE_EXIT_CODE, UserError
-
-if TYPE_CHECKING:
-    from autotune.runner import RunReport
 
 app = typer.Typer(
     name="autotune",
@@ -35,11 +37,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-EXIT_NO_STABLE_CONFIG = 1
-EXIT_REGRESSION = 3  # autotune.drift.REGRESSION_EXIT_CODE, kept literal so that --help needs no heavy import
-ERRATIC_THROUGHPUT_CV = 0.3  # autotune.trial.spec.ERRATIC_THROUGHPUT_CV, literal for the same reason
-EXIT_INTERRUPTED = 130
-STORAGE_FAILED = "storage failure"  # autotune.tuner.STORAGE_FAILED, literal so that --help needs no heavy import
+ERRATIC_THROUGHPUT_CV = 0.3  # autotune.trial.spec.ERRATIC_THROUGHPUT_CV, literal so that --help needs no heavy import
 
 RUN_HELP = """Tune the training throughput of a model on this machine and write the fastest stable configuration.
 
@@ -318,7 +316,7 @@ def run(
                 "[dim]no --data: using the embedded synthetic corpus "
                 "(generated once into the cache, about 300 MB)[/dim]"
             )
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             plan = runner.prepare(request)
             print_plan(stderr_console, plan)
             reporter = RichReporter(stderr_console, plan.request.settings)  # as prepared
@@ -330,64 +328,10 @@ def run(
         raise fail(str(error), EXIT_NO_STABLE_CONFIG) from None
     except KeyboardInterrupt:
         raise fail("interrupted; completed trials are kept in the study, rerun to continue", EXIT_INTERRUPTED) from None
-    except _machine_failures() as error:  # a disk that filled, a database that went away: one line, not a traceback
-        raise fail(_machine_failure_line(error), MACHINE_FAILURE_EXIT_CODE) from None
+    except machine_failures() as error:  # a disk that filled, a database that went away: one line, not a traceback
+        raise fail(machine_failure_line(error), MACHINE_FAILURE_EXIT_CODE) from None
     print_summary(stdout_console, report)
-    _finish(report)
-
-
-def _machine_failures() -> tuple[type[BaseException], ...]:
-    from autotune.storage import storage_failures
-
-    return storage_failures()
-
-
-def _machine_failure_line(error: BaseException) -> str:
-    from autotune.storage import describe_failure
-
-    return (
-        f"the machine failed the run ({describe_failure(error)}); completed trials stay in the study: fix it "
-        "(free space, bring the database back) and rerun to continue"
-    )
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (a batch job's time limit or scancel, `timeout`, `kill`) ends the run as Ctrl-C does: the running trial
-    is stopped and failed, the best so far written, exit 130. Python's default would die at once, taking the trial's
-    processes with it (trial/lifeline.py) but writing nothing. The previous handler comes back afterwards."""
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _finish(report: RunReport) -> None:
-    """Say what the rerun concluded against the previous result, and exit with the code that tells cron."""
-    verdict = report.verdict
-    if verdict is not None and verdict.previous_path is not None:
-        style = "bold red" if verdict.regression else "bold"
-        for line in verdict.lines():
-            stdout_console.print(f"[{style}]{plain(line)}[/{style}]", highlight=False, soft_wrap=True)
-    where = f"best so far written to {report.result_path}" if report.written else "the previous result kept"
-    if report.outcome.stopped_by == "interrupted":
-        raise fail(f"interrupted; {where}; completed trials stay in the study, rerun to continue", EXIT_INTERRUPTED)
-    if report.outcome.stopped_by == STORAGE_FAILED:
-        raise fail(
-            f"the study's storage failed mid-run ({report.outcome.failure}); {where}; the trials it recorded stay "
-            "in it: fix it (free space, bring the database back) and rerun to continue",
-            MACHINE_FAILURE_EXIT_CODE,
-        )
-    if verdict is not None and verdict.regression:
-        raise typer.Exit(EXIT_REGRESSION)
+    finish(report)
 
 
 # The small commands live in autotune.cli_commands; registered after `run` so the help lists them in this order.

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import history, yamlio
-from autotune.cli import EXIT_REGRESSION, app
+from autotune.cli import app
+from autotune.cli_exit import EXIT_REGRESSION
 from autotune.drift import REGRESSION_EXIT_CODE, environment_diff, judge
 from autotune.results import TunedConfig, load_config, write_config
 from autotune.trial import TrialConfig, TrialResult

@@ -14,7 +14,7 @@ import optuna
 import pytest
 import typer
 
-from autotune import cli
+from autotune import cli_exit
 from tests.faults.conftest import error_line, invoke
 from tests.fixtures.runs import run_args, start
 
@@ -58,8 +58,8 @@ def test_a_regression_on_an_out_with_markup_keeps_exit_code_3(capsys):
     )
     report = SimpleNamespace(verdict=verdict, outcome=SimpleNamespace(stopped_by="trials"), written=False)
     with pytest.raises(typer.Exit) as caught:
-        cli._finish(report)
-    assert caught.value.exit_code == cli.EXIT_REGRESSION
+        cli_exit.finish(report)
+    assert caught.value.exit_code == cli_exit.EXIT_REGRESSION
     assert f"previous winner in r{MARKUP}.yaml" in capsys.readouterr().out
 
 
