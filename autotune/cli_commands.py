@@ -54,9 +54,10 @@ def schedule(
     Example: autotune schedule --model cam++ --at 02:30 -- --data /data/train.csv --budget 30m
     """
     from autotune import schedule as scheduling
+    from autotune.schedule_request import ScheduleRequest
 
     try:
-        request = scheduling.ScheduleRequest(model=model, at=at, run_args=tuple(ctx.args), systemd=systemd)
+        request = ScheduleRequest(model=model, at=at, run_args=tuple(ctx.args), systemd=systemd)
         if install:
             lines = scheduling.install(request)
         elif systemd:

@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import schedule, storage
+from autotune import schedule, schedule_request, storage
 from autotune.errors import UserError
 from tests.faults.conftest import error_line, invoke, python_env
 from tests.fixtures.runs import FIXTURES, ROOT
@@ -23,7 +23,7 @@ from tests.fixtures.runs import FIXTURES, ROOT
 DECOY = "open({marker!r}, 'w').write('imported from the working folder')\nraise SystemExit(9)\n"
 
 
-def _run_job(request: schedule.ScheduleRequest, env: dict[str, str]) -> str:
+def _run_job(request: schedule_request.ScheduleRequest, env: dict[str, str]) -> str:
     """The cron line's command under /bin/sh, as cron runs it; returns the job's log. The jobs here end in a
     one-line error of `autotune run` (exit 2): far enough to show what was imported, without a trial."""
     command = schedule.cron_line(request).split(None, 5)[5].replace("\\%", "%")
@@ -35,14 +35,14 @@ def _run_job(request: schedule.ScheduleRequest, env: dict[str, str]) -> str:
 
 @pytest.mark.parametrize(
     "executable",
-    [schedule.default_executable(), (sys.executable, "-c", schedule._SAFE_MAIN)],
+    [schedule_request.default_executable(), (sys.executable, "-c", schedule_request._SAFE_MAIN)],
     ids=["default", "python3.10-form"],
 )
 def test_the_nightly_job_does_not_import_from_its_working_folder(tmp_path, executable):
     marker = tmp_path / "imported"
     for decoy in ("typer.py", "optuna.py", "rich.py"):
         (tmp_path / decoy).write_text(DECOY.format(marker=str(marker)))
-    request = schedule.ScheduleRequest(
+    request = schedule_request.ScheduleRequest(
         model="cam++", at="02:30", workdir=str(tmp_path), run_args=("--trials", "0"), executable=executable
     )
     log = _run_job(request, python_env())
@@ -51,7 +51,7 @@ def test_the_nightly_job_does_not_import_from_its_working_folder(tmp_path, execu
 
 
 def test_a_plugin_model_is_imported_from_where_it_was_found(tmp_path):
-    request = schedule.ScheduleRequest(
+    request = schedule_request.ScheduleRequest(
         model="tests.fixtures.faulty_workload:workload",
         at="02:30",
         workdir=str(tmp_path),
@@ -65,8 +65,8 @@ def test_a_plugin_model_is_imported_from_where_it_was_found(tmp_path):
     assert (
         "Environment="
         in schedule.systemd_units(
-            schedule.ScheduleRequest(model=request.model, at="02:30", workdir=str(tmp_path), systemd=True)
-        )[f"{schedule.unit_name_for(request.model)}.service"]
+            schedule_request.ScheduleRequest(model=request.model, at="02:30", workdir=str(tmp_path), systemd=True)
+        )[f"{schedule_request.unit_name_for(request.model)}.service"]
     )
 
 
