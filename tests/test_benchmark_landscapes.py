@@ -1,4 +1,4 @@
-"""The simulated GPU landscapes (benchmarks/landscapes.py) and one simulated search (benchmarks/simulate.py)."""
+"""The simulated GPU landscapes (benchmarks/landscapes.py and published_landscapes.py) and one simulated search."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from tests.test_benchmark_statistics import _load
 
 landscapes = _load("landscapes")
-LANDSCAPES = landscapes.LANDSCAPES
+published = _load("published_landscapes")
+LANDSCAPES = published.LANDSCAPES
 
 
 def _recipe(name: str, **changes):
@@ -19,8 +20,8 @@ def _recipe(name: str, **changes):
 
 @pytest.mark.parametrize(
     ("figure", "model", "published", "tolerance"),
-    landscapes.calibration(),
-    ids=[row[0] for row in landscapes.calibration()],
+    published.calibration(),
+    ids=[row[0] for row in published.calibration()],
 )
 def test_calibration_reproduces_the_published_figures(figure, model, published, tolerance):
     if tolerance is None:
@@ -92,7 +93,7 @@ def test_compute_bound_landscape_is_flat_in_workers_and_gains_from_fp16():
 
     assert rate(num_workers=4) == pytest.approx(rate(num_workers=20), rel=0.01)
     assert rate(num_workers=0) < 0.6 * rate(num_workers=4)  # the main process decodes between steps
-    assert rate(precision="fp16") / rate() == pytest.approx(landscapes.V100_FP16, rel=0.05)
+    assert rate(precision="fp16") / rate() == pytest.approx(published.V100_FP16, rel=0.05)
 
 
 def test_small_knobs_move_throughput_by_a_few_percent():
