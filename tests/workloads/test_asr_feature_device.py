@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import workloads
+from autotune import space, workloads
 from autotune.data.asr_features import frame_lengths
+from autotune.feature_device import check_space, space_values
+from autotune.hardware import probe
 from autotune.trial import TrialConfig
 from autotune.trial.dataloader import build_loader
 from tests.workloads.short_trial import run_two_steps
@@ -20,8 +22,16 @@ DYNAMIC = {"batch_type": "dynamic", "max_frames_in_batch": 400}
 BUCKET = {"batch_type": "bucket", "max_frames_in_batch": 600, "num_buckets": 3, "bucket_scaling": 2.0}
 
 
-def test_the_conformer_runs_both_placements(conformer: workloads.Workload) -> None:  # noqa: F811
+def test_the_conformer_runs_both_placements_and_a_space_naming_them_is_accepted(
+    conformer: workloads.Workload,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     assert conformer.feature_devices == ("workers", "device")  # the recipe's placement first
+    path = tmp_path / "space.yaml"
+    path.write_text("extends: conformer\nfixed:\n  feature_device: device\n")
+    loaded = space.load(path, probe("cpu"), workload_knobs=tuple(conformer.knobs))  # on a CPU too, when named
+    assert space_values(loaded) == {"device"}
+    check_space(loaded, "conformer", conformer.feature_devices, str(path))  # accepted, not refused
 
 
 @pytest.mark.parametrize("knobs", [DYNAMIC, BUCKET], ids=["dynamic", "bucket"])
