@@ -33,6 +33,7 @@ __all__ = [
     "collate_asr_waveforms",
     "device_features",
     "draw_masks",
+    "frame_lengths",
     "wenet_fbank",
 ]
 
@@ -149,7 +150,8 @@ def device_features(
     input). Dither draws its noise in another order than Kaldi's loop: dithered features are equal in distribution.
 
     Args:
-        waveforms: (B, samples) float in [-1, 1] at ``config.sample_rate``, zero-padded at the end.
+        waveforms: (B, samples) float in [-1, 1] at ``config.sample_rate``, zero-padded at the end to the longest
+            row (collate_asr_waveforms), so that the frames are the longest row's, as the workers' batch pads them.
         sample_lengths: (B,) int64 real samples per row.
         config: the workers' fbank settings (WENET_FBANK).
         spec_aug: SpecAugment settings, None: none.
@@ -161,10 +163,9 @@ def device_features(
     """
     with torch.autocast(waveforms.device.type, enabled=False):
         lengths = frame_lengths(sample_lengths.to(waveforms.device), config)
-        feats = batched_log_mel(waveforms.to(torch.float32) * PCM_SCALE, config)
-        frames = int(lengths.max())
+        feats = batched_log_mel(waveforms.to(torch.float32) * PCM_SCALE, config)  # padded to the longest row's frames
         valid = torch.arange(feats.shape[1], device=feats.device).unsqueeze(0) < lengths.unsqueeze(1)
-        feats = feats.masked_fill(~valid.unsqueeze(2), 0.0)[:, :frames]
+        feats = feats.masked_fill(~valid.unsqueeze(2), 0.0)  # no host sync: the batch stays queued on the device
         if spec_aug is not None:
             feats = apply_masks(feats, lengths, draw_masks(lengths, feats.shape[2], spec_aug, generator))
     return feats, lengths
