@@ -153,3 +153,22 @@ def test_the_step_computes_the_features_in_float32_under_autocast(dtype: torch.d
     with torch.autocast("cpu", dtype=dtype):
         feats, _ = device_features(waveforms, samples, WENET_FBANK, SpecAugmentConfig())
     assert feats.dtype == torch.float32 and bool(torch.isfinite(feats).all())
+
+
+def test_the_steps_dither_is_the_workers_in_distribution() -> None:
+    """WeNet's dither (0.1 on the 16-bit scale) draws other numbers in the batch than Kaldi's loop: on audio with a
+    silent stretch, where dither moves the log-mels most, both change the undithered features by the same amount."""
+    waveforms, samples = _waveforms([16000, 12000])
+    waveforms[:, 2000:6000] = 0.0  # digital silence: log(eps) without dither
+    torch.manual_seed(0)
+    dithered, lengths = device_features(waveforms, samples, WENET_FBANK, None)
+    plain, _ = device_features(waveforms, samples, UNDITHERED, None)
+    batched = torch.cat([(dithered - plain)[row, :length] for row, length in enumerate(lengths.tolist())])
+    each = torch.cat(
+        [
+            wenet_fbank(waveforms[row, :length], WENET_FBANK) - wenet_fbank(waveforms[row, :length], UNDITHERED)
+            for row, length in enumerate(samples.tolist())
+        ]
+    )
+    assert batched.abs().mean() > 1.0  # the silent frames really moved
+    assert batched.abs().mean() / each.abs().mean() == pytest.approx(1.0, rel=0.02)  # measured: within 0.5%
