@@ -42,7 +42,7 @@ _UNSET_DEFAULTS: dict[str, Any] = {
     "persistent_workers": False,
     "pin_memory": False,
     "optimizer_impl": "default",
-    "feature_device": "workers",  # where every pipeline that has the choice computes them in its recipe (speaker.py)
+    "feature_device": "workers",  # where every pipeline with the choice computes them in its recipe (workloads)
     "in_order": True,
     "compile": "off",
 }

@@ -7,6 +7,11 @@ reported as the ratio of device's median samples/s to workers'. On a CPU "device
 the work leaves the workers for the intra-op threads, the honest test of the mechanics, not of a GPU's gain.
 
     PYTHONPATH=. python benchmarks/feature_device.py --model cam++ --rounds 3 --out benchmarks/results/issue20/x.json
+
+For the conformer, `--share` measures instead what share of a step the workers' featurisation costs, and the step
+that computes it itself, side by side in one process (benchmarks/feature_share.py):
+
+    PYTHONPATH=. python benchmarks/feature_device.py --model conformer --share --rounds 5 --out X.json
 """
 
 from __future__ import annotations
@@ -72,7 +77,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--share", action="store_true", help="conformer: the share of a step (feature_share.py)")
     args = parser.parse_args()
+    if args.share:
+        load_before = os.getloadavg()
+        measured = share(args)
+        return write(args, {"share": measured}, load_before, os.getloadavg())
     with tempfile.TemporaryDirectory() as scratch:
         request = RunRequest(
             model=args.model,
@@ -86,6 +96,22 @@ def main() -> None:
         load_before = os.getloadavg()
         values = measure(configs, plan, args.rounds, Path(scratch) / "trials")
         load_after = os.getloadavg()
+    write(args, {"pairs": summarise(values)}, load_before, load_after)
+
+
+def share(args: argparse.Namespace) -> dict[str, Any]:
+    """--share: the conformer's worker featurisation as a share of its step (benchmarks/feature_share.py)."""
+    from feature_share import measure_share
+
+    if args.model != "conformer" or args.device != "cpu":
+        raise SystemExit("--share measures the conformer on the CPU: --model conformer --device cpu")
+    return measure_share(args.rounds)
+
+
+def write(
+    args: argparse.Namespace, measured: dict[str, Any], load_before: tuple[float, ...], load_after: tuple[float, ...]
+) -> None:
+    """Print the record (and write it to --out): the command, the date, the load average around it, the numbers."""
     record = {
         "what": __doc__.splitlines()[0],
         "command": "PYTHONPATH=. python benchmarks/feature_device.py " + " ".join(sys.argv[1:]),
@@ -96,7 +122,7 @@ def main() -> None:
         "load_average_before": [round(value, 2) for value in load_before],
         "load_average_after": [round(value, 2) for value in load_after],
         "cpu_count": os.cpu_count(),
-        "pairs": summarise(values),
+        **measured,
     }
     text = json.dumps(record, indent=2)
     print(text)

@@ -72,12 +72,13 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
 
 
 @pytest.mark.parametrize("name", BUILTINS)
-def test_the_spaces_search_the_feature_placement_for_cam_and_eres2net_on_cuda_only(name):
+def test_the_spaces_search_the_feature_placement_for_cam_eres2net_and_the_conformer_on_cuda_only(name):
     """shared/3d-speaker.yaml gained feature_device (issue 20): CAM++'s and ERes2Net's spaces search it on CUDA, their
-    baseline and seeds at the recipe's `workers`; on a CPU, and in every other space, it is absent."""
+    baseline and seeds at the recipe's `workers`; so does conformer.yaml since the conformer can compute its fbank
+    and SpecAugment in the step (autotune/data/asr_features.py); on a CPU, and in every other space, it is absent."""
     recorded = json.loads(RECORDED.read_text())["spaces"][name]
     knob = recorded["source"].get("params", {}).get("feature_device")
-    assert (knob is not None) == (name in ("cam++", "eres2net", "eres2net-large"))
+    assert (knob is not None) == (name in ("cam++", "eres2net", "eres2net-large", "conformer"))
     for machine, load in recorded["loads"].items():
         if "error" in load:
             continue

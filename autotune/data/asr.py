@@ -9,7 +9,9 @@ documented: speed perturbation resamples with ``torchaudio.functional.resample``
 WeNet's: the recipe's global CMVN is applied inside the model (`autotune.models.conformer.GlobalCMVN`), with
 statistics computed once over the training list (`autotune.data.cmvn`).
 
-The work happens in ``__getitem__``, so in DataLoader workers, where the tuner must see its cost.
+The work happens in ``__getitem__``, so in DataLoader workers, where the tuner must see its cost. With the
+feature_device knob at ``device`` the workers stop after the speed perturbation and the training step computes the
+fbank and SpecAugment of the batch (`autotune.data.asr_features`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import torchaudio.functional as AF
 from torch.nn.utils.rnn import pad_sequence
-from torchaudio.compliance import kaldi
 
+from autotune.data.asr_features import PAD_TOKEN, SpecAugmentConfig, apply_masks, draw_masks, wenet_fbank
 from autotune.data.audio import AudioReader, read_segment
 from autotune.data.features import FbankConfig
 from autotune.data.sources import Utterance
@@ -38,7 +40,6 @@ __all__ = [
 ]
 
 WENET_FBANK = FbankConfig(num_mel_bins=80, sample_rate=16000, frame_length_ms=25.0, frame_shift_ms=10.0, dither=0.1)
-PAD_TOKEN = -1  # WeNet's IGNORE_ID: what the model's losses skip
 WENET_SPEEDS = (0.9, 1.0, 1.1)
 
 
@@ -76,16 +77,6 @@ class CharVocabulary:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SpecAugmentConfig:
-    """WeNet's spec_aug_conf (aishell: 2 time masks up to 50 frames, 2 frequency masks up to 10 bins)."""
-
-    num_time_masks: int = 2
-    max_time_mask_frames: int = 50
-    num_freq_masks: int = 2
-    max_freq_mask_bins: int = 10
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class FilterConfig:
     """WeNet's filter_conf: lengths in 10 ms frames of the nominal audio, and in tokens (aishell values)."""
 
@@ -107,16 +98,11 @@ class FilterConfig:
 
 
 def spec_augment(feats: torch.Tensor, config: SpecAugmentConfig) -> torch.Tensor:
-    """Zero random time and frequency bands of a (frames, bins) matrix, as WeNet's spec_aug; returns a new tensor."""
-    out = feats.clone()
-    frames, bins = out.shape
-    for _ in range(config.num_time_masks):
-        start = int(torch.randint(frames, (1,)))
-        out[start : start + int(torch.randint(1, config.max_time_mask_frames + 1, (1,))), :] = 0.0
-    for _ in range(config.num_freq_masks):
-        start = int(torch.randint(bins, (1,)))
-        out[:, start : start + int(torch.randint(1, config.max_freq_mask_bins + 1, (1,)))] = 0.0
-    return out
+    """Zero random time and frequency bands of a (frames, bins) matrix, as WeNet's spec_aug; returns a new tensor.
+
+    The draws and the masking are the batched path's (`autotune.data.asr_features`) for a batch of one."""
+    lengths = torch.tensor([feats.shape[0]])
+    return apply_masks(feats.unsqueeze(0), lengths, draw_masks(lengths, feats.shape[1], config)).squeeze(0)
 
 
 class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, float]]):
@@ -136,6 +122,7 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
         filter_config: FilterConfig = FilterConfig(),  # noqa: B008
         min_input_frames: int = 1,
         audio: AudioReader | None = None,
+        featurise: bool = True,
     ) -> None:
         """Tokenise and filter the utterances.
 
@@ -149,6 +136,9 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
             min_input_frames: drop items that could yield fewer frames (the conformer's x4 subsampling needs 7).
             audio: what decodes an utterance: None = `read_segment` (from disk, per item); a `PreloadedAudio`
                 holding the kept utterances reads them from RAM.
+            featurise: False: an item is the speed-perturbed waveform at ``fbank.sample_rate`` and the training step
+                computes fbank and SpecAugment (`autotune.data.asr_features.device_features`; the feature_device
+                knob). The frame counts the batching reads (max_frames) are the same either way.
         """
         if not speeds or min(speeds) <= 0:
             raise ValueError(f"speeds must be positive factors, got {tuple(speeds)}")
@@ -157,6 +147,7 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
             raise ValueError(f"{len(missing)} utterances have no transcript (first: {missing[0]})")
         self.vocabulary, self.fbank, self.speeds, self.spec_aug = vocabulary, fbank, tuple(speeds), spec_aug
         self.audio: AudioReader = read_segment if audio is None else audio
+        self.featurise = featurise
         kept: list[Utterance] = []
         tokens: list[torch.Tensor] = []
         for utt in utterances:
@@ -174,30 +165,20 @@ class AsrDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor, floa
         return len(self.utterances)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One item: (fbank (frames, num_mel_bins) float32, token ids int64, duration of the source audio in s)."""
+        """One item: (fbank (frames, num_mel_bins) float32, token ids int64, duration of the source audio in s); with
+        featurise False the waveform (samples,) float32 in place of the fbank."""
         utt = self.utterances[index]
         waveform, rate = self.audio(utt)
         speed = self.speeds[int(torch.randint(len(self.speeds), (1,)))] if len(self.speeds) > 1 else self.speeds[0]
         source_rate = round(rate * speed)  # playing rate-r audio as if it were r*speed Hz makes it 1/speed as long
         if source_rate != self.fbank.sample_rate:
             waveform = AF.resample(waveform, source_rate, self.fbank.sample_rate)
-        feats = self._fbank(waveform)
+        if not self.featurise:
+            return waveform.to(torch.float32), self.tokens[index], utt.duration_s
+        feats = wenet_fbank(waveform, self.fbank)  # raw, as WeNet's: the model's global CMVN normalises them
         if self.spec_aug is not None:
             feats = spec_augment(feats, self.spec_aug)
         return feats, self.tokens[index], utt.duration_s
-
-    def _fbank(self, waveform: torch.Tensor) -> torch.Tensor:
-        config = self.fbank
-        feats = kaldi.fbank(
-            waveform.unsqueeze(0) * (1 << 15),  # WeNet scales to 16-bit range; dither 0.1 is relative to it
-            num_mel_bins=config.num_mel_bins,
-            frame_length=config.frame_length_ms,
-            frame_shift=config.frame_shift_ms,
-            dither=config.dither,
-            energy_floor=0.0,
-            sample_frequency=float(config.sample_rate),
-        )
-        return feats  # raw, as WeNet's: the model's global CMVN normalises them
 
     def _frame_range(self, utt: Utterance) -> tuple[int, int]:
         """(fewest, most) fbank frames over the speeds, as resample's output length makes them."""

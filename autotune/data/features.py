@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torchaudio.compliance import kaldi
 
-__all__ = ["FbankConfig", "batched_fbank", "compute_fbank"]
+__all__ = ["FbankConfig", "batched_fbank", "batched_log_mel", "compute_fbank"]
 
 PREEMPHASIS = 0.97  # kaldi.fbank's defaults, which 3D-Speaker's FBank keeps
 LOW_FREQ_HZ = 20.0
@@ -82,6 +82,22 @@ def batched_fbank(waveforms: torch.Tensor, config: FbankConfig = FbankConfig()) 
     """
     if waveforms.dim() != 2:
         raise ValueError(f"batched_fbank expects (batch, samples), got shape {tuple(waveforms.shape)}")
+    feats = batched_log_mel(waveforms, config)
+    return feats - feats.mean(dim=1, keepdim=True)
+
+
+def batched_log_mel(waveforms: torch.Tensor, config: FbankConfig = FbankConfig()) -> torch.Tensor:
+    """kaldi.fbank of every row of a batch (no energy, no normalisation: `batched_fbank` before its mean removal).
+
+    Args:
+        waveforms: (B, samples) float at ``config.sample_rate``, on any device; rows padded at the end give the
+            frames of their own length first (snip_edges framing reads no sample past a frame's end).
+
+    Returns:
+        (B, frames, num_mel_bins) float32.
+    """
+    if waveforms.dim() != 2:
+        raise ValueError(f"batched_log_mel expects (batch, samples), got shape {tuple(waveforms.shape)}")
     window = int(config.sample_rate * config.frame_length_ms / 1000)
     shift = int(config.sample_rate * config.frame_shift_ms / 1000)
     if config.num_frames(waveforms.shape[1]) == 0:
@@ -89,14 +105,14 @@ def batched_fbank(waveforms: torch.Tensor, config: FbankConfig = FbankConfig()) 
             f"crops of {waveforms.shape[1]} samples are shorter than one {config.frame_length_ms} ms frame"
         )
     if waveforms.device.type != "cpu":
-        return _fbank_rows(waveforms, config, window, shift)
+        return _log_mel_rows(waveforms, config, window, shift)
     # On a CPU the batch's frames (32 crops: 20 MB of spectra) fall out of cache between the element-wise steps and
     # make it 1.7x slower than a loop over crops; a few rows at a time is as fast as Kaldi's per-crop loop.
-    rows = [_fbank_rows(chunk, config, window, shift) for chunk in waveforms.split(CPU_ROWS_AT_ONCE)]
+    rows = [_log_mel_rows(chunk, config, window, shift) for chunk in waveforms.split(CPU_ROWS_AT_ONCE)]
     return torch.cat(rows)
 
 
-def _fbank_rows(waveforms: torch.Tensor, config: FbankConfig, window: int, shift: int) -> torch.Tensor:
+def _log_mel_rows(waveforms: torch.Tensor, config: FbankConfig, window: int, shift: int) -> torch.Tensor:
     frames = waveforms.to(torch.float32).unfold(1, window, shift)  # (B, frames, window): snip_edges
     if config.dither:
         frames = frames + torch.randn_like(frames) * config.dither
@@ -108,8 +124,7 @@ def _fbank_rows(waveforms: torch.Tensor, config: FbankConfig, window: int, shift
     # the slowest op of the batch on a CPU), equal within float rounding
     spectrum = torch.view_as_real(torch.fft.rfft(frames, n=padded)).square().sum(dim=-1)
     mel = spectrum @ _mel_banks(config, padded, frames.device).T
-    feats = mel.clamp_min(torch.finfo(torch.float32).eps).log()
-    return feats - feats.mean(dim=1, keepdim=True)
+    return mel.clamp_min(torch.finfo(torch.float32).eps).log()
 
 
 def _povey_window(size: int, device: torch.device) -> torch.Tensor:

@@ -213,6 +213,17 @@ def _feature_notes(context: ExportContext) -> list[str]:
     """Lightning runs whatever the user's dataset and module do; the note says how to place the fbank as measured."""
     if context.config.feature_device != "device":
         return []  # unset or workers: the dataset's own fbank, as the recipe's
+    if context.model_name == "conformer":
+        return [
+            "The tuned run computed fbank and SpecAugment batch-wise on the device (feature_device device): build "
+            "train_dataset as autotune.data.asr.AsrDataset(..., featurise=False), pass "
+            "collate_fn=autotune.data.asr_features.collate_asr_waveforms to the snippet's DataLoader, and in your "
+            "LightningModule's "
+            "on_after_batch_transfer, which Lightning calls on each batch once it is on the device before "
+            "training_step, replace batch['waveforms'] and batch['sample_lengths'] by the feats and feat_lengths of "
+            "autotune.data.asr_features.device_features(batch['waveforms'], batch['sample_lengths'], "
+            "autotune.data.asr.WENET_FBANK, autotune.data.asr_features.SpecAugmentConfig())"
+        ]
     return [
         "The tuned run computed the fbank batch-wise on the device (feature_device device): build train_dataset with "
         "featurise=False (autotune.data.SpeakerlabDataset returns the crop) and return "

@@ -230,7 +230,12 @@ KNOB_TABLE = knob_table(
                 "workers",
                 "in its dataset pipeline (wenet/dataset/processor.py compute_fbank, run by the DataLoader workers) and "
                 "has no option to move it",
-                "as exported, its workers do the work the tuned run took off them",
+                "to train as measured, take compute_fbank and spec_aug out of the processor chain in "
+                "wenet/dataset/dataset.py (the workers then yield the resampled, speed-perturbed waveforms, padded) "
+                "and compute both on each batch on the device in wenet/utils/train_utils.py batch_forward before "
+                "model(...), each utterance's SpecAugment masks within its own frames "
+                "(autotune.data.asr_features.device_features does this); as exported, its workers do the work the "
+                "tuned run took off them",
             )
         ),
         "compile": cannot(

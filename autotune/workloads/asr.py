@@ -16,6 +16,11 @@ length-sorted utterances, the recipe's 16), dynamic (``max_frames_in_batch`` pad
 `autotune.data.batching`) or bucket (WeNet's bucket_boundaries and bucket_batch_sizes: ``num_buckets`` duration
 buckets, each with its own batch from ``max_frames_in_batch`` and ``bucket_scaling``; see `autotune.data.buckets`).
 Option ``model`` overrides ConformerASR's keyword arguments (e.g. a small model in tests).
+
+Features: the recipe computes fbank and SpecAugment per utterance in the workers; the knob ``feature_device: device``
+has the workers stop at the speed-perturbed waveform and the step compute both for the batch, inside the timed window
+(`autotune.data.asr_features`, WeNet PR 152's move). The batches are the same either way: the batch samplers read the
+frame counts the dataset computes from the utterances' durations, not the items.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.checkpointing import enabled
 from autotune.errors import DataError
+from autotune.feature_device import DEVICE, WORKERS
 from autotune.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
@@ -48,6 +54,7 @@ BATCH_TYPES = ("static", "dynamic", "bucket")
 DEFAULT_MAX_FRAMES_IN_BATCH = 12000  # WeNet's default for batch_type dynamic
 DEFAULT_NUM_BUCKETS = 8
 DEFAULT_BUCKET_SCALING = 1.0  # WeNet's dynamic budget in every bucket
+FEATURE_DEVICES = (WORKERS, DEVICE)  # the recipe's placement first (autotune/feature_device.py)
 
 
 def load_asr_data(path: str | None) -> DataSource:
@@ -119,11 +126,14 @@ def recipe_optimizer(model: torch.nn.Module, implementation: str) -> torch.optim
 def _build_conformer(context: WorkloadContext) -> TrainingSetup:
     from torch import nn
 
-    from autotune.data.asr import WENET_SPEEDS, AsrDataset, CharVocabulary, SpecAugmentConfig, collate_asr_batch
+    from autotune.data.asr import WENET_SPEEDS, AsrDataset, CharVocabulary, SpecAugmentConfig
     from autotune.data.cmvn import global_cmvn
     from autotune.models.conformer import MIN_INPUT_FRAMES, ConformerASR
 
     options = context.options
+    placement = context.config.feature_device
+    if placement is not None and placement not in FEATURE_DEVICES:
+        raise ValueError(f"feature_device {placement!r} is not a placement the conformer runs")
     utterances = context.data.utterances
     vocabulary = CharVocabulary.from_texts(u.text or "" for u in utterances)
     dataset = AsrDataset(
@@ -132,6 +142,7 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
         speeds=WENET_SPEEDS if options["speed_perturb"] else (1.0,),
         spec_aug=SpecAugmentConfig() if options["spec_aug"] else None,
         min_input_frames=MIN_INPUT_FRAMES,
+        featurise=placement != DEVICE,
     )
     if len(dataset) == 0:
         raise DataError(
@@ -146,33 +157,47 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
     cmvn, _ = global_cmvn(utterances, dataset.fbank)  # prepared before the trials: read from the cache
     model.encoder.global_cmvn.set_stats(*cmvn.mean_istd())
     optimizer = recipe_optimizer(model, context.config.optimizer_impl)
+    collate_fn, features = _features(dataset)
 
     def loss_fn(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return module(batch["feats"], batch["feat_lengths"], batch["tokens"], batch["token_lengths"])["loss"]
+        feats, feat_lengths = features(batch)
+        return module(feats, feat_lengths, batch["tokens"], batch["token_lengths"])["loss"]
 
     return TrainingSetup(
         model=model,
         optimizer=optimizer,
         dataset=dataset,
-        collate_fn=collate_asr_batch,
+        collate_fn=collate_fn,
         loss_fn=loss_fn,
-        samples_in=lambda batch: int(batch["feat_lengths"].shape[0]),
+        samples_in=lambda batch: int(batch["token_lengths"].shape[0]),
         audio_seconds_in=lambda batch: float(batch["durations_s"].sum()),
         batch_sampler_factory=_batch_sampler_factory(dataset.max_frames, int(options["sort_size"])),
-        worst_case_batches=_worst_case_batches(dataset),
+        worst_case_batches=_worst_case_batches(dataset, collate_fn),
         preload_s=preload_s,
     )
 
 
-def _worst_case_batches(dataset: Any) -> Any:
+def _features(dataset: Any) -> tuple[Any, Any]:
+    """The collate function and the step's features of its batch: (feats, feat_lengths) collated by the workers, or
+    computed in the step from the waveforms (feature_device device; part of the step, so inside the timed window)."""
+    from autotune.data.asr import collate_asr_batch
+    from autotune.data.asr_features import collate_asr_waveforms, device_features
+
+    if dataset.featurise:
+        return collate_asr_batch, lambda batch: (batch["feats"], batch["feat_lengths"])
+    fbank, spec_aug = dataset.fbank, dataset.spec_aug
+    return collate_asr_waveforms, lambda batch: device_features(
+        batch["waveforms"], batch["sample_lengths"], fbank, spec_aug
+    )
+
+
+def _worst_case_batches(dataset: Any, collate_fn: Any) -> Any:
     """The costliest batch a configuration can meet: the longest utterances, at the slowest speed perturbation (the
     most frames), packed to the batch limit: batch_size of them (static), or as many as fit max_frames_in_batch
     padded to the longest (dynamic); with buckets, each bucket's longest items at that bucket's batch, as NeMo's
     OOMptimizer probes each bucket's longest (a bucket with fewer items repeats its longest to fill the batch a
     larger corpus would give it)."""
     import copy
-
-    from autotune.data.asr import collate_asr_batch
 
     frames = dataset.max_frames
     slowest = copy.copy(dataset)  # the same items, always at the slowest speed
@@ -183,14 +208,14 @@ def _worst_case_batches(dataset: Any) -> Any:
             from autotune.data.buckets import worst_batches
 
             return [
-                collate_asr_batch([slowest[index] for index in batch])
+                collate_fn([slowest[index] for index in batch])
                 for batch in worst_batches(frames, bucket_plan(frames, config))
             ]
         count = config.per_device_batch_size
         if config.workload_knobs.get("batch_type", "static") == "dynamic":
             budget = int(config.workload_knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
             count = max(1, budget // max(frames))
-        return [longest_batch(slowest, collate_asr_batch, count, frames)]
+        return [longest_batch(slowest, collate_fn, count, frames)]
 
     return worst
 
@@ -222,6 +247,7 @@ def conformer() -> Workload:
         space_file="conformer.yaml",
         options={"speed_perturb": True, "spec_aug": True, "sort_size": 500, "model": {}},
         knobs=("batch_type", "max_frames_in_batch", "num_buckets", "bucket_scaling"),
+        feature_devices=FEATURE_DEVICES,
         checkpointing="WeNet's gradient_checkpointing: every encoder and decoder layer recomputed in backward",
         prepare_data=_prepare_conformer,
     )

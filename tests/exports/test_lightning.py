@@ -308,3 +308,31 @@ def test_unordered_workers_reach_the_snippets_dataloader(in_order: bool) -> None
 def test_checkpointing_is_model_code_and_the_note_says_how(checkpointing: bool | None) -> None:
     notes = notes_text(export(make_tuned(activation_checkpointing=checkpointing), "lightning"))
     assert ("memory_efficient=True/False" in notes) == (checkpointing is not None)
+
+
+def test_the_conformers_feature_placement_note_runs_as_written() -> None:
+    """For the conformer the note names the waveform dataset, its collate function and the step's call: each name
+    resolves, and the call as written turns a collated waveform batch into padded fbank with SpecAugment."""
+    import importlib
+    import re
+
+    from autotune.data.asr_features import collate_asr_waveforms
+
+    for placement in (None, "workers"):
+        assert "feature_device" not in notes_text(
+            export(make_tuned(model="conformer", feature_device=placement), "lightning")
+        )
+    note = notes_text(export(make_tuned(model="conformer", feature_device="device"), "lightning"))
+    assert "on_after_batch_transfer" in note and "featurise=False" in note and "SpeakerlabDataset" not in note
+    for name in set(re.findall(r"autotune(?:\.\w+)+", note)):
+        module, attribute = name.rsplit(".", 1)
+        assert hasattr(importlib.import_module(module), attribute), name
+    call = re.search(r"autotune\.data\.asr_features\.device_features\(.*\)\)", note)
+    assert call is not None
+    items = [(torch.randn(length) * 0.1, torch.tensor([3, 4]), length / 16000) for length in (8000, 4000)]
+    batch = collate_asr_waveforms(items)
+    import autotune.data.asr
+    import autotune.data.asr_features
+
+    feats, lengths = eval(call.group(0), {"autotune": autotune, "batch": batch})  # noqa: S307 - the note's own text
+    assert feats.shape == (2, 48, 80) and lengths.tolist() == [48, 23]

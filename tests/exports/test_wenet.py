@@ -255,3 +255,15 @@ def test_wenet_has_no_compile_flag_and_the_note_says_where_to_compile() -> None:
     assert "WeNet (train.py has no such flag) has no option for torch.compile" in notes
     assert "wenet/bin/train.py, after init_model(args, configs) and trace_and_print_model" in notes
     assert "torch.compile" not in " ".join(_export().notes)
+
+
+def test_the_feature_placement_note_says_how_to_move_fbank_and_spec_aug_into_the_step() -> None:
+    """WeNet has no option for it: a device winner's note names the processor chain (wenet/dataset/dataset.py maps
+    processor.compute_fbank and processor.spec_aug at 0154699) and the step (wenet/utils/train_utils.py
+    batch_forward), and says what exporting without the change costs; the recipe's placement needs no note."""
+    for placement in (None, "workers"):
+        assert "feature_device" not in notes_text(_export(feature_device=placement))
+    note = notes_text(_export(feature_device="device"))
+    for words in ("wenet/dataset/dataset.py", "batch_forward", "compute_fbank and spec_aug", "its own frames"):
+        assert words in note
+    assert "as exported, its workers do the work the tuned run took off them" in note
