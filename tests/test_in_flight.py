@@ -3,11 +3,14 @@ SLURM executor's wait (no cluster needed; tests/slurm/test_parallel.py runs the 
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import optuna
+import pytest
 
 from autotune.trial import TrialResult, TrialSpec
 from autotune.tuner import TunerSettings
@@ -61,7 +64,17 @@ def test_trials_in_flight_run_side_by_side_and_each_counts_once(tmp_path, cpu_ha
     assert outcome.winner is not None
 
 
-def test_ctrl_c_stops_every_trial_in_flight_and_keeps_what_was_measured(tmp_path, cpu_hardware) -> None:
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Ctrl-C's own handler, as at a terminal: a suite started in the background (`pytest &`, nohup) inherits SIGINT
+    ignored, and interrupt_main() then does nothing (the trials ran to their end, 150 s, and the run ended by
+    "trials")."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_every_trial_in_flight_and_keeps_what_was_measured(tmp_path, cpu_hardware, ctrl_c) -> None:
     nodes = Nodes(run_s=30.0)
     settings = TunerSettings(trials=6, parallel=2, confirm_top_k=1, prune=False)
     tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=nodes)
