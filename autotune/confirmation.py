@@ -14,7 +14,9 @@ Two ways, by how many trials the run can afford:
   error). Re-measuring more leaders and spending the windows where the race is close took the share of searches
   within 2% of the best from 56% to about 85% (benchmarks/results/simulate-confirmation.md).
 
-Only a candidate's own windows count, and the winner's reported speed stays their median.
+Once confirmation has re-measured leaders enough to know the window noise (pooling.MIN_REPEAT_DF), a long run's
+halving keeps, and the winner rule chooses, by each leader's pooled estimate: its own windows and its neighbours'
+(pooling.py). A short run stays on medians. Either way the winner's reported speed stays the median of its own windows.
 """
 
 from __future__ import annotations
