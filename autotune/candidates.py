@@ -117,8 +117,17 @@ def leaders(candidates: Iterable[Candidate], top_k: int) -> list[Candidate]:
     return top + previous
 
 
-def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:
-    """The fastest by median; among leaders within SAFETY_PRICE of it, the safest (and say why).
+Estimates = dict[str, float] | None  # samples/s by config_key, pooled with neighbours' windows (pooling.py)
+
+
+def score(candidate: Candidate, estimates: Estimates = None) -> float:
+    """What a candidate is ranked by: its pooled estimate where there is one, else its median."""
+    return estimates.get(config_key(candidate.config), candidate.median) if estimates else candidate.median
+
+
+def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tuple[Candidate | None, str]:
+    """The fastest by median (or by pooled estimate, where confirmation has one: pooling.py); among leaders within
+    SAFETY_PRICE of it, the safest (and say why). The winner's reported throughput stays its measured median.
 
     Safety is a tie-break, and a tie-break must not cost throughput: a median is an unbiased estimate however noisy the
     windows, so a leader measured 4% slower is expected to be 4% slower, even when the noise cannot rule out a tie. The
@@ -128,16 +137,18 @@ def pick_winner(candidates: list[Candidate]) -> tuple[Candidate | None, str]:
     """
     if not candidates:
         return None, ""
-    fastest = max(candidates, key=lambda c: c.median)
-    tied = [candidate for candidate in candidates if candidate.median >= fastest.median * (1.0 - SAFETY_PRICE)]
-    safest = min(tied, key=lambda c: (c.safety_key(), -c.median))
+    rate = {id(c): score(c, estimates) for c in candidates}
+    by = "pooled estimate" if estimates else "median"
+    fastest = max(candidates, key=lambda c: rate[id(c)])
+    tied = [candidate for candidate in candidates if rate[id(candidate)] >= rate[id(fastest)] * (1.0 - SAFETY_PRICE)]
+    safest = min(tied, key=lambda c: (c.safety_key(), -rate[id(c)]))
     if safest is fastest:
-        return fastest, "fastest by median"
-    gap = 1.0 - safest.median / fastest.median
+        return fastest, f"fastest by {by}"
+    gap, slower = 1.0 - rate[id(safest)] / rate[id(fastest)], "slower by pooled estimate" if estimates else "slower"
     keys = zip(_SAFETY_WORDS, safest.safety_key(), fastest.safety_key(), strict=True)
     why = next((word for word, mine, theirs in keys if mine < theirs), "no less safe on any count")  # an exact tie
     return safest, (
-        f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} slower, "
+        f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} {slower}, "
         f"within {SAFETY_PRICE:.0%}, and safer ({why})"
     )
 

@@ -14,7 +14,9 @@ Two ways, by how many trials the run can afford:
   error). Re-measuring more leaders and spending the windows where the race is close took the share of searches
   within 2% of the best from 56% to about 85% (benchmarks/results/simulate-confirmation.md).
 
-Only a candidate's own windows count, and the winner's reported speed stays their median.
+Once confirmation has re-measured leaders enough to know the window noise (pooling.MIN_REPEAT_DF), a long run's
+halving keeps, and the winner rule chooses, by each leader's pooled estimate: its own windows and its neighbours'
+(pooling.py). A short run stays on medians. Either way the winner's reported speed stays the median of its own windows.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune.candidates import Candidate, config_key
+from autotune.candidates import Candidate, Estimates, config_key, score
+from autotune.pooling import pooled_estimates
 
 __all__ = [
     "LONG_RUN_TRIALS",
     "LONG_CONFIRM_SHARE",
     "LONG_LEADERS",
     "Confirmation",
+    "Confirmed",
     "halving_rounds",
     "keep_better_half",
 ]
@@ -54,20 +58,23 @@ def halving_rounds(leaders: int) -> int:
     return max(1, math.ceil(math.log2(max(leaders, 2))))
 
 
-def keep_better_half(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """The better half by median (rounded up), and a rerun's previous winner whatever its rank (the drift check
-    compares the median of its measurements, so it stays re-measured)."""
-    ranked = sorted(candidates, key=lambda c: -c.median)
+def keep_better_half(candidates: Sequence[Candidate], estimates: Estimates = None) -> list[Candidate]:
+    """The better half (rounded up) by pooled estimate where there is one (pooling.py), else by median; and a rerun's
+    previous winner whatever its rank (the drift check compares the median of its measurements, so it stays
+    re-measured)."""
+    ranked = sorted(candidates, key=lambda c: -score(c, estimates))
     kept = ranked[: max(1, math.ceil(len(ranked) / 2))]
     return kept + [c for c in ranked if c not in kept and any(r.role == "previous" for r in c.records)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Confirmed:
-    """Every leader as re-measured (for the report), and those the winner is chosen among."""
+    """Every leader as re-measured (for the report), those the winner is chosen among, and the pooled estimates
+    it is chosen by (None: by median)."""
 
     leaders: list[Candidate]
     finalists: list[Candidate]
+    estimates: Estimates = None
 
 
 class Confirmation:
@@ -128,5 +135,8 @@ class Confirmation:
             if not complete:
                 break
             if done < rounds - 1:
-                survivors = keep_better_half(survivors)
-        return Confirmed(leaders=self._fresh(leaders), finalists=self._fresh(survivors))
+                survivors = keep_better_half(survivors, self._pooled())
+        return Confirmed(leaders=self._fresh(leaders), finalists=self._fresh(survivors), estimates=self._pooled())
+
+    def _pooled(self) -> Estimates:
+        return pooled_estimates(list(self.candidates().values()))

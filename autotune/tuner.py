@@ -15,7 +15,7 @@ import optuna
 from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
-from autotune.confirmation import LONG_CONFIRM_SHARE, LONG_LEADERS, Confirmation, is_long
+from autotune.confirmation import LONG_CONFIRM_SHARE, LONG_LEADERS, Confirmation, Confirmed, is_long
 from autotune.errors import WorkloadError
 from autotune.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.pruning import Pruner
@@ -276,21 +276,19 @@ class Tuner:
         failure = ""
         try:
             stopped_by = self._search()
-            confirmed, finalists = self._confirm()
+            confirmed = self._confirm()
         except KeyboardInterrupt:
             if not self.records:
                 raise
             logger.warning("interrupted: choosing among the %d trials measured so far", len(self.records))
-            stopped_by, confirmed = "interrupted", self._leaders()
-            finalists = confirmed
+            stopped_by, confirmed = "interrupted", Confirmed(leaders=self._leaders(), finalists=self._leaders())
         except storage.storage_failures() as error:
             if not self.records:
                 raise
             failure = storage.describe_failure(error)
             logger.warning("the study's storage failed (%s): choosing among the trials measured so far", failure)
-            stopped_by, confirmed = STORAGE_FAILED, self._leaders()
-            finalists = confirmed
-        winner, winner_reason = pick_winner([c for c in finalists if c.feasible])
+            stopped_by, confirmed = STORAGE_FAILED, Confirmed(leaders=self._leaders(), finalists=self._leaders())
+        winner, winner_reason = pick_winner([c for c in confirmed.finalists if c.feasible], confirmed.estimates)
         baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
             records=list(self.records),
@@ -298,7 +296,7 @@ class Tuner:
             winner=winner,
             stopped_by=stopped_by,
             elapsed_s=self.elapsed_s(),
-            confirmed=confirmed,
+            confirmed=confirmed.leaders,
             winner_reason=winner_reason,
             failure=failure,
             plan=self.plan(),
@@ -413,9 +411,9 @@ class Tuner:
         top_k = max(LONG_LEADERS, self.settings.confirm_top_k) if self._long() else self.settings.confirm_top_k
         return leaders(self._candidates().values(), top_k)
 
-    def _confirm(self) -> tuple[list[Candidate], list[Candidate]]:
+    def _confirm(self) -> Confirmed:
         """Re-measure the leaders, interleaved, so that one lucky or unlucky window cannot crown a winner; returns every
-        leader as re-measured and the finalists the winner is chosen among (confirmation.py)."""
+        leader as re-measured, the finalists the winner is chosen among and how (confirmation.py)."""
         leaders = self._leaders()
         confirmation = Confirmation(
             measure=self._confirm_one,
@@ -425,10 +423,8 @@ class Tuner:
         )
         if self._long() and len(leaders) > 1:
             time_s = min(LONG_CONFIRM_SHARE * (self.settings.budget_s or 0.0), confirmation.left_s() or 0.0)
-            confirmed = confirmation.halving(leaders, time_s)
-        else:
-            confirmed = confirmation.uniform(leaders, self._rounds())
-        return confirmed.leaders, confirmed.finalists
+            return confirmation.halving(leaders, time_s)
+        return confirmation.uniform(leaders, self._rounds())
 
     def _confirm_one(self, leader: Candidate) -> None:
         with on_node(self.launcher, leader):  # where it was first measured (--executor slurm)
