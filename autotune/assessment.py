@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from autotune.measurements import Measurements
     from autotune.results import TunedConfig
     from autotune.space import SearchSpace
-    from autotune.tuner import TunerSettings, TuningOutcome
+    from autotune.tuner_settings import TunerSettings, TuningOutcome
 
 __all__ = [
     "check_precisions",

@@ -267,7 +267,7 @@ def run(
     from autotune.trial import TimingSettings
     from autotune.trial.amp_check import AmpCheckSettings
     from autotune.trial.run_length import parse_run_length
-    from autotune.tuner import TunerSettings
+    from autotune.tuner_settings import TunerSettings
 
     try:
         timing = TimingSettings(

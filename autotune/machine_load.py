@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autotune.candidates import TrialRecord
-    from autotune.tuner import TunerSettings
+    from autotune.tuner_settings import TunerSettings
 
 __all__ = [
     "BUSY_OTHERS_FRACTION",

@@ -14,7 +14,7 @@ from autotune.hardware import Hardware
 from autotune.trial.amp_check import AmpCheckSettings
 from autotune.trial.run_length import RunLength
 from autotune.trial.slurm import SlurmSettings
-from autotune.tuner import TunerSettings
+from autotune.tuner_settings import TunerSettings
 
 if TYPE_CHECKING:
     from autotune.data.offline import Preparation
