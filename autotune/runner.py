@@ -40,8 +40,8 @@ from autotune.run_output import check_writable, make_folders, remove_empty, writ
 from autotune.run_plan import RunPlan, RunRequest
 from autotune.storage import redact_url
 from autotune.trial import TrialConfig, TrialSpec
-from autotune.trial.slurm import SlurmLauncher, check_parallel, check_slurm
-from autotune.trial.slurm_nodes import check_nodes
+from autotune.trial.slurm import SlurmLauncher, check_slurm
+from autotune.trial.slurm_nodes import check_nodes, check_parallel
 from autotune.tuner import STORAGE_FAILED, Tuner, TunerSettings, TuningOutcome
 from autotune.validation import check_request, check_workload_options
 

@@ -45,7 +45,6 @@ __all__ = [
     "SlurmSettings",
     "SlurmLauncher",
     "check_slurm",
-    "check_parallel",
     "job_parameters",
     "same_trial",
 ]
@@ -112,22 +111,6 @@ def check_slurm(settings: SlurmSettings) -> None:
         raise UserError(f"--executor slurm: the SLURM controller does not answer sinfo ({detail})")
     if partition and not done.stdout.strip():
         raise UserError(f"--slurm-partition {partition}: no such partition on this cluster (sinfo lists the ones)")
-
-
-def check_parallel(settings: SlurmSettings, parallel: int) -> None:
-    """--parallel N: at most as many trials in flight as the partition has nodes (each trial takes a node to itself;
-    more would only wait in the queue while their budget runs). Raises UserError with one line."""
-    if parallel <= 1:
-        return
-    partition = settings.partition or settings.options.get("partition")
-    done = slurm_command("sinfo", "--noheader", "--format=%D", *(["--partition", str(partition)] if partition else []))
-    counts = [int(word) for word in done.stdout.split() if word.isdigit()] if done.returncode == 0 else []
-    if counts and parallel > sum(counts):
-        where = f"partition {partition}" if partition else "the default partition"
-        raise UserError(
-            f"--parallel {parallel}: {where} has {sum(counts)} node(s) and each trial takes one to itself; "
-            f"use --parallel {sum(counts)} or less"
-        )
 
 
 def job_parameters(spec: TrialSpec, timeout_s: float, settings: SlurmSettings) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from autotune.errors import UserError
 from autotune.trial.slurm import SlurmSettings
 from autotune.trial.slurm_state import slurm_command
 
-__all__ = ["check_nodes", "partition_nodes"]
+__all__ = ["check_nodes", "check_parallel", "partition_nodes"]
 
 
 def partition_nodes(settings: SlurmSettings) -> int | None:
@@ -22,6 +22,19 @@ def partition_nodes(settings: SlurmSettings) -> int | None:
     done = slurm_command("sinfo", "--noheader", "--format=%D", *(["--partition", str(partition)] if partition else []))
     counts = [int(word) for word in done.stdout.split() if word.isdigit()] if done.returncode == 0 else []
     return sum(counts) if counts else None
+
+
+def check_parallel(settings: SlurmSettings, parallel: int) -> None:
+    """--parallel N: at most as many trials in flight as the partition has nodes (each trial takes a node to itself;
+    more would only wait in the queue while their budget runs). Raises UserError with one line."""
+    available = partition_nodes(settings) if parallel > 1 else None
+    if available is not None and parallel > available:
+        partition = settings.partition or settings.options.get("partition")
+        where = f"partition {partition}" if partition else "the default partition"
+        raise UserError(
+            f"--parallel {parallel}: {where} has {available} node(s) and each trial takes one to itself; "
+            f"use --parallel {available} or less"
+        )
 
 
 def check_nodes(settings: SlurmSettings | None, nodes: int, parallel: int = 1) -> None:
