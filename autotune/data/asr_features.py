@@ -132,8 +132,7 @@ def wenet_fbank(waveform: torch.Tensor, config: FbankConfig) -> torch.Tensor:
 
 def frame_lengths(sample_lengths: torch.Tensor, config: FbankConfig) -> torch.Tensor:
     """Frames kaldi.fbank yields per row (snip_edges), as `FbankConfig.num_frames` of each length."""
-    window = int(config.sample_rate * config.frame_length_ms / 1000)
-    shift = int(config.sample_rate * config.frame_shift_ms / 1000)
+    window, shift = config.window_samples, config.shift_samples
     return torch.where(sample_lengths < window, 0, 1 + (sample_lengths - window).div(shift, rounding_mode="floor"))
 
 

@@ -26,11 +26,18 @@ class FbankConfig:
     frame_shift_ms: float = 10.0
     dither: float = 0.0
 
+    @property
+    def window_samples(self) -> int:
+        return int(self.sample_rate * self.frame_length_ms / 1000)
+
+    @property
+    def shift_samples(self) -> int:
+        return int(self.sample_rate * self.frame_shift_ms / 1000)
+
     def num_frames(self, num_samples: int) -> int:
         """Frames kaldi.fbank yields for num_samples samples (snip_edges: whole frames only)."""
-        window = int(self.sample_rate * self.frame_length_ms / 1000)
-        shift = int(self.sample_rate * self.frame_shift_ms / 1000)
-        return 0 if num_samples < window else 1 + (num_samples - window) // shift
+        window = self.window_samples
+        return 0 if num_samples < window else 1 + (num_samples - window) // self.shift_samples
 
 
 def compute_fbank(waveform: torch.Tensor, config: FbankConfig = FbankConfig()) -> torch.Tensor:
@@ -98,8 +105,7 @@ def batched_log_mel(waveforms: torch.Tensor, config: FbankConfig = FbankConfig()
     """
     if waveforms.dim() != 2:
         raise ValueError(f"batched_log_mel expects (batch, samples), got shape {tuple(waveforms.shape)}")
-    window = int(config.sample_rate * config.frame_length_ms / 1000)
-    shift = int(config.sample_rate * config.frame_shift_ms / 1000)
+    window, shift = config.window_samples, config.shift_samples
     if config.num_frames(waveforms.shape[1]) == 0:
         raise ValueError(
             f"crops of {waveforms.shape[1]} samples are shorter than one {config.frame_length_ms} ms frame"
