@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -266,4 +267,14 @@ def test_the_feature_placement_note_says_how_to_move_fbank_and_spec_aug_into_the
     note = notes_text(_export(feature_device="device"))
     for words in ("wenet/dataset/dataset.py", "batch_forward", "compute_fbank and spec_aug", "its own frames"):
         assert words in note
+    # The places it names, as recorded from WeNet's source (tests/exports/recipes/wenet_feature_placement.json).
+    recorded = json.loads((Path(__file__).parent / "recipes" / "wenet_feature_placement.json").read_text())["facts"]
+    for fact in recorded:
+        assert fact["file"] in note
+    assert {"processor.compute_fbank", "processor.spec_aug", "def batch_forward("} <= {
+        word
+        for fact in recorded
+        for word in ("processor.compute_fbank", "processor.spec_aug", "def batch_forward(")
+        if word in fact["text"]
+    }
     assert "as exported, its workers do the work the tuned run took off them" in note
