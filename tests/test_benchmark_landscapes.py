@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -34,7 +35,8 @@ def test_calibration_reproduces_the_published_figures(figure, model, published, 
 def test_a_landscape_searches_the_shipped_space_of_its_machine(name):
     landscape = LANDSCAPES[name]
     searched = landscape.space()
-    assert searched.device_type == "cuda" and sum(1 for _ in searched.iter_points()) >= 500
+    # at least 500 points, counted no further (the conformer's space has some 20 million: walking it took 29 s)
+    assert searched.device_type == "cuda" and sum(1 for _ in itertools.islice(searched.iter_points(), 500)) == 500
     assert searched.seeds, "the shipped cuda seeds are part of what is simulated"
     precisions = {
         choice for param in searched.params if param.name == "precision" for choice in param.distribution.choices
