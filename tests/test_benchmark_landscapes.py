@@ -124,7 +124,10 @@ def test_one_simulated_search_runs_the_real_tuner_deterministically():
     assert [r.config for r in again.records] == [r.config for r in outcome.records]
     assert [r.value for r in again.records] == [r.value for r in outcome.records]
     judged = simulate.judge(name, "autotune", 0.05, seed=3)
-    assert judged.regret < 0.05 and judged.touched  # the first cuda seed sits on this landscape's best
+    assert judged.regret < 0.05 and judged.touched and judged.led  # the first cuda seed sits on this landscape's best
+    unseeded = simulate.search(name, "autotune", 0.05, seed=3, variant=simulate.Variant(seeds=False))
+    roles = [record.role for record in unseeded.records]
+    assert roles[0] == "baseline" and "seed" not in roles and "search" in roles  # --no-seeds: TPE from the start
 
 
 def test_the_grid_leaves_out_knobs_no_landscape_models():
