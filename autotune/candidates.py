@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from autotune.trial import TrialConfig, TrialResult
@@ -51,6 +51,12 @@ class TrialRecord:
     role: str  # baseline | previous | warm | seed | search | preload | confirm
     config: TrialConfig
     result: TrialResult
+    # config_key(config), computed once: the search loop groups every record so far by it at each step
+    # (group_by_config), which made a long search quadratic in JSON encodings (a 528-point grid: 1.1 million).
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.key = config_key(self.config)
 
     @property
     def value(self) -> float:
@@ -93,16 +99,15 @@ class Candidate:
 
 
 def config_key(config: TrialConfig) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
+    """The configuration as one string (the JSON of to_dict(), built from the fields without to_dict's deep copy)."""
+    return json.dumps({each.name: getattr(config, each.name) for each in fields(config)}, sort_keys=True)
 
 
 def group_by_config(records: Iterable[TrialRecord]) -> dict[str, Candidate]:
     """Every measurement of each configuration together, by config_key, in order of first measurement."""
     candidates: dict[str, Candidate] = {}
     for record in records:
-        candidates.setdefault(config_key(record.config), Candidate(config=record.config, records=[])).records.append(
-            record
-        )
+        candidates.setdefault(record.key, Candidate(config=record.config, records=[])).records.append(record)
     return candidates
 
 

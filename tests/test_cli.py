@@ -14,7 +14,7 @@ from autotune.cli import app, parse_duration, parse_workload_options
 
 runner = CliRunner()
 # The AMP check runs end to end in tests/test_assessment.py on a tiny model; here it would cost CAM++ steps.
-FAST = ["--crop-seconds", "0.5", "--window", "1", "--warmup-steps", "1", "--device", "cpu", "--no-amp-check"]
+FAST = ["--crop-seconds", "0.5", "--window", "0.5", "--warmup-steps", "1", "--device", "cpu", "--no-amp-check"]
 
 
 def _invoke(args: list[str]):

@@ -123,7 +123,8 @@ def test_environment_diff_names_gpu_and_autotune_changes():
 def test_a_rerun_that_finds_a_regression_exits_3_keeps_the_yaml_and_records_the_history(tiny_corpus, tmp_path):
     results = tmp_path / "results"
     cli = CliRunner()
-    first = cli.invoke(app, run_args(tiny_corpus, results, "--trials", "1"))
+    # No compute-only ceiling (its own tests: test_assessment, test_cli): a trial per run that the verdict never reads.
+    first = cli.invoke(app, run_args(tiny_corpus, results, "--trials", "1", "--no-ceiling"))
     assert first.exit_code == 0, first.output
     (path,) = (results / "faulty").glob("*.yaml")
     # As if the previous night had measured a hundred times faster, under another torch. (Ten times was not enough
@@ -134,7 +135,7 @@ def test_a_rerun_that_finds_a_regression_exits_3_keeps_the_yaml_and_records_the_
     write_config(dataclasses.replace(tuned, metrics={**tuned.metrics, "winner": winner}, hardware=hardware), path)
     before = path.read_bytes()
 
-    second = cli.invoke(app, run_args(tiny_corpus, results, "--trials", "2"), terminal_width=300)
+    second = cli.invoke(app, run_args(tiny_corpus, results, "--trials", "2", "--no-ceiling"), terminal_width=300)
     assert second.exit_code == EXIT_REGRESSION, second.output
     output = " ".join(second.output.split())
     assert f"warm start: re-measuring the previous winner bs=5 w=0 fp32 from previous result {path}" in output

@@ -88,7 +88,11 @@ def test_a_failure_with_every_node_alive_stays_the_trial_s(monkeypatch, states, 
 
 @pytest.mark.parametrize(
     ("config", "seconds"),
-    [("SlurmdTimeout           = 30 sec\n", 30 + 10 + 15), ("SlurmdTimeout = 0 sec\n", 100 + 15), ("", 300 + 100 + 15)],
+    [
+        ("SlurmdTimeout           = 10 sec\n", 10 + 10 / 3 + 15),
+        ("SlurmdTimeout = 0 sec\n", 100 + 15),
+        ("", 300 + 100 + 15),
+    ],
     ids=["tests-cluster", "never-down", "unsaid"],
 )
 def test_the_wait_for_the_controller_is_its_own_detection_time(monkeypatch, config: str, seconds: float) -> None:
