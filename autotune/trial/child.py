@@ -55,7 +55,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     from autotune.trial.compute_only import in_memory_batches
     from autotune.trial.dataloader import build_loader
     from autotune.trial.flops import count_flops_per_sample
-    from autotune.trial.loop import measure
+    from autotune.trial.loop import measure, planned_batches
     from autotune.trial.memory import PeakMemory
     from autotune.trial.precision import fp32_math
     from autotune.trial.process import TrialProcess, apply_process_settings
@@ -72,9 +72,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     setup = process.build(config)
     compile_modes.apply(setup.model, config.compile)  # in place: the optimiser and DDP see the same parameters
     accounting = _check_epoch_accounting(setup, config, rank, spec.seed)
-    # Warm-up and window each may run on to the next optimiser-step boundary: room for that too.
-    warmup_batches = max(timing.warmup_steps, timing.max_warmup_steps) + config.grad_accum_steps
-    total_batches = warmup_batches + timing.max_window_steps + config.grad_accum_steps
+    total_batches = planned_batches(timing, config.grad_accum_steps)
     loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed, rank=rank)
     forward = distributed.Forward(setup.model, setup.loss_fn, device)
     memory = PeakMemory(device)

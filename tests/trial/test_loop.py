@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from autotune.trial.dataloader import build_loader
-from autotune.trial.loop import WindowMeasurement, measure
+from autotune.trial.loop import WindowMeasurement, measure, planned_batches
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TimingSettings, TrialConfig
@@ -61,10 +62,14 @@ def _setup(slow_steps: int, clock: _Clock | None = None, fast_s: float = 0.005) 
 
 
 def _measure(
-    setup: TrainingSetup, timing: TimingSettings, config: TrialConfig | None = None, spent_before_s: float = 0.0
+    setup: TrainingSetup,
+    timing: TimingSettings,
+    config: TrialConfig | None = None,
+    spent_before_s: float = 0.0,
+    total_batches: int = 200,
 ) -> WindowMeasurement:
     config = config or TrialConfig(per_device_batch_size=4)
-    loader = build_loader(setup, config, total_batches=200, seed=0)
+    loader = build_loader(setup, config, total_batches=total_batches, seed=0)
     memory = PeakMemory(torch.device("cpu"))
     try:
         return measure(
@@ -132,6 +137,33 @@ def test_a_trimmed_front_ends_on_an_optimiser_step_under_gradient_accumulation(c
     # Warm-up is one optimiser step (two micro-batches); the third, slow micro-batch takes its partner with it.
     assert (result.warmup_steps, result.trimmed_steps) == (4, 2)
     assert max(result.step_times_s) == pytest.approx(0.01) and len(result.step_times_s) % 2 == 0
+
+
+def _stepping(times_s: list[float], clock: _Clock) -> TrainingSetup:
+    """_setup's model on the exact clock, its steps taking times_s in turn (the last one from then on)."""
+    setup, calls = _setup(slow_steps=0, clock=clock, fast_s=0.0), {"n": 0}
+
+    def loss_fn(module: nn.Module, batch):
+        clock.now += times_s[min(calls["n"], len(times_s) - 1)]
+        calls["n"] += 1
+        return setup.loss_fn(module, batch)
+
+    return dataclasses.replace(setup, loss_fn=loss_fn)
+
+
+def test_a_trimmed_front_stops_at_max_warmup_steps_and_the_loader_s_plan_holds(clock):
+    """A fast step whose window's first quarter (15 steps) is slower: the front found is 15 steps, but warm-up stops at
+    max_warmup_steps; then the window runs to max_window_steps. The trial's DataLoader holds planned_batches and no
+    more: trimming the whole front ran it dry (StopIteration) in a SLURM test on a loaded machine."""
+    timing = TimingSettings(
+        window_s=0.3, min_window_steps=4, max_window_steps=130, max_warmup_steps=8, min_warmup_fraction=0.0,
+        min_timed_share=0.0, max_warmup_factor=1e6,
+    )  # fmt: skip
+    config = TrialConfig(per_device_batch_size=4)
+    setup = _stepping([0.5] + [0.005] * 15 + [0.002], clock)
+    result = _measure(setup, timing, config, total_batches=planned_batches(timing, config.grad_accum_steps))
+    assert result.warmup_steps == timing.max_warmup_steps and result.trimmed_steps == timing.max_warmup_steps - 1
+    assert len(result.step_times_s) == timing.max_window_steps
 
 
 def test_a_steady_window_is_kept_whole_after_a_single_warm_up_step(clock):
