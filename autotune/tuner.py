@@ -13,13 +13,13 @@ import optuna
 
 from autotune import storage
 from autotune.budget import Budget, BudgetPlan, PlanState, Stage
-from autotune.candidates import Candidate, TrialRecord, config_key, config_params, group_by_config, leaders, pick_winner
-from autotune.confirmation import LONG_CONFIRM_SHARE, LONG_LEADERS, Confirmation, Confirmed, is_long
+from autotune.candidates import Candidate, TrialRecord, config_key, config_params, pick_winner
 from autotune.errors import WorkloadError
 from autotune.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.pruning import Pruner
 from autotune.reattach import orphan_waiting, trial_folder
 from autotune.reporting import Reporter, SilentReporter
+from autotune.room import Room
 from autotune.samplers import grid_points, make_sampler
 from autotune.seed_queue import admissible, backed_off, rejected_reason
 from autotune.space import SearchSpace
@@ -117,6 +117,7 @@ class Tuner:
             spent_before_s=spent_before_s,
             closing_trials=closing_trials,
         )
+        self.room = Room(self.budget, settings, self.records)  # the leaders and the room kept for them
         self.skipped: list[str] = []  # seeds there was no room for
 
     def elapsed_s(self) -> float:
@@ -199,31 +200,13 @@ class Tuner:
         return measure(launch_trial, spec, folder, pruner, timeout_s=timeout_s, cut_by_budget=cut, room=room)
 
     def best(self) -> TrialRecord | None:
-        feasible = [record for record in self.records if record.result.feasible]
-        return max(feasible, key=lambda record: record.value, default=None)
+        return self.room.best()
 
     def _closing_s(self) -> float:
-        return self.budget.closing_s(self.records, self.best())
-
-    def _reserve_s(self) -> float:
-        share = LONG_CONFIRM_SHARE if self._long() else None
-        return self.budget.reserve_s(self._candidates().values(), self._leaders(), self._rounds(), share=share)
-
-    def _long(self) -> bool:  # long enough for sequential halving of more leaders (confirmation.is_long)
-        trials, budget_s = (self.settings.trials if self.settings.confirm_top_k > 0 else 0), self.settings.budget_s
-        return is_long(trials=trials, budget_s=budget_s, trial_s=self.budget.costs.search_trial_s(self.records))
-
-    def _rounds(self) -> int:
-        return self.settings.confirm_repeats if self.settings.confirm_top_k > 0 else 0
+        return self.room.closing_s()
 
     def _queued_s(self, params: dict[str, Any]) -> float:
         return self.budget.queued_s(self._config({**self.space.fixed, **params}), self.records)
-
-    def _search_fits(self, spare_trials: int = 0) -> bool:
-        """Another search trial (and spare_trials more) should end before the room kept for confirmation and the
-        closing trials. The budget is a ceiling (a job's time limit on a cluster), not the last moment to start."""
-        cost = (1 + spare_trials) * self.budget.costs.search_trial_s(self.records)
-        return self.budget.fits(cost, keep_s=self._reserve_s() + self._closing_s())
 
     def _preload_point(self) -> dict[str, Any] | None:
         """The best configuration so far with its audio preloaded, where the probe says it is worth a trial."""
@@ -243,23 +226,23 @@ class Tuner:
         failure = ""
         try:
             stopped_by = self._search()
-            confirmed = self._confirm()
+            confirmed = self.room.confirm(self._confirm_one)
         except KeyboardInterrupt:
             if not self.records:
                 raise
             logger.warning("interrupted: choosing among the %d trials measured so far", len(self.records))
-            stopped_by, confirmed = "interrupted", Confirmed(leaders=self._leaders(), finalists=self._leaders())
+            stopped_by, confirmed = "interrupted", self.room.unconfirmed()
         except storage.storage_failures() as error:
             if not self.records:
                 raise
             failure = storage.describe_failure(error)
             logger.warning("the study's storage failed (%s): choosing among the trials measured so far", failure)
-            stopped_by, confirmed = STORAGE_FAILED, Confirmed(leaders=self._leaders(), finalists=self._leaders())
+            stopped_by, confirmed = STORAGE_FAILED, self.room.unconfirmed()
         winner, winner_reason = pick_winner([c for c in confirmed.finalists if c.feasible], confirmed.estimates)
         baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
             records=list(self.records),
-            baseline=self._candidates().get(config_key(baseline.config)) if baseline else None,
+            baseline=self.room.candidates().get(config_key(baseline.config)) if baseline else None,
             winner=winner,
             stopped_by=stopped_by,
             elapsed_s=self.elapsed_s(),
@@ -314,9 +297,9 @@ class Tuner:
                         self._skip(role, params)
                         continue
                 started = self._begin(role, params, flight)
-            elif not self._search_fits():
+            elif not self.room.search_fits():
                 return "budget"
-            elif (launched == self.settings.trials - 1 or not self._search_fits(spare_trials=1)) and (
+            elif (launched == self.settings.trials - 1 or not self.room.search_fits(spare_trials=1)) and (
                 point := self._preload_point()
             ) is not None:
                 started = self._begin("preload", point, flight)  # the search's last trial: the best so far, preloaded
@@ -371,28 +354,6 @@ class Tuner:
         self.skipped.append(why)
         self._plan_changed()
 
-    def _candidates(self) -> dict[str, Candidate]:
-        return group_by_config(self.records)
-
-    def _leaders(self) -> list[Candidate]:
-        top_k = max(LONG_LEADERS, self.settings.confirm_top_k) if self._long() else self.settings.confirm_top_k
-        return leaders(self._candidates().values(), top_k)
-
-    def _confirm(self) -> Confirmed:
-        """Re-measure the leaders, interleaved, so that one lucky or unlucky window cannot crown a winner; returns every
-        leader as re-measured, the finalists the winner is chosen among and how (confirmation.py)."""
-        leaders = self._leaders()
-        confirmation = Confirmation(
-            measure=self._confirm_one,
-            candidates=self._candidates,
-            cost_s=lambda leader: self.budget.costs.of(leader.config, self.records) or 0.0,
-            left_s=lambda: None if (left := self.budget.left_s()) is None else left - self._closing_s(),
-        )
-        if self._long() and len(leaders) > 1:
-            time_s = min(LONG_CONFIRM_SHARE * (self.settings.budget_s or 0.0), confirmation.left_s() or 0.0)
-            return confirmation.halving(leaders, time_s)
-        return confirmation.uniform(leaders, self._rounds())
-
     def _confirm_one(self, leader: Candidate) -> None:
         with on_node(self.launcher, leader):  # where it was first measured (--executor slurm)
             self._run_one("confirm", config_params(leader.config, self.space))
@@ -400,17 +361,13 @@ class Tuner:
     def plan(self) -> BudgetPlan:
         """What the run intends for the rest of its budget, from the trials measured so far (budget.py)."""
         queue = self.warm_start or self.seeds
-        comparable = self.budget.comparable(self._candidates().values())
         counted = sum(r.role != "confirm" and r.result.status != "precision" for r in self.records)
-        reserve_s, trial_s = self._reserve_s(), self.budget.costs.search_trial_s(self.records)
-        # a long run's halving: as many trials as its room holds (_long() implies a measured trial_s)
-        confirmations = int(reserve_s // trial_s) if self._long() else len(self._leaders()) * self._rounds()
         state = PlanState(
             queued_s=tuple(self._queued_s(params) for _, params in queue),
             skipped=len(self.skipped),
-            confirmations=confirmations if comparable else 0,
+            confirmations=self.room.confirmations(),
             searches_left=max(0, self.settings.trials - counted - len(queue)),
-            reserve_s=reserve_s,
+            reserve_s=self.room.reserve_s(),
             closing_s=self._closing_s(),
         )
         return self.budget.plan(self.records, state, self.before)
