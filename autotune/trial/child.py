@@ -55,10 +55,11 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     from autotune.trial.compute_only import in_memory_batches
     from autotune.trial.dataloader import build_loader
     from autotune.trial.flops import count_flops_per_sample
-    from autotune.trial.loop import measure, planned_batches
+    from autotune.trial.loop import measure
     from autotune.trial.memory import PeakMemory
     from autotune.trial.precision import fp32_math
     from autotune.trial.process import TrialProcess, apply_process_settings
+    from autotune.trial.steady import planned_batches
     from autotune.trial.worst_case import WorstCaseScan, scan_worst_case
 
     config, timing = spec.config, spec.timing

@@ -24,7 +24,7 @@ from autotune.trial.scaler import SkipCountingScaler
 from autotune.trial.spec import TimingSettings, TrialConfig
 from autotune.workloads.base import TrainingSetup
 
-__all__ = ["NonFiniteLossError", "WindowMeasurement", "measure", "planned_batches", "throughput_cv"]
+__all__ = ["NonFiniteLossError", "WindowMeasurement", "measure", "throughput_cv"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +82,6 @@ class WindowMeasurement:
             **compiled,
             **_cpu_share(self.cpu),
         }
-
-
-def planned_batches(timing: TimingSettings, accum_steps: int) -> int:
-    """The batches a trial's DataLoader holds: the most warm-up may take (trimmed fronts included), the most a window
-    may, and room for each to run on to the next optimiser-step boundary."""
-    return max(timing.warmup_steps, timing.max_warmup_steps) + timing.max_window_steps + 2 * accum_steps
 
 
 def _step_work(samples: list[int], audio_s: list[float]) -> list[float] | list[int]:
@@ -236,8 +230,8 @@ class _Window:
         work = _step_work(self.samples_per_step[self.front :], self.audio_per_step[self.front :])
         front = steady.transient_front(self.times_s[self.front :], work, timing.steady_tolerance_fraction)
         # Warm-up, trimmed fronts included, stops at max_warmup_steps: a front found past it is trimmed only up to it.
-        # The trial's DataLoader holds that many warm-up batches and no more (trial/child.py): a whole front of a fast
-        # step, then a window to max_window_steps, ran it dry (StopIteration) on a loaded machine.
+        # The trial's DataLoader holds that many warm-up batches and no more (steady.planned_batches): a whole front
+        # of a fast step, then a window to max_window_steps, ran it dry (StopIteration) on a loaded machine.
         front = min(front, timing.max_warmup_steps - self.warmup.warmup_steps - self.front)
         front = min(math.ceil(front / self.accum_steps) * self.accum_steps, steps - self.accum_steps)
         if front <= 0:

@@ -24,7 +24,8 @@ behind it. So the rules are in seconds, with steps as floors:
 - Warm-up, trimmed fronts included, stops at ``max_warmup_s`` or ``max_warmup_steps``: a configuration that never
   settles is measured as it is, and its window's stability gate judges it.
 
-The same rules give the budget plan its estimate of a trial it has not measured yet (``expected_trial_s``).
+The same rules give the budget plan its estimate of a trial it has not measured yet (``expected_trial_s``), and the
+trial's DataLoader its length (``planned_batches``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotune.trial.spec import TimingSettings
 
-__all__ = ["settled", "warmup_done", "window_target_s", "transient_front", "expected_trial_s"]
+__all__ = ["settled", "warmup_done", "window_target_s", "transient_front", "expected_trial_s", "planned_batches"]
 
 
 def _chunk_steps(step_times_s: Sequence[float], chunk_s: float) -> int:
@@ -105,3 +106,9 @@ def expected_trial_s(step_s: float, fixed_s: float, timing: TimingSettings) -> f
     warmup_s = (warmup_steps + 0.5) * step_s
     window_s = max(window_target_s(fixed_s + warmup_s, timing), timing.min_window_steps * step_s)
     return fixed_s + warmup_s + math.ceil(window_s / step_s) * step_s
+
+
+def planned_batches(timing: TimingSettings, accum_steps: int) -> int:
+    """The batches a trial's DataLoader holds: the most warm-up may take (trimmed fronts included), the most a window
+    may, and room for each to run on to the next optimiser-step boundary."""
+    return max(timing.warmup_steps, timing.max_warmup_steps) + timing.max_window_steps + 2 * accum_steps

@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from autotune.trial.dataloader import build_loader
-from autotune.trial.loop import WindowMeasurement, measure, planned_batches
+from autotune.trial.loop import WindowMeasurement, measure
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TimingSettings, TrialConfig
+from autotune.trial.steady import planned_batches
 from autotune.workloads.base import TrainingSetup
 
 
