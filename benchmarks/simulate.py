@@ -264,7 +264,10 @@ def judge(name: str, method: str, budget_fraction: float, seed: int, variant: Va
     landscape, best = LANDSCAPES[name], best_rate(name)
     outcome = search(name, method, budget_fraction, seed, variant)
     picked = landscape.evaluate(outcome.winner.config).samples_per_second if outcome.winner else 0.0
-    top = lambda config: landscape.evaluate(config).samples_per_second >= (1 - WITHIN) * best  # noqa: E731
+
+    def top(config: TrialConfig) -> bool:
+        return landscape.evaluate(config).samples_per_second >= (1 - WITHIN) * best
+
     return Searched(
         regret=1.0 - picked / best,
         touched=any(top(record.config) for record in outcome.records),
