@@ -144,3 +144,16 @@ def test_the_grid_leaves_out_knobs_no_landscape_models():
     }
     for name in simulate.LANDSCAPES:
         assert not set(simulate.UNMODELLED_KNOBS) & {param.name for param in simulate.grid_space(name).params}
+
+
+def test_confirm_share_sets_the_share_where_the_tuner_reads_it():
+    """benchmarks/confirm_share.py measures searches at other confirmation shares. The tuner reads the share in
+    room.py since session 13's refactor, and the benchmark patched tuner.py's name, which had gone: the share must
+    reach every module that holds it, and be restored after."""
+    from autotune import confirmation, room
+
+    confirm_share = _load("confirm_share")
+    shipped = confirmation.LONG_CONFIRM_SHARE
+    with confirm_share.confirm_share(0.8):
+        assert room.LONG_CONFIRM_SHARE == confirmation.LONG_CONFIRM_SHARE == 0.8
+    assert room.LONG_CONFIRM_SHARE == confirmation.LONG_CONFIRM_SHARE == shipped
