@@ -19,8 +19,12 @@ section, as autotune loads it for that machine):
   AMP; over the device's memory the trial is "oom" (it ends in its first steps), over 90% of it "headroom" (the
   trial's gate: measured in full, then rejected).
 - Without persistent workers every epoch pays the loader's start-up (the trial's objective amortises it per epoch).
-- A trial's wall time: process start, the first batch, the worst-case scan, warm-up, the 10-s window (at least five
-  steps), shutdown. It grows with the step time, as on a GPU.
+- A trial's wall time: process start, the first batch, the worst-case scan, warm-up, the window as a real trial sizes
+  it (autotune/trial/steady.py window_target_s: at least 10 s and two steps, and four fifths of the whole trial, up
+  to 40 s; a GPU trial's 15-25 s of start-up make it 40 s), shutdown. It grows with the step time, as on a GPU.
+  Until session 14 the window here was the 10-s floor alone, so a simulated trial cost about 40 s where a real one
+  costs about 70: budgets are fractions of the grid's time, priced the same way, so the trials per search changed
+  little; the 2-5% noise is per window at the length a trial measures.
 
 The four landscapes, their machines and their calibration against published figures are in
 benchmarks/published_landscapes.py.
@@ -41,13 +45,15 @@ from autotune import space  # noqa: E402
 from autotune.gpus import GpuInfo  # noqa: E402
 from autotune.hardware import Hardware  # noqa: E402
 from autotune.trial import TimingSettings, TrialConfig  # noqa: E402
+from autotune.trial.steady import window_target_s  # noqa: E402
 
 GIB = 2**30
 AMP_ACTIVATIONS = 0.55  # autocast saves conv/linear outputs in 16 bits; losses, statistics and a few others in 32
 ALLOCATOR_OVERHEAD = 1.10
 CUDNN_WORKSPACE_GIB = 0.5  # cudnn.benchmark may pick algorithms with larger workspaces
 HEADROOM = TimingSettings().memory_headroom_fraction
-WINDOW_S, MIN_WINDOW_STEPS = TimingSettings().window_s, TimingSettings().min_window_steps
+TIMING = TimingSettings()
+WINDOW_S, MIN_WINDOW_STEPS = TIMING.window_s, TIMING.min_window_steps
 UNPINNED_EXPOSED = 0.05  # share of the host's per-step time exposed when a pageable copy blocks it (assumed)
 PAGEABLE_BYTES_S, FORK_S, END_S, BENCHMARK_FIRST_S = 6e9, 0.05, 2.0, 1.5  # assumed
 MAX_SHARPNESS = 12.0  # a queue of 64+ batches: at the balance point the soft minimum still loses 6%
@@ -238,7 +244,7 @@ class Landscape:
         warmup_step_s = 1.2 * step_s
         until_window = self.start_s + first_batch_s + scan_s + self.warmup_steps * warmup_step_s
         until_window += BENCHMARK_FIRST_S if config.cudnn_benchmark else 0.0
-        wall = until_window + max(WINDOW_S, MIN_WINDOW_STEPS * step_s) + END_S
+        wall = until_window + max(window_target_s(until_window, TIMING), MIN_WINDOW_STEPS * step_s) + END_S
         feasible = peak <= (1.0 - HEADROOM) * capacity
         return Expected(
             status="ok" if feasible else "headroom",

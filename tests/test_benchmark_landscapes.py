@@ -65,6 +65,22 @@ def test_out_of_memory_cliff_ends_a_trial_early_and_amp_moves_it():
     assert eres.evaluate(dataclasses.replace(eres_fits, per_device_batch_size=128)).status == "oom"
 
 
+@pytest.mark.parametrize("name", list(LANDSCAPES))
+def test_a_simulated_trial_measures_as_long_a_window_as_a_real_one(name):
+    """The window a real trial measures is sized by autotune/trial/steady.py (four fifths of the trial, 10 to 40 s):
+    a simulated trial costs the same, where it once measured the 10-s floor alone and cost about half a real one."""
+    from autotune.trial import TimingSettings
+    from autotune.trial.steady import expected_trial_s, window_target_s
+
+    landscape, config = _recipe(name)
+    expected = landscape.evaluate(config)
+    window_s = expected.wall_s - expected.until_window_s - landscapes.END_S
+    assert window_s == pytest.approx(window_target_s(expected.until_window_s, TimingSettings()))
+    assert window_s > 2 * landscapes.WINDOW_S  # GPU start-up of 15-25 s: the window is stretched, up to 40 s
+    fixed_s = landscape.start_s + landscapes.END_S
+    assert expected.wall_s == pytest.approx(expected_trial_s(expected.step_s, fixed_s, TimingSettings()), rel=0.25)
+
+
 def test_headroom_band_measures_in_full_and_rejects():
     landscape, config = _recipe("conformer 1xRTX4090 short clips", per_device_batch_size=96, precision="fp32")
     expected = landscape.evaluate(config)
