@@ -33,6 +33,7 @@ benchmarks/published_landscapes.py.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -59,6 +60,9 @@ PAGEABLE_BYTES_S, FORK_S, END_S, BENCHMARK_FIRST_S = 6e9, 0.05, 2.0, 1.5  # assu
 MAX_SHARPNESS = 12.0  # a queue of 64+ batches: at the balance point the soft minimum still loses 6%
 HYPERTHREAD_GAIN = 0.25  # a second hardware thread on a busy core adds about a quarter (assumed)
 FBANK_BYTES_PER_FRAME = 80 * 4
+# Knobs no landscape models: evaluate() never reads them (their GPU gains and costs are not calibrated here). The
+# searches still search them, as the shipped spaces do; the grid (simulate.py) and best() hold each at one value.
+UNMODELLED_KNOBS = ("optimizer_impl", "compile", "activation_checkpointing", "feature_device", "in_order")
 
 
 def without_bucket_batches(data: dict[str, Any]) -> dict[str, Any]:
@@ -258,6 +262,14 @@ class Landscape:
         )
 
     def best(self) -> tuple[TrialConfig, float]:
-        """The fastest feasible configuration of the shipped space and its samples/s (every point evaluated)."""
-        configs = [self.config(point) for point in self.space().iter_points()]
-        return max(((config, self.evaluate(config).samples_per_second) for config in configs), key=lambda x: x[1])
+        """The fastest feasible configuration of the shipped space and its samples/s: every point evaluated, the
+        knobs no landscape models (UNMODELLED_KNOBS) held at one value, since evaluate() never reads them (the
+        conformer's 20 million points are 410,000 evaluations: 7 min -> 10 s on this machine, the same best)."""
+        shipped = self.space()
+        modelled = dataclasses.replace(
+            shipped, params=tuple(param for param in shipped.params if param.name not in UNMODELLED_KNOBS)
+        )
+        evaluated = (
+            (config, self.evaluate(config).samples_per_second) for config in map(self.config, modelled.iter_points())
+        )
+        return max(evaluated, key=lambda pair: pair[1])

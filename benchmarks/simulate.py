@@ -49,7 +49,7 @@ from autotune import space  # noqa: E402
 from autotune.candidates import config_key  # noqa: E402
 from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec  # noqa: E402
 from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
-from benchmarks.landscapes import GIB, Landscape, without_bucket_batches  # noqa: E402
+from benchmarks.landscapes import GIB, UNMODELLED_KNOBS, Landscape, without_bucket_batches  # noqa: E402
 from benchmarks.published_landscapes import LANDSCAPES  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -71,9 +71,6 @@ GRIDS: dict[str, dict[str, list[Any]]] = {
         "pin_memory": [True],
     },
 }
-
-
-UNMODELLED_KNOBS = ("optimizer_impl", "compile", "activation_checkpointing", "feature_device", "in_order")
 
 
 @cache
