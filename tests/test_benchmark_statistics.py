@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -187,3 +189,50 @@ def test_ablation_sends_worker_only_knobs_back_with_the_workers():
     )
     names = set(ablation.flips(conformer_winner, conformer_recipe))
     assert names == {"batch_type dynamic -> static", "max_frames_in_batch 48000 -> 12000"}
+
+
+def _window(rate: float, cv: float | None, window_s: float, steps: int):
+    from autotune.trial import TrialResult
+
+    return TrialResult(
+        status="ok",
+        samples_per_second=rate,
+        window_samples_per_second=rate,
+        throughput_cv=cv,
+        window_s=window_s,
+        window_steps=steps,
+    )
+
+
+def test_window_noise_splits_the_spread_into_the_quarters_part_and_the_rest():
+    """window_noise.py: a window's variance is the quarters' (the population CV of n parts over n - 1) plus a
+    per-trial part; the white density q makes the quarters' part at length L sqrt(q / L)."""
+    window_noise = _load("window_noise")
+    # four-part windows (16 steps over 40 s) with a quarters' CV of 6%: within^2 = 0.06^2 / 3
+    results = [_window(rate, 0.06, 40.0, 16) for rate in (100.0, 112.0, 92.0, 104.0)]
+    found = window_noise.split(results)
+    total2 = statistics.variance([math.log(r.samples_per_second) for r in results])
+    assert found.trials == 4 and found.window_s == 40.0
+    assert found.total == pytest.approx(math.sqrt(total2))
+    assert found.within == pytest.approx(0.06 / math.sqrt(3))
+    assert found.per_trial == pytest.approx(math.sqrt(total2 - 0.06**2 / 3))
+    # nothing left per trial when the quarters explain more than the spread
+    calm = window_noise.split([_window(rate, 0.2, 40.0, 16) for rate in (100.0, 100.5)])
+    assert calm.per_trial == 0.0
+    # q from two lengths, weighted by trials: within^2 x L
+    short = window_noise.Split(window_s=10.0, trials=2, total=0.05, within=0.04, per_trial=0.03)
+    long = window_noise.Split(window_s=40.0, trials=2, total=0.035, within=0.02, per_trial=0.029)
+    assert window_noise.white_density([short, long]) == pytest.approx((0.04**2 * 10 + 0.02**2 * 40) / 2)
+
+
+def test_window_noise_counts_parts_as_the_trial_loop_cuts_them():
+    """A window of 3 steps has one part (throughput_cv's rule: two steps and a second each), so it says nothing of
+    the noise within it; one trial alone has no spread."""
+    window_noise = _load("window_noise")
+    assert window_noise.window_parts(_window(10.0, 0.0, 6.0, 3)) == 1
+    assert window_noise.within_variance(_window(10.0, 0.0, 6.0, 3)) is None
+    assert window_noise.window_parts(_window(10.0, 0.1, 3.5, 8)) == 3  # three 1-s parts in 3.5 s
+    assert window_noise.within_variance(_window(10.0, 0.1, 3.5, 8)) == pytest.approx(0.01 / 2)
+    assert window_noise.split([_window(10.0, 0.1, 40.0, 16)]) is None
+    assert window_noise.timing(25.0).max_window_s == 25.0
+    assert window_noise.timing(25.0).min_timed_share == 0.0

@@ -1,0 +1,179 @@
+"""How a window's noise splits: per trial (what a longer window cannot average away) and within it (what it can).
+
+Real trials of one configuration (each its own subprocess, as `autotune run` measures them), REPS at each of two or
+more window lengths, interleaved (the lengths' order alternates from one repetition to the next, so a machine that
+drifts drifts for all of them). For each length L:
+
+- total: the spread of the trials' log throughput across trials, s(L);
+- within: the part the window's own quarters show (TrialResult.throughput_cv, the spread of its quarters' rates: the
+  window's rate is their mean, with 1/(n-1) of the quarters' variance for n quarters);
+- per trial: what is left, sqrt(s(L)^2 - within^2): process start, placement, clocks, anything a trial keeps for its
+  whole life.
+
+If the noise within a window is white, within^2 falls as 1/L and the per-trial part is the same at every length.
+Why it matters (issue 18): benchmarks/simulate.py draws a window's noise once per trial whatever its length, so there
+a confirmation trial's cost is mostly start-up and a shorter window is as good as a long one; where the noise is
+white, a longer window is quieter. The simulator's figures for the conformer move by several points between the two
+(benchmarks/results/issue18/NOTES.md), and which one a GPU has is what this measures there:
+
+    .venv/bin/python benchmarks/window_noise.py --windows 10 40 --reps 6 --out benchmarks/results/window_noise-cpu.md
+    python benchmarks/window_noise.py --device cuda --windows 5 20 --reps 5    # on a lent GPU, about 4 minutes
+
+The statistics assume few trials: with 6 per length, a standard deviation is known to about +-30%, so read the split
+as which part dominates, not to the digit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
+
+from autotune import space, yamlio  # noqa: E402
+from autotune.data import default_source  # noqa: E402
+from autotune.hardware import probe  # noqa: E402
+from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch  # noqa: E402
+from autotune.trial.loop import MIN_STABILITY_PART_S  # noqa: E402
+from benchmarks.tables import markdown_table, publish  # noqa: E402
+
+QUARTERS = 4  # throughput_cv's parts of a window, at most (trial/loop.py)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Split:
+    """The noise of one window length, as standard deviations of the log throughput (about a relative deviation)."""
+
+    window_s: float  # the median window measured
+    trials: int
+    total: float
+    within: float
+    per_trial: float  # sqrt(max(0, total^2 - within^2))
+
+
+def window_parts(result: TrialResult) -> int:
+    """How many parts throughput_cv cut this trial's window into (trial/loop.py throughput_cv's rule)."""
+    steps, seconds = result.window_steps, result.window_s or 0.0
+    return min(QUARTERS, steps // 2, int(seconds / MIN_STABILITY_PART_S))
+
+
+def within_variance(result: TrialResult) -> float | None:
+    """Variance of the window's log rate that its own parts show: their relative variance (throughput_cv is a
+    population spread: n/(n-1) makes it a sample one) over their count."""
+    parts = window_parts(result)
+    if result.throughput_cv is None or parts < 2:
+        return None
+    return result.throughput_cv**2 / (parts - 1)
+
+
+def split(results: Sequence[TrialResult]) -> Split | None:
+    """The split of one window length's trials; None with fewer than two measured trials or none with parts."""
+    ok = [r for r in results if r.feasible and r.samples_per_second and r.window_s]
+    within = [v for v in (within_variance(r) for r in ok) if v is not None]
+    if len(ok) < 2 or not within:
+        return None
+    total2 = statistics.variance([math.log(r.samples_per_second or 0.0) for r in ok])
+    within2 = statistics.fmean(within)
+    return Split(
+        window_s=statistics.median(r.window_s or 0.0 for r in ok),
+        trials=len(ok),
+        total=math.sqrt(total2),
+        within=math.sqrt(within2),
+        per_trial=math.sqrt(max(0.0, total2 - within2)),
+    )
+
+
+def white_density(splits: Sequence[Split]) -> float | None:
+    """q (variance x seconds) of white within-window noise fitted to every length's within part, weighted by trials;
+    the within part at length L is then sqrt(q / L)."""
+    if not splits:
+        return None
+    return sum(s.trials * s.within**2 * s.window_s for s in splits) / sum(s.trials for s in splits)
+
+
+def configuration(workload: str, device: str, seed: int) -> TrialConfig:
+    """The shipped space's seed (0: its baseline) as this machine resolves it."""
+    loaded = space.load(space.space_path(workload), probe(device))
+    params = loaded.baseline if seed == 0 else loaded.seeds[seed - 1]
+    return TrialConfig.from_params({**loaded.fixed, **params})
+
+
+def timing(window_s: float) -> TimingSettings:
+    """A window of exactly window_s: not stretched to a share of the trial, not beyond window_s."""
+    return TimingSettings(window_s=window_s, min_timed_share=0.0, max_window_factor=1.0)
+
+
+def _row(splits: dict[float, Split | None], window_s: float, q: float | None) -> dict[str, object]:
+    found = splits[window_s]
+    if found is None:
+        return {"window asked (s)": f"{window_s:g}", "trials": 0}
+    white = f"{math.sqrt(q / found.window_s):.2%}" if q else "-"
+    return {
+        "window asked (s)": f"{window_s:g}",
+        "window measured (s)": f"{found.window_s:.1f}",
+        "trials": found.trials,
+        "total": f"{found.total:.2%}",
+        "within (quarters)": f"{found.within:.2%}",
+        "within if white (all lengths)": white,
+        "per trial": f"{found.per_trial:.2%}",
+        "per-trial share of the variance": f"{found.per_trial**2 / found.total**2:.0%}" if found.total else "-",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
+    parser.add_argument("--workload", default="cam++")
+    parser.add_argument("--seed", type=int, default=2, help="the space's seed to measure, 1-based (0: the baseline)")
+    parser.add_argument("--windows", type=float, nargs="+", default=[10.0, 40.0], help="window lengths in seconds")
+    parser.add_argument("--reps", type=int, default=6, help="trials per window length")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown, + .json)")
+    args = parser.parse_args()
+    device = args.device or probe("auto").device_type
+    config = configuration(args.workload, device, args.seed)
+    results: dict[float, list[TrialResult]] = {window: [] for window in args.windows}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as folder:
+        data_file = str(yamlio.write_json(Path(folder) / "data.json", default_source().to_dict()))
+        for rep in range(args.reps):
+            for window in args.windows if rep % 2 == 0 else list(reversed(args.windows)):
+                workdir = Path(folder) / f"{rep}-{window:g}"
+                spec = TrialSpec(
+                    workload=args.workload,
+                    workload_options={},
+                    data_file=data_file,
+                    config=config,
+                    timing=timing(window),
+                    device_type=device,
+                    result_path=str(workdir / "result.json"),
+                )
+                result = launch(spec, workdir=workdir, timeout_s=600)
+                results[window].append(result)
+                print(
+                    f"rep {rep} window {window:4g} s: {result.status:<8} {result.samples_per_second or 0:8.2f} "
+                    f"samples/s, quarters' CV {result.throughput_cv or 0:.3f}, window {result.window_s or 0:5.1f} s "
+                    f"({result.window_steps} steps), wall {result.wall_s or 0:5.1f} s",
+                    flush=True,
+                )
+    splits = {window: split(found) for window, found in results.items()}
+    q = white_density([found for found in splits.values() if found is not None])
+    lines = markdown_table([_row(splits, window, q) for window in args.windows])
+    load_after = os.getloadavg()
+    lines.append(
+        f"\n{args.workload} {config.short()} on {device}; load average (1 min) {load_before[0]:.1f} at the start, "
+        f"{load_after[0]:.1f} at the end; {args.reps} trials per length, interleaved"
+    )
+    publish(
+        lines, args.out, {f"{window:g}": [r.to_dict() | {"log_tail": ""} for r in rs] for window, rs in results.items()}
+    )
+
+
+if __name__ == "__main__":
+    main()
