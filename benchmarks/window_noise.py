@@ -4,7 +4,7 @@ Real trials of one configuration (each its own subprocess, as `autotune run` mea
 more window lengths, interleaved (the lengths' order alternates from one repetition to the next, so a machine that
 drifts drifts for all of them). For each length L:
 
-- total: the spread of the trials' log throughput across trials, s(L);
+- total: the spread of the windows' log throughput across trials, s(L);
 - within: the part the window's own quarters show (TrialResult.throughput_cv, the spread of its quarters' rates: the
   window's rate is their mean, with 1/(n-1) of the quarters' variance for n quarters);
 - per trial: what is left, sqrt(s(L)^2 - within^2): process start, placement, clocks, anything a trial keeps for its
@@ -17,7 +17,7 @@ white, a longer window is quieter. The simulator's figures for the conformer mov
 (benchmarks/results/issue18/NOTES.md), and which one a GPU has is what this measures there:
 
     .venv/bin/python benchmarks/window_noise.py --windows 10 40 --reps 6 --out benchmarks/results/window_noise-cpu.md
-    python benchmarks/window_noise.py --device cuda --windows 5 20 --reps 5    # on a lent GPU, about 4 minutes
+    python benchmarks/window_noise.py --device cuda --windows 5 20 --reps 5    # on a lent GPU, about 5 minutes
 
 The statistics assume few trials: with 6 per length, a standard deviation is known to about +-30%, so read the split
 as which part dominates, not to the digit.
@@ -73,13 +73,18 @@ def within_variance(result: TrialResult) -> float | None:
     return result.throughput_cv**2 / (parts - 1)
 
 
+def _window_rate(result: TrialResult) -> float:
+    """The timed window's own rate (its quarters are what throughput_cv cuts), else the objective."""
+    return result.window_samples_per_second or result.samples_per_second or 0.0
+
+
 def split(results: Sequence[TrialResult]) -> Split | None:
     """The split of one window length's trials; None with fewer than two measured trials or none with parts."""
-    ok = [r for r in results if r.feasible and r.samples_per_second and r.window_s]
+    ok = [r for r in results if r.feasible and _window_rate(r) and r.window_s]
     within = [v for v in (within_variance(r) for r in ok) if v is not None]
     if len(ok) < 2 or not within:
         return None
-    total2 = statistics.variance([math.log(r.samples_per_second or 0.0) for r in ok])
+    total2 = statistics.variance([math.log(_window_rate(r)) for r in ok])
     within2 = statistics.fmean(within)
     return Split(
         window_s=statistics.median(r.window_s or 0.0 for r in ok),
