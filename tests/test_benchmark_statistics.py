@@ -236,3 +236,16 @@ def test_window_noise_counts_parts_as_the_trial_loop_cuts_them():
     assert window_noise.split([_window(10.0, 0.1, 40.0, 16)]) is None
     assert window_noise.timing(25.0).max_window_s == 25.0
     assert window_noise.timing(25.0).min_timed_share == 0.0
+
+
+def test_amp_floor_rejection_rate_is_exact_on_the_empirical_draws():
+    """amp_floor.py: a rule (runs, margin) rejects an AMP draw d when every one of `runs` fp32 draws strayed less than
+    d / margin; on empirical draws that is F(d / m) ** runs, averaged over the AMP draws."""
+    amp_floor = _load("amp_floor")
+    fp32 = [0.1, 0.2, 0.3, 0.4]
+    # d = 0.5: 0.5 / 2 = 0.25 -> F = 2/4; d = 0.1: F(0.05) = 0
+    assert amp_floor.rejection_rate(fp32, [0.5, 0.1], runs=1, margin=2.0) == pytest.approx((0.5 + 0.0) / 2)
+    assert amp_floor.rejection_rate(fp32, [0.5, 0.1], runs=3, margin=2.0) == pytest.approx((0.125 + 0.0) / 2)
+    # strictly less: a floor equal to d / m allows d
+    assert amp_floor.rejection_rate(fp32, [0.4], runs=1, margin=2.0) == pytest.approx(0.25)
+    assert amp_floor.rejection_rate(fp32, [10.0], runs=2, margin=1.5) == 1.0
