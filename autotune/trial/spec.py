@@ -253,6 +253,11 @@ class TrialResult:
     window_s: float | None = None
     warmup_s: float | None = None
     warmup_steps: int | None = None
+    warmup_first_steps_s: list[float] | None = None  # the first warm-up steps' times: where start-up went
+    # CUDA: the peak before the restart after warm-up (trial/memory.py: cuDNN's benchmark search), kept, not judged;
+    # and the allocator's retries after freeing its cache (a search that took the whole free device shows here)
+    warmup_peak_memory_bytes: int | None = None
+    cuda_alloc_retries: int | None = None
     loader_start_s: float | None = None  # iter(loader) to first batch: what each epoch pays without persistent workers
     start_s: float | None = None  # from the parent's launch to the child's main(): process start and imports
     setup_s: float | None = None  # from main(): process group, model, data and loader build

@@ -68,10 +68,11 @@ def _measure(
     config: TrialConfig | None = None,
     spent_before_s: float = 0.0,
     total_batches: int = 200,
+    memory: PeakMemory | None = None,
 ) -> WindowMeasurement:
     config = config or TrialConfig(per_device_batch_size=4)
     loader = build_loader(setup, config, total_batches=total_batches, seed=0)
-    memory = PeakMemory(torch.device("cpu"))
+    memory = memory or PeakMemory(torch.device("cpu"))
     try:
         return measure(
             setup,
@@ -257,3 +258,42 @@ def test_the_erratic_gate_rejects_a_stalling_window_and_can_be_switched_off():
     assert gate(0.1, 0.25).status == "ok"
     assert gate(None, 0.25).status == "ok"  # a window too short to judge is not condemned
     assert gate(0.5, None).status == "ok"
+
+
+class _RestartingMemory(PeakMemory):
+    """PeakMemory on a CPU that behaves as on CUDA: records the restart's calls in order."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+        self.calls: list[str] = []
+
+    @property
+    def restarts_on_cuda(self) -> bool:
+        return True
+
+    def sample(self) -> int:
+        self.calls.append("sample")
+        return super().sample()
+
+    def drop_cache(self) -> None:
+        self.calls.append("drop")
+
+    def restart(self) -> None:
+        self.calls.append("restart")
+
+
+@pytest.mark.parametrize("accum", [1, 3])
+def test_on_cuda_the_peak_restarts_after_warm_up_with_one_more_optimiser_step(clock, accum):
+    """Warm-up's peak is kept apart (cuDNN's search, trial/memory.py), the cache emptied, one more optimiser step (all
+    its micro-batches) grows the working set again, then the peak counts: those steps are warm-up's."""
+    setup = _setup(slow_steps=3, clock=clock)
+    timing = TimingSettings(warmup_steps=2, max_warmup_steps=12, window_s=0.1, min_window_steps=3, **FORWARD)
+    config = TrialConfig(per_device_batch_size=4, grad_accum_steps=accum)
+    plain = _measure(_setup(slow_steps=3, clock=clock), timing, config)
+    memory = _RestartingMemory()
+    result = _measure(setup, timing, config, total_batches=planned_batches(timing, accum), memory=memory)
+    assert memory.calls[:3] == ["sample", "drop", "restart"]
+    assert result.warmup_peak_memory_bytes and result.warmup_peak_memory_bytes > 0
+    assert result.warmup_steps == plain.warmup_steps + accum
+    assert result.warmup_first_steps_s == pytest.approx([0.2, 0.1, 0.05, 0.005][: len(result.warmup_first_steps_s)])
+    assert plain.warmup_peak_memory_bytes is None  # a CPU's peak counts from the first step

@@ -25,7 +25,20 @@ def test_warm_up_needs_its_steps_and_seconds_and_settles_only_where_asked():
     assert warmup_done([12.0], timing, require_settled=False)  # one long step: start-up is in it
     assert not warmup_done([12.0], timing, require_settled=True)  # the forward rule needs two to agree
     assert warmup_done([12.0, 10.5], timing, require_settled=True)
-    assert warmup_done([5.0, 20.0, 6.0], timing, require_settled=True)  # 31 s: the cap, settled or not
+    assert warmup_done([5.0, 20.0, 11.0], timing, require_settled=True)  # 31 s after the first: the cap
+    assert not warmup_done([5.0, 20.0, 6.0], timing, require_settled=True)  # 26 s after it: must still settle
+
+
+def test_the_warm_up_cap_counts_from_the_second_step_so_a_long_start_up_is_never_the_window_s_front():
+    """On an H200 a fresh CAM++ trial's first step took 31 s (gpu_proof-h200.md): past the 30-s cap at once, the window
+    began right after it with nothing seen to settle."""
+    timing = TimingSettings(warmup_steps=1, window_s=10.0)
+    assert not warmup_done([31.0], timing, require_settled=True)
+    assert not warmup_done([31.0, 0.4], timing, require_settled=True)  # one step after it: nothing to compare yet
+    steady = [31.0] + [0.19] * 8  # chunks of 0.5 s: three steps each
+    assert warmup_done(steady, timing, require_settled=True)
+    assert warmup_done([31.0] + [0.19, 0.5] * 60, timing, require_settled=True)  # never settles: capped after 30 s
+    assert warmup_done([31.0], timing, require_settled=False)  # a CPU rank judges with hindsight instead
 
 
 def test_the_window_is_worth_three_times_the_trials_cost_before_it_within_bounds():
