@@ -92,6 +92,8 @@ def check_precisions(
     result = run_amp_check(spec, folder)
     if result.status == "ok":
         shutil.rmtree(folder, ignore_errors=True)
+    elif result.status == "partial":
+        logger.warning("the AMP check was cut short (%s)", result.reason)
     else:
         logger.warning("the AMP check could not judge (%s); no precision is rejected", result.reason)
     return result
@@ -325,7 +327,9 @@ def assess(
     if amp is not None:
         metrics["amp_check"] = amp.report()
         notes.extend(rejected.values())
-        if amp.status != "ok":
+        if amp.status == "partial":
+            notes.append(f"the AMP check was cut short: {amp.reason}")
+        elif amp.status != "ok":
             notes.append(f"the AMP check could not judge: {amp.reason}")
     metrics["preload"], preload_note = preload_report(outcome)
     if preload_note:

@@ -26,12 +26,13 @@ strays far beyond the floor.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,12 @@ class AmpCheckSpec:
             "compile_modes": list(self.compile_modes),
         }
 
+    def labels(self) -> list[str]:
+        """What the check judges: each precision, then each compile mode's label (compile_modes.check_label)."""
+        from autotune.compile_modes import check_label
+
+        return [*self.precisions, *(check_label(mode) for mode in self.compile_modes)]
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AmpCheckSpec:
         return cls(
@@ -104,6 +111,9 @@ class AmpCheckResult:
 
     status: str
     reason: str = ""
+    # "partial": the check ran out of time; only the verdicts named in `final` stand (a precision beyond the tolerance
+    # whose floor runs were not all taken is not final, and not rejected)
+    final: list[str] = field(default_factory=list)
     reference_losses: list[float] = field(default_factory=list)
     verdicts: list[PrecisionVerdict] = field(default_factory=list)
     # fp32 from perturbed weights, run only while some precision strays beyond what is allowed: each run's deviation,
@@ -117,6 +127,8 @@ class AmpCheckResult:
 
     def rejected(self) -> dict[str, str]:
         """Precision -> why every trial with it is infeasible."""
+        if self.status == "partial":
+            return {v.precision: v.reason for v in self.verdicts if not v.accepted and v.precision in self.final}
         return {v.precision: v.reason for v in self.verdicts if not v.accepted} if self.status == "ok" else {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,18 +198,29 @@ def amp_precisions(space: SearchSpace) -> tuple[str, ...]:
     return tuple(precision for precision in space_precisions(space) if precision in ("bf16", "fp16"))
 
 
-def run_check(spec: AmpCheckSpec) -> AmpCheckResult:
+def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambda result: None) -> AmpCheckResult:
     """Train the fp32 reference and each precision's curve in this process; never raises for a failing precision.
 
     Only when some precision strays beyond the fixed tolerance is fp32's own divergence measured (the noise floor):
     fp32 again from initial weights perturbed by rounding-sized noise. Where training is chaotic (a high learning
     rate from the first step), that floor is large and the precision is judged against it.
+
+    The precisions are judged to the end first, floor included, then the compile modes (compiling is slow on a GPU):
+    `save` gets the result, status "partial", each time more of it is final, so that a check stopped at its time
+    limit keeps what it judged (run_amp_check).
     """
     settings = spec.settings
     result = AmpCheckResult(status="ok", settings=settings.to_dict())
+    started = time.perf_counter()
+
+    def progress(what: str) -> None:  # the log says where the check's time went, also when it is killed
+        print(f"AMP check: {what} at {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
     try:
         runner = CurveRunner(spec.trial, spec.settings)
+        progress("built")
         result.reference_losses = runner.curve("fp32")
+        progress("fp32 reference trained")
     except Exception as error:
         result.status, result.reason = "error", f"the fp32 reference failed: {type(error).__name__}: {error}"[:300]
         result.log_tail = traceback.format_exc()[-_LOG_TAIL_CHARS:]
@@ -212,14 +235,32 @@ def run_check(spec: AmpCheckSpec) -> AmpCheckResult:
             reason = f"{precision} rejected by the AMP check: training raised {type(error).__name__}: {error}"
             result.verdicts.append(PrecisionVerdict(precision=precision, accepted=False, reason=reason[:300]))
             continue
+        finally:
+            progress(f"{precision} trained")
         result.verdicts.append(judge(precision, result.reference_losses, losses, settings))
+    _judge_on_the_floor(runner, result, settings, progress)
+    _save_partial(result, save)
     reference = result.reference_losses
-    result.verdicts += [_compiled_verdict(runner, mode, reference, settings) for mode in spec.compile_modes]
-    _judge_on_the_floor(runner, result, settings)
+    for mode in spec.compile_modes:
+        result.verdicts.append(_compiled_verdict(runner, mode, reference, settings))
+        progress(f"{result.verdicts[-1].precision} trained")
+    _judge_on_the_floor(runner, result, settings, progress)
+    result.final = [v.precision for v in result.verdicts]
     return result
 
 
-def _judge_on_the_floor(runner: CurveRunner, result: AmpCheckResult, settings: AmpCheckSettings) -> None:
+def _save_partial(result: AmpCheckResult, save: Callable[[AmpCheckResult], None]) -> None:
+    """Hand `save` the result as it stands, every verdict in it final (the floor is behind them)."""
+    result.final = [v.precision for v in result.verdicts]
+    save(dataclasses.replace(result, status="partial", reason="", verdicts=list(result.verdicts)))
+
+
+def _judge_on_the_floor(
+    runner: CurveRunner,
+    result: AmpCheckResult,
+    settings: AmpCheckSettings,
+    progress: Callable[[str], None] = lambda what: None,
+) -> None:
     """Where a curve strays beyond the tolerance, measure how far fp32 itself strays from rounding-sized weight noise
     and judge again against the most it strayed: one perturbed run at a time, while some precision is still beyond
     the allowance, up to settings.floor_runs. Training that is chaotic (a high learning rate from the first step)
@@ -233,6 +274,7 @@ def _judge_on_the_floor(runner: CurveRunner, result: AmpCheckResult, settings: A
     while still_out() and len(result.floor_deviations) < settings.floor_runs:
         draw = len(result.floor_deviations)
         losses = runner.curve("fp32", perturbation=settings.perturbation, draw=draw)
+        progress(f"perturbed fp32 {draw + 1} trained")
         deviation = compare_curves(reference, losses, settings.smoothing_steps)[0]
         result.floor_deviations.append(deviation)
         if not math.isfinite(deviation):  # perturbed fp32 blew up: it says nothing of how far rounding moves a curve
@@ -270,7 +312,12 @@ def main(argv: list[str]) -> int:
     module is imported (trial/lifeline.py)."""
     started = time.perf_counter()
     spec = AmpCheckSpec.from_dict(yamlio.read_json(argv[0]))
-    result = run_check(spec)
+
+    def save(partial: AmpCheckResult) -> None:
+        partial.wall_s = time.perf_counter() - started
+        yamlio.write_json(spec.trial.result_path, partial.to_dict())
+
+    result = run_check(spec, save)
     result.wall_s = time.perf_counter() - started
     yamlio.write_json(spec.trial.result_path, result.to_dict())
     return 0
@@ -294,6 +341,13 @@ def run_amp_check(spec: AmpCheckSpec, workdir: Path) -> AmpCheckResult:
     )
     if returncode == 0 and result_path.exists():
         result = AmpCheckResult.from_dict(yamlio.read_json(result_path))
+    elif returncode is None and result_path.exists():  # out of time, with the precisions judged: keep those
+        result = AmpCheckResult.from_dict(yamlio.read_json(result_path))
+        unjudged = [label for label in spec.labels() if label not in result.final]
+        result.reason = (
+            f"no full result within {timeout_s:.0f} s: judged {', '.join(result.final) or 'nothing'}; "
+            f"{', '.join(unjudged)} not judged, so not rejected; see {log_path}"
+        )
     else:
         why = f"no result within {timeout_s:.0f} s" if returncode is None else describe_exit(returncode)
         result = AmpCheckResult(status="error", reason=f"the AMP check process failed ({why}); see {log_path}")

@@ -11,8 +11,10 @@ from torch import nn
 
 from autotune import space
 from autotune.trial.amp_check import (
+    AmpCheckResult,
     AmpCheckSettings,
     AmpCheckSpec,
+    PrecisionVerdict,
     amp_precisions,
     calibrate_scaler,
     compare_curves,
@@ -92,6 +94,64 @@ def test_the_floor_is_the_worst_of_up_to_three_perturbed_runs(monkeypatch, floor
     assert result.floor_deviation_fraction == pytest.approx(max(finite))
     reported = [floor if math.isfinite(floor) else None for floor in floors[: len(drawn)]]  # YAML has no infinity
     assert result.report()["fp32_perturbed_deviations"] == pytest.approx(reported)
+
+
+def test_precisions_are_judged_to_the_end_before_compiling_and_saved_as_they_become_final(monkeypatch):
+    """Compiling is slow on a GPU (an H200's 60-s check ended with nothing: gpu_proof-h200.md): the precisions are
+    judged first, floor included, and saved; only then the compile modes."""
+    from autotune.trial import amp_check
+
+    reference = [10.0] * 8
+    curves = {"fp32": reference, "bf16": [13.0] * 8, "fp16": [10.1] * 8}
+    runner = _ScriptedRunner(curves, [0.05, 0.05, 0.05])
+    monkeypatch.setattr(amp_check, "CurveRunner", lambda trial, settings: runner)
+    saved: list[AmpCheckResult] = []
+    settings = AmpCheckSettings(steps=8, smoothing_steps=1)
+    spec = AmpCheckSpec(trial=None, precisions=("bf16", "fp16"), settings=settings, compile_modes=("default",))
+    result = amp_check.run_check(spec, saved.append)
+    (partial,) = saved
+    assert partial.status == "partial" and partial.final == ["bf16", "fp16"] and len(partial.verdicts) == 2
+    assert list(partial.rejected()) == ["bf16"]  # 30% against 2 x 5%, after three perturbed runs: final
+    assert runner.drawn == [0, 1, 2]  # the floor ran before anything compiled
+    assert result.status == "ok" and result.final == ["bf16", "fp16", "compile=default"]
+    assert list(result.rejected()) == ["bf16"]
+
+
+def test_a_partial_result_rejects_only_what_is_final():
+    out = PrecisionVerdict(precision="bf16", accepted=False, reason="bf16 strays", max_deviation_fraction=0.3)
+    fine = PrecisionVerdict(precision="fp16", accepted=True)
+    assert AmpCheckResult(status="partial", verdicts=[out, fine], final=[]).rejected() == {}
+    assert AmpCheckResult(status="partial", verdicts=[out, fine], final=["bf16", "fp16"]).rejected() == {
+        "bf16": "bf16 strays"
+    }
+    assert AmpCheckResult(status="error", verdicts=[out], final=["bf16"]).rejected() == {}
+
+
+def test_a_check_out_of_time_keeps_what_it_judged(monkeypatch, tmp_path: Path, tiny_corpus: Path):
+    """The child saved its precisions' verdicts, then ran out of time compiling: the parent keeps them and says what
+    was not judged (and so not rejected)."""
+    import importlib
+
+    from autotune import yamlio
+
+    launch = importlib.import_module("autotune.trial.launch")  # the package's `launch` is a function of that name
+
+    trial = faulty_spec(tmp_path, tiny_corpus, 1)
+    out = PrecisionVerdict(precision="bf16", accepted=False, reason="bf16 strays", max_deviation_fraction=0.3)
+    partial = AmpCheckResult(status="partial", verdicts=[out], final=["bf16"], reference_losses=[1.0])
+
+    def times_out(module, args, *, env, log_path, timeout_s):
+        yamlio.write_json(trial.result_path, partial.to_dict())
+        Path(log_path).write_text("AMP check: bf16 trained at 20.0 s\n")
+        return None
+
+    monkeypatch.setattr(launch, "run_child", times_out)
+    settings = AmpCheckSettings(timeout_s=60)
+    spec = AmpCheckSpec(trial=trial, precisions=("bf16",), settings=settings, compile_modes=("default",))
+    result = run_amp_check(spec, tmp_path / "c")
+    assert result.status == "partial" and result.rejected() == {"bf16": "bf16 strays"}
+    assert "no full result within 60 s: judged bf16; compile=default not judged, so not rejected" in result.reason
+    assert "bf16 trained at 20.0 s" in result.log_tail
 
 
 def test_the_space_decides_which_precisions_are_checked():
