@@ -87,6 +87,18 @@ def test_a_rehearsal_runs_each_step_in_its_own_process_and_a_failure_does_not_st
     assert "CPU rehearsal" in out.read_text()
 
 
+@pytest.mark.slow
+def test_the_cudnn_step_measures_each_setting_in_a_fresh_process(tmp_path) -> None:
+    """In one process the benchmark pass met shapes the heuristic pass had already chosen for, and searched nothing
+    (an H200: 0.19 s against a trial's 23-31 s first step, gpu_proof-h200.md); each setting now starts fresh."""
+    report = run_proof(ProofSettings(out=tmp_path / "r.md", steps=("cudnn_benchmark",), rehearse_on_cpu=True))
+    (cudnn,) = report.steps
+    assert cudnn.error is None or cudnn.error == "", cudnn.error
+    for key in ("first_step_off_s", "step_off_s", "first_step_on_s", "step_on_s"):
+        assert cudnn.numbers[key] > 0, key
+    assert "fresh process" in " ".join(cudnn.notes)
+
+
 def _benchmark_script():
     import importlib.util
     from pathlib import Path
