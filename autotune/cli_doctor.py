@@ -56,6 +56,10 @@ def doctor(
         "gpu_proof.md"
     ),
     time_limit: Annotated[float, typer.Option(help="Seconds --gpu-proof may take in all.")] = 600.0,
+    proof_steps: Annotated[
+        Optional[str],
+        typer.Option(help="Only these --gpu-proof steps, comma-separated (e.g. to re-run what failed)."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
     logging.basicConfig(
@@ -64,7 +68,7 @@ def doctor(
         stream=sys.stderr,
     )
     if gpu_proof:
-        _prove(out, time_limit)
+        _prove(out, time_limit, proof_steps)
         return
     from autotune.doctor import DoctorRequest, diagnose
     from autotune.doctor.render import render_json, render_table, summary_line
@@ -89,11 +93,12 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
-def _prove(out: Path, time_limit_s: float) -> None:
+def _prove(out: Path, time_limit_s: float, steps: str | None) -> None:
     from autotune.gpu_proof import ProofSettings, run_proof
 
+    chosen = tuple(name.strip() for name in steps.split(",") if name.strip()) if steps else None
     try:
-        report = run_proof(ProofSettings(out=out, time_limit_s=time_limit_s))
+        report = run_proof(ProofSettings(out=out, time_limit_s=time_limit_s, steps=chosen))
     except UserError as error:
         raise fail(str(error)) from None
     if report.nothing_proven:

@@ -37,10 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="seconds for the whole proof")
     parser.add_argument("--out", type=Path, default=None, help="report path (default: named after the GPU)")
+    parser.add_argument("--steps", nargs="+", default=None, help="only these steps, in the proof's order")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the steps' files and logs here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     out = args.out or report_path(_gpu_name())
-    report = run_proof(ProofSettings(out=out, time_limit_s=args.time_limit))
+    steps = tuple(args.steps) if args.steps else None
+    report = run_proof(ProofSettings(out=out, time_limit_s=args.time_limit, steps=steps, workdir=args.workdir))
     print(report.verdict_line())
     if not report.nothing_proven:
         print(f"report: {out}")

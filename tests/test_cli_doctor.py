@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.gpu_proof.registry import STEPS
 from tests.fixtures.fake_nvml import H100, nvmlClocksEventReasonHwSlowdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +81,17 @@ def test_gpu_proof_on_a_cpu_machine_proves_nothing_and_exits_one(tmp_path) -> No
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no CUDA device: nothing proven (")
     assert not out.exists()
+
+
+def test_gpu_proof_steps_name_a_subset_and_an_unknown_one_is_bad_input(tmp_path) -> None:
+    out = tmp_path / "gpu_proof.md"
+    result = CliRunner().invoke(app, ["doctor", "--gpu-proof", "--out", str(out), "--proof-steps", "full_run,nope"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["error: unknown proof step 'nope'; the steps are " + ", ".join(STEPS)]
+    assert not out.exists()
+    chosen = CliRunner().invoke(app, ["doctor", "--gpu-proof", "--out", str(out), "--proof-steps", "tf32, amp"])
+    assert chosen.exit_code == 1 and "no CUDA device: nothing proven" in chosen.stderr  # known: on to the device
 
 
 @pytest.mark.slow

@@ -121,6 +121,13 @@ def test_the_benchmark_on_this_cpu_machine_proves_nothing(capsys) -> None:
     assert capsys.readouterr().out.startswith("no CUDA device: nothing proven")
 
 
+def test_the_benchmark_takes_a_subset_of_steps_and_a_work_folder(capsys, tmp_path) -> None:
+    with pytest.raises(UserError, match="unknown proof step 'nope'"):
+        _benchmark_script().main(["--steps", "tf32", "nope", "--workdir", str(tmp_path)])
+    assert _benchmark_script().main(["--steps", "full_run", "load_config_loop", "--workdir", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.startswith("no CUDA device: nothing proven")
+
+
 def test_a_report_that_cannot_be_written_fails_before_any_step(tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
