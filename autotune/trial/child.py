@@ -122,7 +122,10 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     if device.type == "cuda":
         import torch
 
-        summary.update(cuda_alloc_retries=int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)))
+        summary.update(
+            cuda_alloc_retries=int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)),
+            allocator_peak_memory_bytes=memory.allocator_peak_bytes,
+        )
     own = {**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s, "host": interconnect.rank_host()}
     summaries = distributed.all_gather(own)
     distributed.stop()

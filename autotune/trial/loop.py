@@ -52,7 +52,6 @@ class WindowMeasurement:
     cpu: tuple[CpuSample, CpuSample] | None = None  # at the window's edges: who else used the CPUs meanwhile
     compile: CompileCost = field(default_factory=CompileCost)  # the steps that compiled (none when eager)
     warmup_first_steps_s: list[float] = field(default_factory=list)  # where start-up went: the first warm-up steps
-    warmup_peak_memory_bytes: int | None = None  # CUDA: the peak before the restart (trial/memory.py), not judged
 
     def summary(self, dataset_size: int, config: TrialConfig, run: RunLength | None = None) -> dict[str, Any]:
         """Throughput and step-time statistics; the objective charges the one-off costs over the run (loader
@@ -82,7 +81,6 @@ class WindowMeasurement:
             "scaler_skip_fraction": self.scaler_skip_fraction,
             "trimmed_steps": self.trimmed_steps,
             "warmup_first_steps_s": [round(value, 4) for value in self.warmup_first_steps_s],
-            "warmup_peak_memory_bytes": self.warmup_peak_memory_bytes,
             **compiled,
             **_cpu_share(self.cpu),
         }
@@ -299,13 +297,20 @@ def measure(
     result = WindowMeasurement(compile=watch.cost)
     # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front.
     hindsight = timing.trim_transient and device.type == "cpu" and distributed.world_size() == 1
-    memory.start()  # on a CPU the peak counts from the first step; on CUDA from the restart below
+    memory.start()  # from the first step: on CUDA read at each step's end (trial/memory.py), cuDNN's searches gone
     warmup_times = _warm_up(
-        setup, batches, step, device, result, on_progress, timing=timing, settle=not hindsight, watch=watch
+        setup,
+        batches,
+        step,
+        device,
+        result,
+        on_progress,
+        timing=timing,
+        settle=not hindsight,
+        watch=watch,
+        memory=memory,
     )
     _check_finite(step.losses, "warm-up")
-    if memory.restarts_on_cuda:
-        warmup_times += _restart_peak_memory(setup, batches, step, device, memory, result)
     result.warmup_first_steps_s = warmup_times[:FIRST_STEPS_KEPT]
     window_steps = _agreed_window_steps(
         warmup_times, spent_before_s + result.warmup_s, timing, step.accum_steps, device
@@ -322,6 +327,7 @@ def measure(
         batch = next(batches)
         fetched = time.perf_counter()
         step(setup.batch_to_device(batch, device, non_blocking))
+        memory.step_done()
         if watch.compiling:  # a compiling step's time must be its own (CUDA runs asynchronously)
             _synchronize(device)
         now = time.perf_counter()
@@ -365,6 +371,7 @@ def _warm_up(
     timing: TimingSettings,
     settle: bool,
     watch: CompileWatch,
+    memory: PeakMemory,
 ) -> list[float]:
     """Warm-up steps, each synchronised (its time must be its own), until steady.warmup_done agrees on every rank.
 
@@ -379,6 +386,7 @@ def _warm_up(
         if not warmup_times:
             result.loader_start_s = time.perf_counter() - started
         step(setup.batch_to_device(batch, device, non_blocking))
+        memory.step_done()
         _synchronize(device)
         warmup_times.append(time.perf_counter() - step_started)
         compiled = watch.step_compiled(warmup_times[-1])
@@ -391,34 +399,6 @@ def _warm_up(
     result.warmup_s = time.perf_counter() - started
     result.warmup_steps = len(warmup_times)
     return warmup_times
-
-
-def _restart_peak_memory(
-    setup: TrainingSetup,
-    batches: Iterator[Any],
-    step: _Stepper,
-    device: torch.device,
-    memory: PeakMemory,
-    result: WindowMeasurement,
-) -> list[float]:
-    """CUDA: keep warm-up's peak apart, empty the allocator's cache, grow the steady working set again with one more
-    optimiser step (its micro-batches, synchronised; the same count on every rank), and count the peak from there
-    (trial/memory.py: cuDNN's benchmark search takes the whole free device for a moment). Returns those steps' times,
-    which belong to warm-up."""
-    result.warmup_peak_memory_bytes = memory.sample()
-    memory.drop_cache()
-    started, times = time.perf_counter(), []
-    while True:
-        step_started = time.perf_counter()
-        step(setup.batch_to_device(next(batches), device, step.non_blocking))
-        _synchronize(device)
-        times.append(time.perf_counter() - step_started)
-        if step.at_step_boundary:
-            break
-    memory.restart()
-    result.warmup_s += time.perf_counter() - started
-    result.warmup_steps += len(times)
-    return times
 
 
 def _agreed_window_steps(

@@ -1,24 +1,26 @@
 """Peak memory of a trial: what the device held at its peak on a GPU, the process tree's resident memory on a CPU.
 
-On CUDA the peak is the caching allocator's peak of reserved memory plus what the device held outside the allocator
-(the CUDA context, cuBLAS and NCCL buffers, other processes on the same GPU). The
-allocated peak (max_memory_allocated) counts tensors only: it leaves out the allocator's cached and fragmented
-segments, which variable-length ASR batches make large, and the context's few hundred MiB, so a configuration could
-pass the headroom gate by that figure and still run out of memory in training.
+On CUDA the peak is what the caching allocator held reserved, at its most, plus what the device held outside the
+allocator (the CUDA context, cuBLAS and NCCL buffers, other processes on the same GPU). The allocated peak
+(max_memory_allocated) counts tensors only: it leaves out the allocator's cached and fragmented segments, which
+variable-length ASR batches make large, and the context's few hundred MiB, so a configuration could pass the headroom
+gate by that figure and still run out of memory in training.
 
 What the device holds outside the allocator is read at start and again at each reading, and the larger counts: the
 context grows after start (CUDA loads kernels lazily, cuDNN and cuBLAS create their handles on first use). On an
 H200 a CAM++ step and a 4 GiB block read 0.90 GB under NVML's figure with the start's reading alone
 (benchmarks/results/gpu_proof-h200.md, peak_memory).
 
-The first steps' peak is not training's: with cudnn.benchmark on, cuDNN's algorithm search empties the allocator's
-cache and times its candidates with a workspace as large as the device has free, freed again after the search. On an
-H200 that put CAM++'s reserved peak at 137.8 GiB of 139.8 at batch 256 and 74 GiB at batch 32, while NVML read 25.3
-and 4.3 GB in use over the steady window (gpu_proof-h200.md, full_run and oom_study): every configuration with
-cudnn.benchmark failed the headroom gate. So on CUDA the trial counts the peak from a restart after warm-up
-(``restart``): the cache emptied, the steady working set grown again by one more step, the peak counter reset. A
-shape first met inside the window (variable-length batches the worst-case scan did not cover) still searches there,
-and errs towards a refused configuration, never towards an OOM.
+The allocator's own peak is not training's under cudnn.benchmark: for each new input shape cuDNN's search (PyTorch's
+Conv_v8.cpp, get_plans_from_find) allocates one workspace as large as its largest candidate needs, up to all the
+device has free, times its candidates, and empties the cache after it. On an H200 that put CAM++'s reserved peak at
+137.8 GiB of 139.8 at batch 256 and 74 GiB at batch 32, while NVML read 25.3 and 4.3 GB in use over the steady
+window (benchmarks/results/gpu_proof-h200.md, full_run and oom_study): every configuration with cudnn.benchmark
+failed the headroom gate. So on CUDA the peak is read at the end of each training step (`step_done`): the caching
+allocator gives nothing back between steps except through emptyCache (the search's own) or an OOM retry, so what it
+holds reserved at a step's end is at least what the step needed at its peak, and a search's workspace is gone by
+then. That holds for a shape first met inside the window too (variable-length batches), where no restart after
+warm-up would help.
 """
 
 from __future__ import annotations
@@ -66,9 +68,11 @@ def available_memory_bytes() -> int:
 class PeakMemory:
     """Tracks peak memory over the timed window and knows the device's capacity.
 
-    On CUDA: the allocator's reserved peak plus the most memory held outside the allocator (module docstring),
-    against the device's total memory. On a CPU: the process tree's RSS, sampled by a background thread, against the
-    memory that was available when the trial started plus what the trial already held then.
+    On CUDA: the most the allocator held reserved at a step's end (`step_done`; module docstring) plus the most memory
+    held outside the allocator, against the device's total memory; the allocator's own peak is kept beside it
+    (`allocator_peak_bytes`, with cuDNN's searches in it: not judged). On a CPU: the process tree's RSS, sampled by a
+    background thread, against the memory that was available when the trial started plus what the trial already
+    held then.
     """
 
     def __init__(self, device: torch.device, interval_s: float = 0.1) -> None:
@@ -78,6 +82,8 @@ class PeakMemory:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.outside_allocator_bytes = 0  # CUDA: held on the device but not by torch's caching allocator
+        self.reserved_peak_bytes = 0  # CUDA: the most reserved at a step's end
+        self.allocator_peak_bytes: int | None = None  # CUDA: the allocator's own peak + outside (searches in it)
         if device.type == "cuda":
             self.capacity_bytes = int(torch.cuda.get_device_properties(device).total_memory)
         else:
@@ -94,24 +100,11 @@ class PeakMemory:
             self._thread = threading.Thread(target=self._poll, name="autotune-rss", daemon=True)
             self._thread.start()
 
-    @property
-    def restarts_on_cuda(self) -> bool:
-        """Whether `restart` does anything: on CUDA, where the first steps' peak is not training's (docstring)."""
-        return self.device.type == "cuda"
-
-    def drop_cache(self) -> None:
-        """CUDA: give back what the allocator holds unused (a search's workspace); the caller then runs a step."""
-        if self.restarts_on_cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-
-    def restart(self) -> None:
-        """CUDA: count the peak from now (after `drop_cache` and a step that grew the working set again)."""
-        if self.restarts_on_cuda:
-            torch.cuda.synchronize(self.device)
-            self.peak_bytes = 0
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.outside_allocator_bytes = max(self.outside_allocator_bytes, self._outside_allocator_now())
+    def step_done(self) -> None:
+        """A training step's Python returned: on CUDA read what the allocator holds now (host-side bookkeeping: no
+        sync, no driver call). Nothing on a CPU, whose thread polls."""
+        if self.device.type == "cuda":
+            self.reserved_peak_bytes = max(self.reserved_peak_bytes, int(torch.cuda.memory_reserved(self.device)))
 
     def _outside_allocator_now(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)
@@ -122,11 +115,13 @@ class PeakMemory:
             self.peak_bytes = max(self.peak_bytes, process_tree_rss_bytes())
 
     def sample(self) -> int:
-        """Take a last reading and return the peak so far."""
+        """Take a last reading (on CUDA a step's end too) and return the peak so far."""
         if self.device.type == "cuda":
+            self.step_done()
             self.outside_allocator_bytes = max(self.outside_allocator_bytes, self._outside_allocator_now())
-            reserved = int(torch.cuda.max_memory_reserved(self.device))
-            self.peak_bytes = max(self.peak_bytes, reserved + self.outside_allocator_bytes)
+            self.peak_bytes = self.reserved_peak_bytes + self.outside_allocator_bytes
+            allocator = int(torch.cuda.max_memory_reserved(self.device)) + self.outside_allocator_bytes
+            self.allocator_peak_bytes = max(self.allocator_peak_bytes or 0, allocator)
         else:
             self.peak_bytes = max(self.peak_bytes, process_tree_rss_bytes())
         return self.peak_bytes

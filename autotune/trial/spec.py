@@ -254,9 +254,9 @@ class TrialResult:
     warmup_s: float | None = None
     warmup_steps: int | None = None
     warmup_first_steps_s: list[float] | None = None  # the first warm-up steps' times: where start-up went
-    # CUDA: the peak before the restart after warm-up (trial/memory.py: cuDNN's benchmark search), kept, not judged;
-    # and the allocator's retries after freeing its cache (a search that took the whole free device shows here)
-    warmup_peak_memory_bytes: int | None = None
+    # CUDA: the allocator's own peak plus what it did not hold, over warm-up and window (trial/memory.py: cuDNN's
+    # benchmark searches are in it), kept, not judged; and its retries after freeing its cache (a search shows here)
+    allocator_peak_memory_bytes: int | None = None
     cuda_alloc_retries: int | None = None
     loader_start_s: float | None = None  # iter(loader) to first batch: what each epoch pays without persistent workers
     start_s: float | None = None  # from the parent's launch to the child's main(): process start and imports

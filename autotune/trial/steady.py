@@ -113,6 +113,5 @@ def expected_trial_s(step_s: float, fixed_s: float, timing: TimingSettings) -> f
 
 def planned_batches(timing: TimingSettings, accum_steps: int) -> int:
     """The batches a trial's DataLoader holds: the most warm-up may take (trimmed fronts included), the most a window
-    may, room for each to run on to the next optimiser-step boundary, and on CUDA the optimiser step that grows the
-    working set again after warm-up (trial/memory.py)."""
-    return max(timing.warmup_steps, timing.max_warmup_steps) + timing.max_window_steps + 3 * accum_steps
+    may, and room for each to run on to the next optimiser-step boundary."""
+    return max(timing.warmup_steps, timing.max_warmup_steps) + timing.max_window_steps + 2 * accum_steps

@@ -15,9 +15,8 @@ allocates no state: the first worst batch then repeats until GradScaler has take
 what that step allocated (bounded; see MAX_SCALE_SEARCH_STEPS). Loss scaling stays on, as in real training:
 without it an overflowing step would write inf or NaN into the weights. Its peak memory is kept apart from the
 window's (which resets the CUDA peak counter) and counts for the headroom gate; an OOM here makes the trial "oom"
-with a reason naming the scan. On CUDA with cudnn.benchmark the worst batches run a second time, the allocator's
-cache emptied first, and the peak is that pass's: the first met each shape, and cuDNN's search for it took the free
-device as workspace for a moment (trial/memory.py), which no step of training holds.
+with a reason naming the scan. On CUDA its peak is read at each step's end, as the window's is (trial/memory.py): each
+worst batch is a shape cuDNN has not searched yet, and a search's workspace is no step's need.
 """
 
 from __future__ import annotations
@@ -60,7 +59,6 @@ class WorstCaseScan:
     largest_batch_samples: int = 0
     seconds: float = 0.0
     peak_memory_bytes: int = 0
-    second_pass: bool = False  # CUDA with cudnn.benchmark: the peak is the second pass's, after the searches
     # False when a fresh optimiser never stepped in the scan (GradScaler skipped every step): the peak misses its state.
     optimizer_state_held: bool = True
 
@@ -103,6 +101,7 @@ def scan_worst_case(
 
     def run(batch: Any) -> None:
         step(setup.batch_to_device(batch, device, False))
+        memory.step_done()  # a step's end: cuDNN's search for a new shape is behind it (trial/memory.py)
         scan.steps += 1
 
     memory = PeakMemory(device)
@@ -113,14 +112,6 @@ def scan_worst_case(
             run(batch)
         if fresh:
             scan.optimizer_state_held = _repeat_holding_state(lambda: run(batches[0]), setup.optimizer, step.scaler)
-        if memory.restarts_on_cuda and torch.backends.cudnn.benchmark:
-            # cuDNN searched each new shape with the free device as workspace (trial/memory.py): that peak is not
-            # training's. Once more, cache emptied and searches done, is.
-            memory.drop_cache()
-            memory.restart()
-            for batch in batches:
-                run(batch)
-            scan.second_pass = True
         _synchronize(device)
     except torch.OutOfMemoryError as error:
         first_line = (str(error).strip().splitlines() or [""])[0][:300]

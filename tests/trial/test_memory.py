@@ -46,43 +46,45 @@ def test_the_cuda_peak_is_reserved_memory_plus_what_the_allocator_does_not_hold(
     assert memory.capacity_bytes == 80 * GIB
     memory.start()
     assert fake.resets == 1 and memory.outside_allocator_bytes == GIB // 2  # the context, measured at start
-    fake.peak_allocated, fake.peak_reserved = 60 * GIB, 70 * GIB  # fragmented variable-length batches: cached segments
+    fake.peak_allocated = 60 * GIB  # fragmented variable-length batches: cached segments held at the step's end
+    fake.peak_reserved = fake.reserved = 70 * GIB
+    memory.step_done()
     assert memory.sample() == 70 * GIB + GIB // 2  # not the 60 GiB of tensors: 88% of the device, not 75%
-    fake.peak_reserved = 10 * GIB
+    fake.reserved = 10 * GIB
     assert memory.sample() == 70 * GIB + GIB // 2  # a peak stays a peak
     memory.stop()
 
 
-def test_the_cuda_peak_restarts_after_warm_up_without_the_search_s_workspace(monkeypatch):
+def test_the_cuda_peak_is_read_at_steps_ends_where_a_search_s_workspace_is_gone(monkeypatch):
     """As on an H200 (benchmarks/results/gpu_proof-h200.md): cuDNN's benchmark search took the free device for a
-    moment (a reserved peak of 137.8 GiB at CAM++ batch 256) while the steady window held 25 GB."""
+    moment (an allocator peak of 137.8 GiB at CAM++ batch 256) and emptied the cache after it, while the steady window
+    held 25 GB. What the allocator holds at a step's end is the step's need; a shape first met later searches again."""
     fake = FakeCuda()
     fake.install(monkeypatch)
     memory = PeakMemory(torch.device("cuda", 0))
     memory.start()
-    fake.peak_reserved = fake.reserved = 78 * GIB  # the search's workspace, freed into the cache
+    fake.peak_reserved = 78 * GIB  # inside the first step: the search's workspace...
     fake.in_use = 20 * GIB
+    fake.empty_cache()  # ...gone with the cache emptied after it
+    fake.reserved = 24 * GIB  # the rest of the step grew the cache again
     fake.context = 3 * GIB // 2  # cuDNN's and cuBLAS's handles, kernels loaded lazily: outside the allocator
-    warmup_peak = memory.sample()
-    assert warmup_peak == 78 * GIB + 3 * GIB // 2  # the context read now, not only at start
-    memory.drop_cache()
-    assert fake.reserved == 20 * GIB
-    fake.reserved = fake.peak_reserved = 24 * GIB  # the step after it grew the working set again
-    memory.restart()
-    assert fake.peak_reserved == 24 * GIB and memory.peak_bytes == 0
-    fake.peak_reserved = 25 * GIB  # the window's own peak
-    assert memory.sample() == 25 * GIB + 3 * GIB // 2
+    memory.step_done()
+    fake.peak_reserved, fake.reserved = 79 * GIB, 21 * GIB  # a new shape, searched, in a later step
+    memory.step_done()
+    assert memory.sample() == 24 * GIB + 3 * GIB // 2  # the context read now, not only at start
+    assert memory.allocator_peak_bytes == 79 * GIB + 3 * GIB // 2  # kept beside it, not judged
+    fake.reserved = 30 * GIB  # a step that really needs more: the cache keeps it to the step's end
+    memory.step_done()
+    assert memory.sample() == 30 * GIB + 3 * GIB // 2
     memory.stop()
 
 
-def test_a_cpu_peak_has_no_restart():
+def test_a_cpu_peak_needs_no_step_readings():
     memory = PeakMemory(torch.device("cpu"))
-    assert not memory.restarts_on_cuda
     memory.start()
     before = memory.sample()
-    memory.drop_cache()
-    memory.restart()  # nothing: resident memory has no search to leave out
-    assert memory.sample() >= before > 0
+    memory.step_done()  # nothing: a thread polls the resident memory
+    assert memory.sample() >= before > 0 and memory.allocator_peak_bytes is None
     memory.stop()
 
 

@@ -51,19 +51,13 @@ def test_worst_batches_train_with_the_optimizer_state_allocated():
     assert scan.summary()["worst_case_batches"] == 1 and scan.summary()["worst_case_s"] == scan.seconds
 
 
-@pytest.mark.parametrize("benchmark", [True, False])
-def test_on_cuda_with_cudnn_benchmark_the_peak_is_a_second_pass_s(monkeypatch, benchmark):
-    """The first pass met each shape and cuDNN searched it with the free device as workspace (trial/memory.py): on
-    CUDA with cudnn.benchmark the worst batches run again, cache emptied and peak reset, and that pass's peak counts."""
-    calls: list[str] = []
-    monkeypatch.setattr("autotune.trial.memory.PeakMemory.restarts_on_cuda", property(lambda self: True))
-    monkeypatch.setattr("autotune.trial.memory.PeakMemory.drop_cache", lambda self: calls.append("drop"))
-    monkeypatch.setattr("autotune.trial.memory.PeakMemory.restart", lambda self: calls.append("restart"))
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", benchmark)
+def test_the_scan_reads_its_peak_at_each_step_s_end(monkeypatch):
+    """Each worst batch is a shape cuDNN has not searched yet: on CUDA the scan's peak is read at each step's end, as
+    the window's (trial/memory.py), where the search's workspace is gone."""
+    ends: list[int] = []
+    monkeypatch.setattr("autotune.trial.memory.PeakMemory.step_done", lambda self: ends.append(1))
     scan = _scan(_setup(worst_samples=24))
-    assert scan.second_pass is benchmark
-    assert calls == (["drop", "restart"] if benchmark else [])
-    assert scan.steps == (3 if benchmark else 2)  # the first worst batch, again holding the state, then the pass
+    assert len(ends) == scan.steps == 2  # the worst batch, and again holding the optimiser's state
 
 
 class SkipsFirstSteps:
