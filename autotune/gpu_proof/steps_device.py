@@ -149,8 +149,9 @@ def peak_memory(context: StepContext) -> Proven:
         numbers=numbers,
         notes=[
             "a CAM++ step at batch 128 and a 4 GiB block, all still held when both are read: autotune's peak "
-            "(allocator reserved + what the device held outside it at start) must be within 5% of NVML's used "
-            "memory of the device; max_memory_allocated alone leaves out the allocator's cache and the context",
+            "(what the allocator holds reserved at a step's end + the most the device held outside it) must be "
+            "within 5% of NVML's used memory of the device; max_memory_allocated alone leaves out the allocator's "
+            "cache and the context",
         ],
     )
 
