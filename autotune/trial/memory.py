@@ -19,14 +19,17 @@ window (benchmarks/results/gpu_proof-h200.md, full_run and oom_study): every con
 failed the headroom gate. So on CUDA the peak is read at the end of each training step (`step_done`): the caching
 allocator gives nothing back between steps except through emptyCache (the search's own) or an OOM retry, so what it
 holds reserved at a step's end is at least what the step needed at its peak, and a search's workspace is gone by
-then. That holds for a shape first met inside the window too (variable-length batches), where no restart after
-warm-up would help.
+then. A step that searched mid-way (its cache emptied after its peak) reads low instead, never high: for a fixed
+shape only the first steps search, and where shapes vary the worst-case scan (trial/worst_case.py) trains its worst
+batches a second time, searches done, so the largest shapes are read exactly.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +38,8 @@ from autotune.machine_load import process_tree
 
 __all__ = ["PeakMemory", "process_tree_rss_bytes", "available_memory_bytes"]
 
+# memory_reserved() builds the allocator's statistics (tens of microseconds): read at most this often at steps' ends
+STEP_READ_INTERVAL_S = 0.01
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -84,6 +89,7 @@ class PeakMemory:
         self.outside_allocator_bytes = 0  # CUDA: held on the device but not by torch's caching allocator
         self.reserved_peak_bytes = 0  # CUDA: the most reserved at a step's end
         self.allocator_peak_bytes: int | None = None  # CUDA: the allocator's own peak + outside (searches in it)
+        self._last_read_s = -math.inf
         if device.type == "cuda":
             self.capacity_bytes = int(torch.cuda.get_device_properties(device).total_memory)
         else:
@@ -102,8 +108,13 @@ class PeakMemory:
 
     def step_done(self) -> None:
         """A training step's Python returned: on CUDA read what the allocator holds now (host-side bookkeeping: no
-        sync, no driver call). Nothing on a CPU, whose thread polls."""
-        if self.device.type == "cuda":
+        sync, no driver call; at most every STEP_READ_INTERVAL_S, so that a fast step's window does not pay for it).
+        Nothing on a CPU, whose thread polls."""
+        if self.device.type != "cuda":
+            return
+        now = time.perf_counter()
+        if now - self._last_read_s >= STEP_READ_INTERVAL_S:
+            self._last_read_s = now
             self.reserved_peak_bytes = max(self.reserved_peak_bytes, int(torch.cuda.memory_reserved(self.device)))
 
     def _outside_allocator_now(self) -> int:
@@ -117,6 +128,7 @@ class PeakMemory:
     def sample(self) -> int:
         """Take a last reading (on CUDA a step's end too) and return the peak so far."""
         if self.device.type == "cuda":
+            self._last_read_s = -math.inf
             self.step_done()
             self.outside_allocator_bytes = max(self.outside_allocator_bytes, self._outside_allocator_now())
             self.peak_bytes = self.reserved_peak_bytes + self.outside_allocator_bytes

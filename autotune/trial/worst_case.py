@@ -15,8 +15,10 @@ allocates no state: the first worst batch then repeats until GradScaler has take
 what that step allocated (bounded; see MAX_SCALE_SEARCH_STEPS). Loss scaling stays on, as in real training:
 without it an overflowing step would write inf or NaN into the weights. Its peak memory is kept apart from the
 window's (which resets the CUDA peak counter) and counts for the headroom gate; an OOM here makes the trial "oom"
-with a reason naming the scan. On CUDA its peak is read at each step's end, as the window's is (trial/memory.py): each
-worst batch is a shape cuDNN has not searched yet, and a search's workspace is no step's need.
+with a reason naming the scan. On CUDA its peak is read at each step's end, as the window's is (trial/memory.py), and
+with cudnn.benchmark the worst batches run a second time: the first met each shape, and cuDNN searched it mid-step,
+emptying the allocator's cache after the step's peak, so that reading can be low; the second, searches done, is the
+step's need. The largest shapes are where variable-length training runs out of memory, so they are read exactly.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class WorstCaseScan:
     largest_batch_samples: int = 0
     seconds: float = 0.0
     peak_memory_bytes: int = 0
+    second_pass: bool = False  # CUDA with cudnn.benchmark: the worst batches again, their shapes searched
     # False when a fresh optimiser never stepped in the scan (GradScaler skipped every step): the peak misses its state.
     optimizer_state_held: bool = True
 
@@ -112,6 +115,12 @@ def scan_worst_case(
             run(batch)
         if fresh:
             scan.optimizer_state_held = _repeat_holding_state(lambda: run(batches[0]), setup.optimizer, step.scaler)
+        if cudnn_searches(device):
+            # Each was a new shape, searched mid-step, its cache emptied after its peak: read low (trial/memory.py).
+            # Again, searches done, each step's end holds its need.
+            for batch in batches:
+                run(batch)
+            scan.second_pass = True
         _synchronize(device)
     except torch.OutOfMemoryError as error:
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
@@ -132,6 +141,11 @@ def scan_worst_case(
             scan.steps,
         )
     return scan
+
+
+def cudnn_searches(device: torch.device) -> bool:
+    """Whether the first step of each new shape runs cuDNN's benchmark search (CUDA with cudnn.benchmark on)."""
+    return device.type == "cuda" and bool(torch.backends.cudnn.benchmark)
 
 
 def _repeat_holding_state(run_first: Callable[[], None], optimizer: Any, scaler: SkipCountingScaler) -> bool:

@@ -68,14 +68,13 @@ def test_the_cuda_peak_is_read_at_steps_ends_where_a_search_s_workspace_is_gone(
     fake.empty_cache()  # ...gone with the cache emptied after it
     fake.reserved = 24 * GIB  # the rest of the step grew the cache again
     fake.context = 3 * GIB // 2  # cuDNN's and cuBLAS's handles, kernels loaded lazily: outside the allocator
-    memory.step_done()
+    memory.step_done()  # the first step's end
     fake.peak_reserved, fake.reserved = 79 * GIB, 21 * GIB  # a new shape, searched, in a later step
-    memory.step_done()
+    memory.step_done()  # within STEP_READ_INTERVAL_S of the last: not read (a low reading changes nothing anyway)
     assert memory.sample() == 24 * GIB + 3 * GIB // 2  # the context read now, not only at start
     assert memory.allocator_peak_bytes == 79 * GIB + 3 * GIB // 2  # kept beside it, not judged
     fake.reserved = 30 * GIB  # a step that really needs more: the cache keeps it to the step's end
-    memory.step_done()
-    assert memory.sample() == 30 * GIB + 3 * GIB // 2
+    assert memory.sample() == 30 * GIB + 3 * GIB // 2  # a reading is a step's end too
     memory.stop()
 
 

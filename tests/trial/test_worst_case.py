@@ -51,13 +51,18 @@ def test_worst_batches_train_with_the_optimizer_state_allocated():
     assert scan.summary()["worst_case_batches"] == 1 and scan.summary()["worst_case_s"] == scan.seconds
 
 
-def test_the_scan_reads_its_peak_at_each_step_s_end(monkeypatch):
-    """Each worst batch is a shape cuDNN has not searched yet: on CUDA the scan's peak is read at each step's end, as
-    the window's (trial/memory.py), where the search's workspace is gone."""
+@pytest.mark.parametrize("searches", [False, True])
+def test_the_scan_reads_its_peak_at_each_step_s_end_and_again_once_cudnn_searched(monkeypatch, searches):
+    """On CUDA the scan's peak is read at each step's end, as the window's (trial/memory.py). Each worst batch is a
+    shape cuDNN has not searched yet, and a search mid-step empties the cache after the step's peak: with
+    cudnn.benchmark the worst batches run again, searches done, and those readings are the need."""
     ends: list[int] = []
     monkeypatch.setattr("autotune.trial.memory.PeakMemory.step_done", lambda self: ends.append(1))
+    monkeypatch.setattr("autotune.trial.worst_case.cudnn_searches", lambda device: searches)
     scan = _scan(_setup(worst_samples=24))
-    assert len(ends) == scan.steps == 2  # the worst batch, and again holding the optimiser's state
+    assert scan.second_pass is searches
+    # the worst batch, again holding the optimiser's state, then (searches) the pass again
+    assert len(ends) == scan.steps == (3 if searches else 2)
 
 
 class SkipsFirstSteps:
