@@ -116,6 +116,7 @@ class Expected:
     peak_memory_gib: float
     until_window_s: float  # wall time when the window starts (for pruning)
     warmup_step_s: float
+    window_s: float = 0.0  # the timed window, as the landscape's timing sizes it
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,8 +148,9 @@ class Landscape:
     start_s: float  # process start, imports, model, CUDA context (and process group)
     warmup_steps: int = 4
     scan_steps: int = 0  # the workload's worst-case batches
-    noise: float  # sd of a window's relative deviation
+    noise: float  # sd of a window's relative deviation, at the window the shipped timing (TIMING) gives
     sources: tuple[str, ...] = field(default_factory=tuple)
+    timing: TimingSettings = TIMING  # the trials' warm-up and window rules (simulate.py --timing tries others)
 
     def space(self) -> space.SearchSpace:
         """The shipped search space, as autotune loads it on this machine, without per-length-bucket batches: no
@@ -248,7 +250,8 @@ class Landscape:
         warmup_step_s = 1.2 * step_s
         until_window = self.start_s + first_batch_s + scan_s + self.warmup_steps * warmup_step_s
         until_window += BENCHMARK_FIRST_S if config.cudnn_benchmark else 0.0
-        wall = until_window + max(window_target_s(until_window, TIMING), MIN_WINDOW_STEPS * step_s) + END_S
+        window = max(window_target_s(until_window, self.timing), self.timing.min_window_steps * step_s)
+        wall = until_window + window + END_S
         feasible = peak <= (1.0 - HEADROOM) * capacity
         return Expected(
             status="ok" if feasible else "headroom",
@@ -259,6 +262,7 @@ class Landscape:
             peak_memory_gib=peak,
             until_window_s=until_window,
             warmup_step_s=warmup_step_s,
+            window_s=window,
         )
 
     def best(self) -> tuple[TrialConfig, float]:

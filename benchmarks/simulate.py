@@ -122,9 +122,22 @@ def grid_s(name: str) -> float:
 class Simulator:
     """A trial launcher over a landscape, on its own clock."""
 
-    def __init__(self, landscape: Landscape, seed: int) -> None:
+    def __init__(self, landscape: Landscape, seed: int, reference: Landscape | None = None) -> None:
+        """reference: where the window's noise is white (as an H200's was, benchmarks/results/issue18/
+        window_noise-h200.md), the landscape as shipped, at whose window lengths its noise is calibrated: a window of
+        another length draws noise * sqrt(shipped window / this window)."""
         self.landscape, self.rng, self.now = landscape, random.Random(seed), 0.0
+        self.reference = reference
         self.expected: dict[str, Any] = {}
+        self.shipped_window_s: dict[str, float] = {}
+
+    def _noise(self, key: str, config: TrialConfig, window_s: float) -> float:
+        if self.reference is None or window_s <= 0:
+            return self.landscape.noise
+        if key not in self.shipped_window_s:
+            self.shipped_window_s[key] = self.reference.evaluate(config).window_s
+        shipped = self.shipped_window_s[key]
+        return self.landscape.noise * math.sqrt(shipped / window_s) if shipped > 0 else self.landscape.noise
 
     def clock(self) -> float:
         return self.now
@@ -142,7 +155,8 @@ class Simulator:
             return pruned
         if expected.status != "ok":
             return self._end(expected.wall_s, TrialResult(status=expected.status, reason="simulated", **memory))
-        window = expected.samples_per_second * math.exp(self.rng.gauss(0.0, self.landscape.noise))
+        noise = self._noise(key, spec.config, expected.window_s)
+        window = expected.samples_per_second * math.exp(self.rng.gauss(0.0, noise))
         result = TrialResult(
             status="ok",
             samples_per_second=window,
@@ -191,6 +205,13 @@ class Variant:
     tpe: tuple[tuple[str, Any], ...] = ()
     tuner: tuple[tuple[str, Any], ...] = ()
     seeds: bool = True
+    # TimingSettings fields for the trials (--timing '{"max_window_factor": 2}'): their windows and so their cost;
+    # the budgets stay fractions of the shipped grid's time
+    timing: tuple[tuple[str, Any], ...] = ()
+    white: bool = False  # --white-noise: a window's noise falls with its length (simulate.Simulator)
+
+    def trial_timing(self) -> TimingSettings:
+        return dataclasses.replace(TimingSettings(), **dict(self.timing))
 
     def sampler(self, name: str, searched: space.SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
         if name != "tpe" or not self.tpe:
@@ -217,7 +238,11 @@ def search(name: str, method: str, budget_fraction: float, seed: int, variant: V
     )
     if method != "grid":
         settings = dataclasses.replace(settings, **dict(variant.tuner))
-    simulator = Simulator(landscape, seed)
+    timing = variant.trial_timing()
+    settings = dataclasses.replace(settings, timing=timing)
+    shipped = landscape
+    landscape = dataclasses.replace(landscape, timing=timing) if variant.timing else landscape
+    simulator = Simulator(landscape, seed, reference=shipped if variant.white else None)
 
     def make_spec(config: TrialConfig, path: str) -> TrialSpec:
         return TrialSpec(
@@ -225,7 +250,7 @@ def search(name: str, method: str, budget_fraction: float, seed: int, variant: V
             workload_options={},
             data_file="",
             config=config,
-            timing=TimingSettings(),
+            timing=timing,
             device_type="cuda",
             result_path=path,
         )
@@ -333,13 +358,19 @@ def main() -> None:
     parser.add_argument("--tpe", type=json.loads, default={}, help="TPESampler keywords to try (JSON)")
     parser.add_argument("--tuner", type=json.loads, default={}, help="TunerSettings fields to try (JSON)")
     parser.add_argument("--no-seeds", action="store_true", help="search without the shipped space's seeds")
+    parser.add_argument("--timing", type=json.loads, default={}, help="TimingSettings fields for the trials (JSON)")
+    parser.add_argument("--white-noise", action="store_true", help="a window's noise falls as 1/sqrt(its length)")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here (markdown, and .json)")
     args = parser.parse_args()
     _quiet()
     started = time.monotonic()
     described = [describe(name) for name in args.landscapes]  # fills the caches before the workers fork
     variant = Variant(
-        tpe=tuple(sorted(args.tpe.items())), tuner=tuple(sorted(args.tuner.items())), seeds=not args.no_seeds
+        tpe=tuple(sorted(args.tpe.items())),
+        tuner=tuple(sorted(args.tuner.items())),
+        seeds=not args.no_seeds,
+        timing=tuple(sorted(args.timing.items())),
+        white=args.white_noise,
     )
     jobs = [
         (name, method, fraction, seed, variant)
@@ -358,11 +389,13 @@ def main() -> None:
         for (name, method, fraction), items in found.items()
     ]
     lines = [*table(described), "", *table(rows)]
-    if args.tpe or args.tuner or args.no_seeds:
+    if args.tpe or args.tuner or args.no_seeds or args.timing or args.white_noise:
         seeds = "no seeds" if args.no_seeds else "the space's seeds"
+        noise = "white (falls with the window's length)" if args.white_noise else "per trial"
         lines += [
             "",
-            f"Variant: TPESampler {args.tpe or 'as shipped'}, TunerSettings {args.tuner or 'as shipped'}, {seeds}.",
+            f"Variant: TPESampler {args.tpe or 'as shipped'}, TunerSettings {args.tuner or 'as shipped'}, {seeds}; "
+            f"trial timing {args.timing or 'as shipped'}; window noise {noise}.",
         ]
     lines += ["", f"{len(jobs)} searches in {time.monotonic() - started:.0f} s with {args.jobs} processes."]
     print("\n".join(lines))
