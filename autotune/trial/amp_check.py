@@ -251,8 +251,8 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
 
 def _save_partial(result: AmpCheckResult, save: Callable[[AmpCheckResult], None]) -> None:
     """Hand `save` the result as it stands, every verdict in it final (the floor is behind them)."""
-    result.final = [v.precision for v in result.verdicts]
-    save(dataclasses.replace(result, status="partial", reason="", verdicts=list(result.verdicts)))
+    verdicts = list(result.verdicts)
+    save(dataclasses.replace(result, status="partial", verdicts=verdicts, final=[v.precision for v in verdicts]))
 
 
 def _judge_on_the_floor(

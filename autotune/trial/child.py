@@ -119,13 +119,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
-    if device.type == "cuda":
-        import torch
-
-        summary.update(
-            cuda_alloc_retries=int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)),
-            allocator_peak_memory_bytes=memory.allocator_peak_bytes,
-        )
+    summary.update(allocator_peak_memory_bytes=memory.allocator_peak_bytes, cuda_alloc_retries=memory.alloc_retries)
     own = {**summary, **gpu, "samples": window.samples, "audio_s": window.audio_s, "host": interconnect.rank_host()}
     summaries = distributed.all_gather(own)
     distributed.stop()

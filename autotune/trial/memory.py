@@ -89,6 +89,7 @@ class PeakMemory:
         self.outside_allocator_bytes = 0  # CUDA: held on the device but not by torch's caching allocator
         self.reserved_peak_bytes = 0  # CUDA: the most reserved at a step's end
         self.allocator_peak_bytes: int | None = None  # CUDA: the allocator's own peak + outside (searches in it)
+        self.alloc_retries: int | None = None  # CUDA: cudaMalloc retried after freeing the cache (a search does)
         self._last_read_s = -math.inf
         if device.type == "cuda":
             self.capacity_bytes = int(torch.cuda.get_device_properties(device).total_memory)
@@ -110,12 +111,12 @@ class PeakMemory:
         """A training step's Python returned: on CUDA read what the allocator holds now (host-side bookkeeping: no
         sync, no driver call; at most every STEP_READ_INTERVAL_S, so that a fast step's window does not pay for it).
         Nothing on a CPU, whose thread polls."""
-        if self.device.type != "cuda":
-            return
-        now = time.perf_counter()
-        if now - self._last_read_s >= STEP_READ_INTERVAL_S:
-            self._last_read_s = now
-            self.reserved_peak_bytes = max(self.reserved_peak_bytes, int(torch.cuda.memory_reserved(self.device)))
+        if self.device.type == "cuda" and time.perf_counter() - self._last_read_s >= STEP_READ_INTERVAL_S:
+            self._read_reserved()
+
+    def _read_reserved(self) -> None:
+        self._last_read_s = time.perf_counter()
+        self.reserved_peak_bytes = max(self.reserved_peak_bytes, int(torch.cuda.memory_reserved(self.device)))
 
     def _outside_allocator_now(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)
@@ -128,12 +129,13 @@ class PeakMemory:
     def sample(self) -> int:
         """Take a last reading (on CUDA a step's end too) and return the peak so far."""
         if self.device.type == "cuda":
-            self._last_read_s = -math.inf
-            self.step_done()
+            self._read_reserved()
             self.outside_allocator_bytes = max(self.outside_allocator_bytes, self._outside_allocator_now())
             self.peak_bytes = self.reserved_peak_bytes + self.outside_allocator_bytes
-            allocator = int(torch.cuda.max_memory_reserved(self.device)) + self.outside_allocator_bytes
+            stats = torch.cuda.memory_stats(self.device)
+            allocator = int(stats.get("reserved_bytes.all.peak", 0)) + self.outside_allocator_bytes
             self.allocator_peak_bytes = max(self.allocator_peak_bytes or 0, allocator)
+            self.alloc_retries = int(stats.get("num_alloc_retries", 0))
         else:
             self.peak_bytes = max(self.peak_bytes, process_tree_rss_bytes())
         return self.peak_bytes

@@ -27,6 +27,9 @@ class FakeCuda:
         monkeypatch.setattr(cuda, "mem_get_info", lambda device: (80 * GIB - self.context - self.reserved, 80 * GIB))
         monkeypatch.setattr(cuda, "memory_reserved", lambda device: self.reserved)
         monkeypatch.setattr(cuda, "max_memory_reserved", lambda device: self.peak_reserved)
+        monkeypatch.setattr(
+            cuda, "memory_stats", lambda device: {"reserved_bytes.all.peak": self.peak_reserved, "num_alloc_retries": 0}
+        )
         monkeypatch.setattr(cuda, "max_memory_allocated", lambda device: self.peak_allocated)
         monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
         monkeypatch.setattr(cuda, "empty_cache", self.empty_cache)
