@@ -46,10 +46,10 @@ from autotune import space, yamlio  # noqa: E402
 from autotune.data import default_source  # noqa: E402
 from autotune.hardware import probe  # noqa: E402
 from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch  # noqa: E402
-from autotune.trial.loop import MIN_STABILITY_PART_S  # noqa: E402
+from autotune.trial.window_record import MIN_STABILITY_PART_S  # noqa: E402
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 
-QUARTERS = 4  # throughput_cv's parts of a window, at most (trial/loop.py)
+QUARTERS = 4  # throughput_cv's parts of a window, at most (trial/window_record.py)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,7 +64,7 @@ class Split:
 
 
 def window_parts(result: TrialResult) -> int:
-    """How many parts throughput_cv cut this trial's window into (trial/loop.py throughput_cv's rule)."""
+    """How many parts throughput_cv cut this trial's window into (trial/window_record.py throughput_cv's rule)."""
     steps, seconds = result.window_steps, result.window_s or 0.0
     return min(QUARTERS, steps // 2, int(seconds / MIN_STABILITY_PART_S))
 

@@ -165,8 +165,8 @@ class TimingSettings:
     min_timed_share: float = 0.8
     max_window_factor: float = 4.0  # ...up to this many window_s
     memory_headroom_fraction: float = 0.10
-    # Throughput CV across the window's quarters above which a config is 'erratic' (trial/loop.py throughput_cv);
-    # None switches the gate off.
+    # Throughput CV across the window's quarters above which a config is 'erratic' (trial/window_record.py
+    # throughput_cv); None switches the gate off.
     max_throughput_cv: float | None = ERRATIC_THROUGHPUT_CV
     max_scaler_skip_fraction: float | None = 0.05  # fp16: share of window steps GradScaler may skip (after calibration)
     worst_case_scan: bool = True  # train on the workload's most expensive batches before warm-up (trial/worst_case.py)
@@ -241,7 +241,9 @@ class TrialResult:
     step_time_median_s: float | None = None
     step_time_p90_s: float | None = None
     step_time_cv: float | None = None
-    throughput_cv: float | None = None  # across the window's quarters (trial/loop.py throughput_cv): the stability gate
+    throughput_cv: float | None = (
+        None  # across the window's quarters (trial/window_record.py throughput_cv): the stability gate
+    )
     data_wait_fraction: float | None = None
     peak_memory_bytes: int | None = None
     memory_capacity_bytes: int | None = None

@@ -10,11 +10,12 @@ import torch
 from torch import nn
 
 from autotune.trial.dataloader import build_loader
-from autotune.trial.loop import WindowMeasurement, measure
+from autotune.trial.loop import measure
 from autotune.trial.memory import PeakMemory
 from autotune.trial.precision import PrecisionSettings
 from autotune.trial.spec import TimingSettings, TrialConfig
 from autotune.trial.steady import planned_batches
+from autotune.trial.window_record import WindowMeasurement
 from autotune.workloads.base import TrainingSetup
 
 
@@ -194,7 +195,7 @@ def test_objective_charges_worker_start_once_per_epoch_without_persistent_worker
 
 
 def test_throughput_cv_sees_stalls_and_forgives_bursts_and_uneven_batches():
-    from autotune.trial.loop import throughput_cv
+    from autotune.trial.window_record import throughput_cv
 
     # A data-bound loader delivering in bursts: one step waits 0.9 s, the next three find batches ready.
     bursty = [0.9, 0.1, 0.1, 0.1] * 4
@@ -231,7 +232,7 @@ def test_the_window_judges_stability_on_seconds_of_audio_where_utterances_differ
     [([0.5, 0.5, 0.5], "fewer than four steps"), ([0.01] * 40, "the window is shorter than two parts of a second")],
 )
 def test_throughput_cv_is_not_judged_on_windows_too_short_to_tell(times, why):
-    from autotune.trial.loop import throughput_cv
+    from autotune.trial.window_record import throughput_cv
 
     assert throughput_cv(times, [4] * len(times)) is None, why
 
