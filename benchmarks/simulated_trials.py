@@ -1,0 +1,92 @@
+"""The simulated trial: a launcher that answers the real Tuner from a landscape (benchmarks/landscapes.py), on its own
+clock. A window is drawn around the configuration's modelled throughput with the landscape's noise (per trial, or
+falling with the window's length where the noise is white), at its modelled wall time; an out-of-memory trial ends
+in its first steps; the pruner is asked as a live trial asks it. Used by simulate.py."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
+
+from autotune.candidates import config_key  # noqa: E402
+from autotune.trial import TrialConfig, TrialResult, TrialSpec  # noqa: E402
+from benchmarks.landscapes import GIB, Landscape  # noqa: E402
+
+__all__ = ["Simulator"]
+
+
+class Simulator:
+    """A trial launcher over a landscape, on its own clock."""
+
+    def __init__(self, landscape: Landscape, seed: int, reference: Landscape | None = None) -> None:
+        """reference: where the window's noise is white (as an H200's was, benchmarks/results/issue18/
+        window_noise-h200.md), the landscape as shipped, at whose window lengths its noise is calibrated: a window of
+        another length draws noise * sqrt(shipped window / this window)."""
+        self.landscape, self.rng, self.now = landscape, random.Random(seed), 0.0
+        self.reference = reference
+        self.expected: dict[str, Any] = {}
+        self.shipped_window_s: dict[str, float] = {}
+
+    def _noise(self, key: str, config: TrialConfig, window_s: float) -> float:
+        if self.reference is None or window_s <= 0:
+            return self.landscape.noise
+        if key not in self.shipped_window_s:
+            self.shipped_window_s[key] = self.reference.evaluate(config).window_s
+        shipped = self.shipped_window_s[key]
+        return self.landscape.noise * math.sqrt(shipped / window_s) if shipped > 0 else self.landscape.noise
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, spec: TrialSpec, *, should_prune: Any = None, **_: object) -> TrialResult:
+        key = config_key(spec.config)
+        expected = self.expected.get(key) or self.expected.setdefault(key, self.landscape.evaluate(spec.config))
+        memory = {
+            "peak_memory_bytes": int(expected.peak_memory_gib * GIB),
+            "memory_capacity_bytes": int(self.landscape.machine.gpu_memory_gib * GIB),
+        }
+        if expected.status == "oom":
+            return self._end(expected.wall_s, TrialResult(status="oom", reason="simulated"))
+        if should_prune is not None and (pruned := self._pruned(expected, should_prune)) is not None:
+            return pruned
+        if expected.status != "ok":
+            return self._end(expected.wall_s, TrialResult(status=expected.status, reason="simulated", **memory))
+        noise = self._noise(key, spec.config, expected.window_s)
+        window = expected.samples_per_second * math.exp(self.rng.gauss(0.0, noise))
+        result = TrialResult(
+            status="ok",
+            samples_per_second=window,
+            window_samples_per_second=window,
+            data_wait_fraction=expected.data_wait_fraction,
+            step_time_median_s=expected.step_s,
+            **memory,
+        )
+        return self._end(expected.wall_s, result)
+
+    def _pruned(self, expected: Any, should_prune: Any) -> TrialResult | None:
+        """Ask the pruner as a live trial does: on a warm-up step (slower than steady state), then a quarter into
+        the window (a short stretch: twice the window's noise)."""
+        rate = expected.samples_per_second
+        warmup = rate * self.rng.uniform(0.7, 1.0)
+        reason = should_prune({"phase": "warmup", "samples_per_second": warmup, "elapsed_s": 0.0})
+        if reason:
+            return self._end(
+                expected.until_window_s - (self.landscape.warmup_steps - 2) * expected.warmup_step_s,
+                TrialResult(status="pruned", reason=reason),
+            )
+        quarter = 0.25 * self.landscape.timing.window_s
+        early = rate * math.exp(self.rng.gauss(0.0, 2 * self.landscape.noise))
+        reason = should_prune({"phase": "window", "samples_per_second": early, "elapsed_s": quarter})
+        if reason:
+            return self._end(expected.until_window_s + quarter, TrialResult(status="pruned", reason=reason))
+        return None
+
+    def _end(self, wall_s: float, result: TrialResult) -> TrialResult:
+        self.now += wall_s
+        result.wall_s = wall_s
+        return result
