@@ -11,9 +11,11 @@ context grows after start (CUDA loads kernels lazily, cuDNN and cuBLAS create th
 H200 a CAM++ step and a 4 GiB block read 0.90 GB under NVML's figure with the start's reading alone
 (benchmarks/results/gpu_proof-h200.md, peak_memory).
 
-The allocator's own peak is not training's under cudnn.benchmark: for each new input shape cuDNN's search (PyTorch's
-Conv_v8.cpp, get_plans_from_find) allocates one workspace as large as its largest candidate needs, up to all the
-device has free, times its candidates, and empties the cache after it. On an H200 that put CAM++'s reserved peak at
+The allocator's own peak is not training's under cudnn.benchmark: for each new input shape cuDNN's search
+(pytorch/pytorch aten/src/ATen/native/cudnn/Conv_v8.cpp at 06ca69ca4e9b, generate_and_filter_plans and
+run_single_conv: read, not run; the H200's figures below are what was run) allocates one workspace as large as its
+largest candidate needs, up to all the device has free, times its candidates, and empties the cache after it. On an
+H200 that put CAM++'s reserved peak at
 137.8 GiB of 139.8 at batch 256 and 74 GiB at batch 32, while NVML read 25.3 and 4.3 GB in use over the steady
 window (benchmarks/results/gpu_proof-h200.md, full_run and oom_study): every configuration with cudnn.benchmark
 failed the headroom gate. So on CUDA the peak is read at the end of each training step (`step_done`): the caching
