@@ -51,6 +51,9 @@ class TrialRecord:
     role: str  # baseline | previous | warm | seed | search | preload | confirm
     config: TrialConfig
     result: TrialResult
+    # The configuration is a rerun's previous winner (the drift check's), whatever this record's role: a previous
+    # winner that is the recipe's own configuration is measured once, as the baseline (tuner.py).
+    previous_winner: bool = False
     # config_key(config), computed once: the search loop groups every record so far by it at each step
     # (group_by_config), which made a long search quadratic in JSON encodings (a 528-point grid: 1.1 million).
     key: str = field(init=False, repr=False, compare=False)
@@ -72,7 +75,19 @@ class Candidate:
 
     @property
     def feasible(self) -> bool:
-        return all(record.result.feasible for record in self.records)
+        """Measured ok at least once, and nothing measured rules it out: a trial the budget stopped or the pruner
+        cut says nothing about the configuration, so another measurement of it stands (trial.spec NEUTRAL_STATUSES)."""
+        return bool(self.values) and self.condemned_by is None
+
+    @property
+    def condemned_by(self) -> TrialResult | None:
+        """The first result that rules this configuration out (oom, error, erratic, ...), if any."""
+        return next((record.result for record in self.records if record.result.condemns), None)
+
+    @property
+    def is_previous(self) -> bool:
+        """A rerun's previous winner (always re-measured with the leaders: the drift check compares its median)."""
+        return any(record.role == "previous" or record.previous_winner for record in self.records)
 
     @property
     def values(self) -> list[float]:
@@ -118,7 +133,7 @@ def leaders(candidates: Iterable[Candidate], top_k: int) -> list[Candidate]:
     ranked = sorted((c for c in candidates if c.feasible), key=lambda c: -c.median)
     contenders = [c for c in ranked if c.median >= CONTENDER_FRACTION * ranked[0].median]
     top = contenders[: max(1, top_k)]
-    previous = [c for c in ranked if c not in top and any(r.role == "previous" for r in c.records)]
+    previous = [c for c in ranked if c not in top and c.is_previous]
     return top + previous
 
 

@@ -214,7 +214,11 @@ def run(
         bool, typer.Option(help="On a rerun, re-measure the previous winner and its best neighbours first.")
     ] = True,
     warm_fraction: Annotated[
-        float, typer.Option(help="Share of --trials and --budget a warm-started rerun spends on its search.")
+        float,
+        typer.Option(
+            help="Share of --trials and --budget a warm-started rerun spends on its search (never less budget than "
+            "its re-measurements, a search trial and a confirmation need)."
+        ),
     ] = 0.5,
     drift_threshold: Annotated[
         float,

@@ -27,7 +27,15 @@ if TYPE_CHECKING:
 
 __all__ = ["RichReporter", "print_plan", "print_summary"]
 
-_STATUS_STYLE = {"ok": "green", "pruned": "dim", "oom": "red", "timeout": "red", "signal": "red", "error": "red"}
+_STATUS_STYLE = {
+    "ok": "green",
+    "pruned": "dim",
+    "stopped": "dim",
+    "oom": "red",
+    "timeout": "red",
+    "signal": "red",
+    "error": "red",
+}
 
 
 def _rate(value: float | None) -> str:

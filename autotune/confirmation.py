@@ -64,7 +64,7 @@ def keep_better_half(candidates: Sequence[Candidate], estimates: Estimates = Non
     re-measured)."""
     ranked = sorted(candidates, key=lambda c: -score(c, estimates))
     kept = ranked[: max(1, math.ceil(len(ranked) / 2))]
-    return kept + [c for c in ranked if c not in kept and any(r.role == "previous" for r in c.records)]
+    return kept + [c for c in ranked if c not in kept and c.is_previous]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -101,11 +101,13 @@ def environment_diff(
 
 
 def remeasured(outcome: TuningOutcome) -> Candidate | None:
-    """Every measurement in this run of the configuration re-measured as the previous winner."""
-    first = next((record for record in outcome.records if record.role == "previous"), None)
+    """Every measurement in this run of the previous winner's configuration (as the baseline too, where it is the
+    recipe's); None where it was not measured, or only stopped by the budget (nothing to compare)."""
+    first = next((r for r in outcome.records if r.role == "previous" or r.previous_winner), None)
     if first is None:
         return None
-    return Candidate(config=first.config, records=[r for r in outcome.records if r.config == first.config])
+    again = Candidate(config=first.config, records=[r for r in outcome.records if r.config == first.config])
+    return again if again.values or again.condemned_by is not None else None
 
 
 def judge(
@@ -145,8 +147,8 @@ def judge(
             f"writing {path}: {reason}" if write else f"kept {path} unchanged: {reason}"
         )
         return DriftVerdict(write=write, regression=False, summary=summary, **common)
-    if not again.feasible:
-        failed = next(record.result for record in again.records if not record.result.feasible)
+    failed = again.condemned_by
+    if failed is not None:
         summary = f"regression: the previous winner {old} now fails ({failed.status}: {failed.reason}); writing {path}"
         return DriftVerdict(write=True, regression=True, summary=summary, **common)
     now, change = again.median, again.median / recorded - 1

@@ -124,9 +124,14 @@ def measure(
 
     timeout_s: the trial's, cut to what is left of --budget where cut_by_budget; room(seconds): whether the budget
     has room for measuring it once more."""
-    result = launch_trial(spec, workdir=folder, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
-    if result.status == "timeout" and cut_by_budget:
-        result.reason = f"stopped when --budget ran out, after {timeout_s:.0f} s"
+
+    def launched(spec: TrialSpec, workdir: Path) -> TrialResult:
+        result = launch_trial(spec, workdir=workdir, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
+        if result.status == "timeout" and cut_by_budget:  # the budget's end, not the configuration's verdict
+            result.status, result.reason = "stopped", f"stopped when --budget ran out, after {timeout_s:.0f} s"
+        return result
+
+    result = launched(spec, folder)
     if result.disturbed:
         logger.warning("%s: %s", spec.config.short(), result.reason)
     if result.status != "erratic":
@@ -136,7 +141,7 @@ def measure(
         return result
     logger.warning("%s: %s; measuring it once more", spec.config.short(), result.reason)
     retry_spec = dataclasses.replace(spec, result_path=str(folder / "retry" / "result.json"))
-    retry = launch_trial(retry_spec, workdir=folder / "retry", timeout_s=timeout_s, should_prune=pruner)
+    retry = launched(retry_spec, folder / "retry")
     retry.wall_s = (retry.wall_s or 0.0) + (result.wall_s or 0.0)
     if retry.status == "erratic":
         retry.reason = f"{retry.reason}, and CV {result.throughput_cv:.2f} in the first window"
@@ -151,7 +156,9 @@ def tell(study: optuna.Study, started: Started, record: TrialRecord) -> None:
         trial.set_user_attr("role", record.role)
         trial.set_user_attr("config", record.config.to_dict())
         trial.set_user_attr("result", {k: v for k, v in result.to_dict().items() if k != "log_tail"})
-        if result.status == "pruned" and pruner is not None:
+        if result.status == "stopped":  # no verdict: the samplers leave a failed trial out, as for an interruption
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        elif result.status == "pruned" and pruner is not None:
             # Optuna's samplers read a pruned trial through its last intermediate value.
             trial.report(pruner.last_rate, step=0)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)

@@ -102,6 +102,9 @@ class Tuner:
         self.world_size, self.workload_knobs, self.strict_baseline = world_size, workload_knobs, strict_baseline
         self.global_batch_size = global_batch_size
         self.warm_start = list(warm_start)
+        # The drift check's configuration: every record of it is marked, the baseline's too where it is the recipe's
+        previous = next((params for role, params in self.warm_start if role == "previous"), None)
+        self.previous_key = None if previous is None else config_key(self._config({**space.fixed, **previous}))
         # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
         # random and grid searches stay unseeded (they are the comparisons).
         cold = not self.warm_start and settings.sampler == "tpe" and len(study.trials) == 0
@@ -177,6 +180,7 @@ class Tuner:
     def _finish(self, started: Started, result: TrialResult) -> TrialRecord:
         """Record a measured trial: in the run, in the study, to the reporter and the plan (the main thread only)."""
         record = TrialRecord(number=started.trial.number, role=started.role, config=started.config, result=result)
+        record.previous_winner = record.key == self.previous_key
         self.records.append(record)  # measured: it counts in this run even if the storage fails to record it
         try:
             tell(self.study, started, record)
@@ -292,6 +296,8 @@ class Tuner:
                 started = self._begin("search", None, flight)  # Optuna's queue hands out the waiting retry
             elif queue:
                 role, params = queue.pop(0)
+                if self._measured(role, params):
+                    continue
                 if not self.budget.fits(self._queued_s(params), keep_s=self._closing_s()):
                     if not self._last_chance(role, params):
                         self._skip(role, params)
@@ -330,6 +336,23 @@ class Tuner:
         if retry is not None and config_key(self._config(retry)) not in {config_key(r.config) for r in self.records}:
             self.seeds.insert(0, ("seed", retry))
 
+    def _measured(self, role: str, params: dict[str, Any]) -> bool:
+        """Whether a queued configuration was measured in this run already (a previous winner that is the recipe's
+        own configuration, measured as the baseline): it is not measured twice before the search; confirmation
+        re-measures it with the leaders."""
+        measured = self._measured_as(params)
+        if measured is None:
+            return False
+        logger.info(
+            "%s %s is not measured again: trial #%d measured it", role, measured.config.short(), measured.number
+        )
+        self._plan_changed()
+        return True
+
+    def _measured_as(self, params: dict[str, Any]) -> TrialRecord | None:
+        key = config_key(self._config({**self.space.fixed, **params}))
+        return next((record for record in self.records if record.key == key), None)
+
     def _last_chance(self, role: str, params: dict[str, Any]) -> bool:
         """Whether a queued trial that may not end in time runs anyway (Budget.last_chance); a trial still running
         when the budget ends is stopped there (_launch)."""
@@ -360,7 +383,7 @@ class Tuner:
 
     def plan(self) -> BudgetPlan:
         """What the run intends for the rest of its budget, from the trials measured so far (budget.py)."""
-        queue = self.warm_start or self.seeds
+        queue = [(role, params) for role, params in self.warm_start or self.seeds if self._measured_as(params) is None]
         counted = sum(r.role != "confirm" and r.result.status != "precision" for r in self.records)
         state = PlanState(
             queued_s=tuple(self._queued_s(params) for _, params in queue),

@@ -2,8 +2,10 @@
 
 The previous winner is the result YAML at the output path when it comes from this same study (same model, data and
 hardware, same workload options), else the study's best feasible configuration. Its neighbours are the next best
-configurations the study has measured. They are measured right after the baseline, and the search that follows gets
-`fraction` of the trials and of the budget (never more than the user's `--trials` and `--budget`).
+configurations the study has measured. They are measured right after the baseline (a previous winner that is the
+baseline's configuration is not measured twice), and the search that follows gets `fraction` of the trials and of the
+budget (never more than the user's `--trials` and `--budget`; the whole budget where its fraction would not hold the
+baseline, the points, a search trial and two confirmations at the study's recorded trial time).
 
 Example::
 
@@ -37,6 +39,8 @@ __all__ = ["PreviousResult", "WarmPoint", "WarmStart", "plan_warm_start", "read_
 logger = logging.getLogger(__name__)
 
 DEFAULT_NEIGHBOURS = 2
+# Trials a warm-started run needs besides its points: the baseline, one search trial and two confirmations.
+WARM_EXTRA_TRIALS = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +93,7 @@ class WarmStart:
             lines.append(f"{lead}{what}{point.config.short()} from {point.source}")
         budget = (
             f", budget {self.requested.budget_s / 60:.1f} -> {self.settings.budget_s / 60:.1f} min"
-            if self.requested.budget_s and self.settings.budget_s
+            if self.requested.budget_s and self.settings.budget_s and self.settings.budget_s != self.requested.budget_s
             else ""
         )
         lines.append(f"  then a shorter search: {self.requested.trials} -> {self.settings.trials} trials{budget}")
@@ -155,7 +159,14 @@ def plan_warm_start(
     if previous is None and found:
         found[0] = dataclasses.replace(found[0], role="previous")  # the study's best stands in for the winner
     points = head + found
-    trimmed = _trim(settings, len(points), fraction) if points else settings
+    trial_s = _trial_cost_s(study)
+    trimmed = _trim(settings, len(points), fraction, trial_s) if points else settings
+    if points and settings.budget_s and trimmed.budget_s == settings.budget_s and fraction < 1:
+        notes.append(
+            f"warm start keeps the whole --budget {settings.budget_s / 60:.1f} min: {fraction:g} of it would not hold "
+            f"the baseline, the {len(points)} re-measured configuration(s), a search trial and a confirmation at the "
+            f"{trial_s:.0f} s a trial took in this study"
+        )
     return WarmStart(previous=previous, points=tuple(points), settings=trimmed, requested=settings, notes=tuple(notes))
 
 
@@ -179,11 +190,25 @@ def _fitting_study_configs(
     return points
 
 
-def _trim(settings: TunerSettings, n_points: int, fraction: float) -> TunerSettings:
-    """`fraction` of the trials (enough for the baseline, the points and one search trial) and of the budget."""
+def _trim(settings: TunerSettings, n_points: int, fraction: float, trial_s: float) -> TunerSettings:
+    """`fraction` of the trials (enough for the baseline, the points and one search trial) and of the budget, where
+    that fraction holds them and two confirmations at trial_s each; else the whole budget. A nightly rerun under a
+    short --budget (5 min of 50-90 s CPU trials) halved to 2.5 min had room for the baseline alone."""
     trials = min(settings.trials, max(math.ceil(settings.trials * fraction), n_points + 2))
-    budget = settings.budget_s * fraction if settings.budget_s else settings.budget_s
+    budget = settings.budget_s
+    if budget:
+        budget = min(budget, max(budget * fraction, (n_points + WARM_EXTRA_TRIALS) * trial_s))
     return dataclasses.replace(settings, trials=trials, budget_s=budget)
+
+
+def _trial_cost_s(study: optuna.Study) -> float:
+    """The median wall time of the study's measured trials (0 when none recorded one)."""
+    walls = [
+        float(wall)
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if isinstance(wall := (trial.user_attrs.get("result") or {}).get("wall_s"), (int, float)) and wall > 0
+    ]
+    return statistics.median(walls) if walls else 0.0
 
 
 def _key(config: TrialConfig) -> str:

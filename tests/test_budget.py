@@ -175,3 +175,77 @@ def test_a_leader_whose_window_others_disturbed_gets_one_more_interleaved_re_mea
     confirms = [r.config.num_workers for r in outcome.records if r.role == "confirm"]
     assert [r.role for r in outcome.records][:3] == ["baseline", "seed", "seed"]
     assert sorted(confirms) == [0, 0, 1]  # one round of both seeds, and one more of the disturbed one
+
+
+def test_a_rerun_whose_previous_winner_is_the_recipe_measures_it_once_and_the_budget_goes_to_the_others(
+    tmp_path, cpu_hardware
+):
+    """Session 16's nightly rerun (--budget 5m, halved to 2.5): the previous winner was the recipe itself, so the run
+    measured the baseline, then the same configuration again as "previous" until the budget stopped it, skipped both
+    bf16 neighbours, and ended with "no stable configuration" although the baseline had measured ok. Now the previous
+    winner is the baseline's measurement (the drift check compares it), and the neighbour runs instead."""
+    from autotune import drift
+    from autotune.candidates import config_params
+
+    now, launched = [0.0], []
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        launched.append(spec.config.precision)
+        now[0] += 40.0
+        return _result(12.0 if spec.config.precision == "bf16" else 5.8, 40.0)
+
+    settings = TunerSettings(trials=4, budget_s=150.0, confirm_top_k=2, confirm_repeats=1, prune=False)
+    probe = cam_tuner(tmp_path / "probe", cpu_hardware, settings)
+    recipe = probe._config({**probe.space.fixed, **probe.space.baseline})
+    neighbour = TrialConfig.from_dict({**recipe.to_dict(), "precision": "bf16"})
+    warm = (("previous", config_params(recipe, probe.space)), ("warm", config_params(neighbour, probe.space)))
+    tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0], warm_start=warm)
+    outcome = tuner.run()
+    roles = [record.role for record in outcome.records]
+    assert roles[:2] == ["baseline", "warm"] and "previous" not in roles
+    assert launched[:2] == ["fp32", "bf16"]
+    assert outcome.winner is not None and outcome.winner.config.precision == "bf16"
+    again = drift.remeasured(outcome)
+    assert again is not None and again.config == recipe and again.records[0].role == "baseline"
+    assert outcome.baseline is not None and outcome.baseline.is_previous
+
+
+def test_a_trial_the_budget_stopped_does_not_condemn_its_configuration(tmp_path, cpu_hardware):
+    """The baseline measured ok; its re-measurement in confirmation ran into the end of --budget. That stop says
+    nothing about the configuration: the baseline stays stable and wins (such a stop once left 'no stable
+    configuration', exit 1), and the study holds the stopped trial as failed, so that its samplers and the next warm
+    start leave it out."""
+    import optuna
+
+    now, timeouts = [0.0], []
+
+    def launcher(spec, *, timeout_s: float, **kwargs) -> TrialResult:
+        timeouts.append(timeout_s)
+        if len(timeouts) == 3:  # the baseline's confirmation: a machine that got loaded runs until it is stopped
+            now[0] += timeout_s
+            return TrialResult(status="timeout", reason="no result", wall_s=timeout_s)
+        now[0] += 30.0
+        return _result(5.0 if spec.config.precision == "bf16" else 5.8, 30.0)
+
+    settings = TunerSettings(trials=2, budget_s=100.0, trial_timeout_s=300.0, prune=False, confirm_repeats=1)
+    tuner = cam_tuner(
+        tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0], seeds=[{"precision": "bf16"}]
+    )
+    outcome = tuner.run()
+    assert [record.role for record in outcome.records] == ["baseline", "seed", "confirm"]
+    stopped = outcome.records[2].result
+    assert (stopped.status, stopped.reason) == ("stopped", "stopped when --budget ran out, after 40 s")
+    assert outcome.winner is not None and outcome.winner.config == outcome.records[0].config
+    assert outcome.winner.median == 5.8 and outcome.winner.feasible
+    states = [trial.state for trial in tuner.study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.FAIL]
+
+
+def test_a_measurement_that_rules_a_configuration_out_still_does_whatever_else_measured_it():
+    ok, oom = _record(0, FP32_64, 5.0, 60.0), _record(1, FP32_64, 0.0, 10.0)
+    oom.result = TrialResult(status="oom", reason="CUDA out of memory")
+    assert not Candidate(config=FP32_64, records=[ok, oom]).feasible
+    pruned = _record(2, FP32_64, 0.0, 10.0)
+    pruned.result = TrialResult(status="pruned", reason="below half the best")
+    assert Candidate(config=FP32_64, records=[ok, pruned]).feasible
+    assert not Candidate(config=FP32_64, records=[pruned]).feasible  # nothing measured ok

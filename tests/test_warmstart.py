@@ -33,11 +33,12 @@ def _config(batch: int, workers: int = 0, precision: str = "bf16") -> TrialConfi
     return TrialConfig(per_device_batch_size=batch, num_workers=workers, precision=precision)
 
 
-def _study(*measured: tuple[TrialConfig, float, str]) -> optuna.Study:
+def _study(*measured: tuple[TrialConfig, float, str], wall_s: float | None = None) -> optuna.Study:
     study = optuna.create_study(direction="maximize")
     for config, rate, status in measured:
+        result = {"status": status, **({"wall_s": wall_s} if wall_s else {})}
         study.add_trial(
-            optuna.trial.create_trial(value=rate, user_attrs={"config": config.to_dict(), "result": {"status": status}})
+            optuna.trial.create_trial(value=rate, user_attrs={"config": config.to_dict(), "result": result})
         )
     return study
 
@@ -139,3 +140,28 @@ def test_a_previous_winner_outside_the_space_is_not_remeasured_as_previous(tmp_p
     assert warm.previous is not None  # still the bar for the keep-or-write decision
     assert [p.role for p in warm.points] == ["warm", "warm"]  # so the drift check compares nothing else with it
     assert any("skips the previous winner bs=64" in note for note in warm.notes)
+
+
+@pytest.mark.parametrize(
+    ("budget_s", "trial_s", "kept_s"),
+    [(900.0, 60.0, 450.0), (300.0, 60.0, 300.0), (600.0, 60.0, 420.0), (300.0, 0.0, 150.0)],
+    ids=["half-holds-it", "half-too-short", "partly", "no-wall-times"],
+)
+def test_a_short_budget_is_not_halved_below_what_the_warm_start_itself_needs(tmp_path, budget_s, trial_s, kept_s):
+    """Three points, the baseline, a search trial and two confirmations: 7 trials. At 60 s each (a CPU trial) that is
+    7 min: half of 15 min holds it; half of 5 min (a nightly --budget 5m, once cut to 2.5 min and the baseline alone)
+    does not, so the whole 5 min stays; half of 10 min is raised to the 7 min it needs."""
+    warm = plan_warm_start(
+        _study(*STUDY_TRIALS, wall_s=trial_s),
+        out_path=tmp_path / "absent.yaml",
+        study_name="study",
+        space=SPACE,
+        options={},
+        settings=TunerSettings(trials=24, budget_s=budget_s),
+    )
+    assert len(warm.points) == 3 and warm.settings.budget_s == kept_s
+    kept_whole = any(
+        "keeps the whole --budget 5.0 min" in note and "at the 60 s a trial took" in note for note in warm.notes
+    )
+    assert kept_whole == (budget_s == 300.0 and trial_s > 0)
+    assert ("budget" in warm.describe()[-1]) == (kept_s != budget_s)

@@ -17,6 +17,7 @@ __all__ = [
     "TrialResult",
     "STATUSES",
     "FEASIBLE_STATUSES",
+    "NEUTRAL_STATUSES",
     "from_fields",
     "rank_result_path",
 ]
@@ -27,6 +28,7 @@ __all__ = [
 # passing load must not condemn a configuration).
 # "precision": the AMP check rejected the configuration's precision for this workload; such a trial is never launched.
 # "skipped": not launched because the run's --budget had no room left for it (the compute-only ceiling).
+# "stopped": the run's --budget ended while it was measured; it says nothing about the configuration.
 STATUSES = (
     "ok",
     "oom",
@@ -41,8 +43,12 @@ STATUSES = (
     "precision",
     "erratic",
     "skipped",
+    "stopped",
 )
 FEASIBLE_STATUSES = ("ok",)
+# Not feasible, yet no verdict on the configuration: the budget stopped it, or the pruner found it slower than the
+# best so far. Another measurement of the same configuration that is ok stands (candidates.Candidate.feasible).
+NEUTRAL_STATUSES = ("stopped", "pruned")
 ERRATIC_THROUGHPUT_CV = 0.3  # trials not competing for cores measured 0.001-0.07; see benchmarks/README.md
 LAUNCHED_AT_ENV = "AUTOTUNE_LAUNCHED_AT"  # the parent's time.time() when it started the child (for start_s)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
@@ -307,6 +313,11 @@ class TrialResult:
     @property
     def feasible(self) -> bool:
         return self.status in FEASIBLE_STATUSES
+
+    @property
+    def condemns(self) -> bool:
+        """Whether this result rules its configuration out (infeasible for a reason that is the configuration's)."""
+        return not self.feasible and self.status not in NEUTRAL_STATUSES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
