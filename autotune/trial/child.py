@@ -107,6 +107,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         gpu = telemetry.stop() if telemetry else {}  # the window's figures: not the FLOP counting's below
         if spec.count_flops:  # after the window: counting is slow
             flops = count_flops_per_sample(setup, next(batches), precision, device)
+        if not spec.compute_only:
+            window.epoch_boundary_s = _epoch_boundary(loader, batches, window, config, epoch_samples(setup, rank))
     finally:
         memory.stop()
         if telemetry:
@@ -114,8 +116,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
-    epoch_samples = max(1, len(setup.dataset) // rank.world_size)  # type: ignore[arg-type]
-    summary = window.summary(epoch_samples, config, spec.run_length)
+    summary = window.summary(epoch_samples(setup, rank), config, spec.run_length)
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
@@ -128,6 +129,24 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         hosts = [item["host"] for item in summaries]
         combined.update(nodes=len(set(hosts)), hosts=hosts, interconnect=interconnect.facts(device.type))
     return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict(), "fp32_math": math}
+
+
+def epoch_samples(setup: Any, rank: RankInfo) -> int:
+    """This rank's share of an epoch."""
+    return max(1, len(setup.dataset) // rank.world_size)
+
+
+def _epoch_boundary(loader: Any, batches: Any, window: Any, config: Any, samples: int) -> float | None:
+    """A new epoch's extra wait, where it could matter (trial/epoch_boundary.py); None where it was not measured."""
+    from autotune.trial import epoch_boundary
+
+    steps = max(1, len(window.step_times_s))
+    epoch_s = samples / max(window.samples / max(window.window_s, 1e-9), 1e-9)
+    if not epoch_boundary.worth_measuring(
+        num_workers=config.num_workers, loader_start_s=window.loader_start_s, epoch_s=epoch_s
+    ):
+        return None
+    return epoch_boundary.epoch_boundary_s(loader, batches, steady_wait_s=window.data_wait_s / steps)
 
 
 def _spent_since_launch(started: float) -> float:

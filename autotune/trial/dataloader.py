@@ -99,8 +99,8 @@ def build_loader(
     """A DataLoader as the user's training would build it (dataloader_kwargs), with this rank's share of each epoch.
 
     Its batch sampler runs epoch after epoch (trial/sampling.py) until the trial has all its batches, so the timed
-    window measures steady state however small the corpus; epoch-boundary costs are accounted for separately
-    (trial/loop.py WindowMeasurement.summary).
+    window measures steady state however small the corpus; a new epoch's cost is measured after the window
+    (trial/epoch_boundary.py) and charged per epoch (trial/window_record.py WindowMeasurement.summary).
     """
     import torch
 

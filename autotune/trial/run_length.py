@@ -8,7 +8,8 @@ objective every trial reports (TrialResult.samples_per_second) is the throughput
 charged where it falls:
 
 - **epochs** (the default: one epoch of the data, as the loader restarts were amortised before compile existed):
-  ``run samples / (run samples / window rate + epochs x loader restart + compile)``;
+  ``run samples / (run samples / window rate + epochs x new epoch + compile)``, a new epoch's cost measured at a real
+  epoch end (epoch_boundary.py);
 - **hours**: ``epoch rate x max(0, T - compile) / T`` over T seconds of training: compiling eats into the run.
 
 A compile the run cannot repay loses to eager on this objective, and so never wins (tuner.pick_winner ranks by it);

@@ -4,7 +4,8 @@ Every rank draws its share of an epoch as torch's DistributedSampler deals it (a
 multiple of the world size, every world_size-th index), then batches it: shuffled batches of the per-device batch
 size (the last short one dropped, as the recipes' drop_last=True), or the workload's own length-sorted batches.
 A trial cycles epochs inside one batch sampler, so one DataLoader iterator (and one set of workers) runs the whole
-trial however small the corpus; what a new epoch costs without persistent workers is accounted for separately.
+trial however small the corpus; what a new epoch costs is measured at an epoch end after the window
+(CycledEpochs.end_epoch, trial/epoch_boundary.py) and charged per epoch.
 
 The accounting check counts what each rank really yields for one epoch and compares the sum over ranks with the
 dataset size: a per-rank split applied twice (the 1/N^2 batches-per-epoch bug) can never pass it.
@@ -60,19 +61,29 @@ def epoch_batches(
 
 
 class CycledEpochs(torch.utils.data.Sampler[list[int]]):
-    """A batch sampler running epoch after epoch until it has yielded total_batches batches."""
+    """A batch sampler running epoch after epoch until it has yielded total_batches batches, or until told to end
+    (end_epoch): then the loader's iterator runs out as at the end of a real epoch, and a new one starts afresh."""
 
     def __init__(self, make_epoch: Callable[[int], Iterable[list[int]]], total_batches: int) -> None:
         self.make_epoch, self.total_batches = make_epoch, total_batches
+        self.ending = False
 
     def __len__(self) -> int:
         return self.total_batches
 
+    def end_epoch(self) -> None:
+        """Yield nothing more: the loader hands out the batches its workers hold and then stops, as an epoch ends
+        (trial/epoch_boundary.py). The next iteration (the loader's next epoch) yields again."""
+        self.ending = True
+
     def __iter__(self) -> Iterator[list[int]]:
+        self.ending = False  # runs at the new iteration's first request, after the previous one ended
         produced, epoch = 0, 0
         while produced < self.total_batches:
             before = produced
             for batch in self.make_epoch(epoch):
+                if self.ending:
+                    return
                 yield batch
                 produced += 1
                 if produced >= self.total_batches:

@@ -266,7 +266,11 @@ class TrialResult:
     # benchmark searches are in it), kept, not judged; and its retries after freeing its cache (a search shows here)
     allocator_peak_memory_bytes: int | None = None
     cuda_alloc_retries: int | None = None
-    loader_start_s: float | None = None  # iter(loader) to first batch: what each epoch pays without persistent workers
+    loader_start_s: float | None = None  # iter(loader) to first batch: the workers' cold start
+    # A new epoch's extra wait for its first batch, measured at a real epoch end after the window where it can matter
+    # (trial/epoch_boundary.py); the objective charges it once per epoch. None: not measured (then loader_start_s
+    # without persistent workers, nothing with them).
+    epoch_boundary_s: float | None = None
     start_s: float | None = None  # from the parent's launch to the child's main(): process start and imports
     setup_s: float | None = None  # from main(): process group, model, data and loader build
     preload_s: float | None = None  # of setup_s: decoding the audio into RAM (config.preload_audio; 0 without)

@@ -27,6 +27,7 @@ class WindowMeasurement:
     warmup_s: float = 0.0
     warmup_steps: int = 0
     loader_start_s: float = 0.0
+    epoch_boundary_s: float | None = None  # a new epoch's extra wait, measured after the window (epoch_boundary.py)
     step_times_s: list[float] = field(default_factory=list)
     step_samples: list[int] = field(default_factory=list)
     step_audio_s: list[float] = field(default_factory=list)
@@ -40,8 +41,11 @@ class WindowMeasurement:
         """Throughput and step-time statistics; the objective charges the one-off costs over the run (loader
         start-up each epoch, compiling once: trial/run_length.py)."""
         window_rate = self.samples / self.window_s
-        # Without persistent workers every epoch pays the worker start-up again; a trial sees one epoch-start.
-        restart_s = self.loader_start_s if config.num_workers > 0 and not config.persistent_workers else 0.0
+        # What each epoch pays at its start (trial/epoch_boundary.py): measured where it can matter; elsewhere the
+        # workers' cold start without persistent workers (a trial sees one), nothing with them.
+        restart_s = self.epoch_boundary_s
+        if restart_s is None:
+            restart_s = self.loader_start_s if config.num_workers > 0 and not config.persistent_workers else 0.0
         compiled = self.compile.summary(self.step_times_s) if config.compile != "off" else {}
         compile_s = float(compiled.get("compile_s", 0.0))
         epoch_rate = run_rate(window_rate, dataset_size, restart_s, compile_s, run or RunLength())
@@ -61,6 +65,7 @@ class WindowMeasurement:
             "warmup_s": self.warmup_s,
             "warmup_steps": self.warmup_steps,
             "loader_start_s": self.loader_start_s,
+            "epoch_boundary_s": self.epoch_boundary_s,
             "scaler_skip_fraction": self.scaler_skip_fraction,
             "trimmed_steps": self.trimmed_steps,
             "warmup_first_steps_s": [round(value, 4) for value in self.warmup_first_steps_s],
