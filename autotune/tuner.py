@@ -343,8 +343,13 @@ class Tuner:
         measured = self._measured_as(params)
         if measured is None:
             return False
-        logger.info(
-            "%s %s is not measured again: trial #%d measured it", role, measured.config.short(), measured.number
+        logger.warning(
+            "%s %s is not measured twice: trial #%d (%s) measured the same configuration, and confirmation re-measures "
+            "it with the leaders",
+            role,
+            measured.config.short(),
+            measured.number,
+            measured.role,
         )
         self._plan_changed()
         return True

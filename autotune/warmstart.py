@@ -39,8 +39,8 @@ __all__ = ["PreviousResult", "WarmPoint", "WarmStart", "plan_warm_start", "read_
 logger = logging.getLogger(__name__)
 
 DEFAULT_NEIGHBOURS = 2
-# Trials a warm-started run needs besides its points: the baseline, one search trial and two confirmations.
-WARM_EXTRA_TRIALS = 4
+# Trials a warm-started run needs besides the baseline and its points: one search trial and two confirmations.
+WARM_EXTRA_TRIALS = 3
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,13 +159,13 @@ def plan_warm_start(
     if previous is None and found:
         found[0] = dataclasses.replace(found[0], role="previous")  # the study's best stands in for the winner
     points = head + found
-    trial_s = _trial_cost_s(study)
-    trimmed = _trim(settings, len(points), fraction, trial_s) if points else settings
+    need_s = _warm_need_s(study, points)
+    trimmed = _trim(settings, len(points), fraction, need_s) if points else settings
     if points and settings.budget_s and trimmed.budget_s == settings.budget_s and fraction < 1:
         notes.append(
             f"warm start keeps the whole --budget {settings.budget_s / 60:.1f} min: {fraction:g} of it would not hold "
-            f"the baseline, the {len(points)} re-measured configuration(s), a search trial and a confirmation at the "
-            f"{trial_s:.0f} s a trial took in this study"
+            f"the baseline, the {len(points)} re-measured configuration(s), a search trial and two confirmations "
+            f"(~{need_s / 60:.1f} min at the trial times this study recorded)"
         )
     return WarmStart(previous=previous, points=tuple(points), settings=trimmed, requested=settings, notes=tuple(notes))
 
@@ -190,25 +190,37 @@ def _fitting_study_configs(
     return points
 
 
-def _trim(settings: TunerSettings, n_points: int, fraction: float, trial_s: float) -> TunerSettings:
+def _trim(settings: TunerSettings, n_points: int, fraction: float, need_s: float) -> TunerSettings:
     """`fraction` of the trials (enough for the baseline, the points and one search trial) and of the budget, where
-    that fraction holds them and two confirmations at trial_s each; else the whole budget. A nightly rerun under a
-    short --budget (5 min of 50-90 s CPU trials) halved to 2.5 min had room for the baseline alone."""
+    that fraction holds need_s (what the warm start itself needs, _warm_need_s); else as much as that, up to the whole
+    budget. A nightly rerun under a short --budget (5 min of CPU trials, the baseline 66-106 s of it) halved to 2.5 min
+    had room for the baseline alone."""
     trials = min(settings.trials, max(math.ceil(settings.trials * fraction), n_points + 2))
     budget = settings.budget_s
     if budget:
-        budget = min(budget, max(budget * fraction, (n_points + WARM_EXTRA_TRIALS) * trial_s))
+        budget = min(budget, max(budget * fraction, need_s))
     return dataclasses.replace(settings, trials=trials, budget_s=budget)
 
 
-def _trial_cost_s(study: optuna.Study) -> float:
-    """The median wall time of the study's measured trials (0 when none recorded one)."""
-    walls = [
-        float(wall)
-        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if isinstance(wall := (trial.user_attrs.get("result") or {}).get("wall_s"), (int, float)) and wall > 0
-    ]
-    return statistics.median(walls) if walls else 0.0
+def _warm_need_s(study: optuna.Study, points: list[WarmPoint]) -> float:
+    """Seconds the warm start needs at the wall times the study recorded: the baseline (its own trials' time; it is
+    usually the most expensive), each point (its configuration's), and a search trial and two confirmations at the
+    median trial's. 0 when the study recorded no wall time."""
+    walls: dict[str, list[float]] = {}
+    baseline: list[float] = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        wall, config = (trial.user_attrs.get("result") or {}).get("wall_s"), trial.user_attrs.get("config")
+        if not isinstance(wall, (int, float)) or wall <= 0:
+            continue
+        walls.setdefault(json.dumps(config, sort_keys=True), []).append(float(wall))
+        if trial.user_attrs.get("role") == "baseline":
+            baseline.append(float(wall))
+    every = [wall for each in walls.values() for wall in each]
+    if not every:
+        return 0.0
+    median = statistics.median(every)
+    points_s = sum(statistics.median(walls.get(_key(point.config)) or [median]) for point in points)
+    return statistics.median(baseline or [max(every)]) + points_s + WARM_EXTRA_TRIALS * median
 
 
 def _key(config: TrialConfig) -> str:

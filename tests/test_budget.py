@@ -178,7 +178,7 @@ def test_a_leader_whose_window_others_disturbed_gets_one_more_interleaved_re_mea
 
 
 def test_a_rerun_whose_previous_winner_is_the_recipe_measures_it_once_and_the_budget_goes_to_the_others(
-    tmp_path, cpu_hardware
+    tmp_path, cpu_hardware, caplog
 ):
     """Session 16's nightly rerun (--budget 5m, halved to 2.5): the previous winner was the recipe itself, so the run
     measured the baseline, then the same configuration again as "previous" until the budget stopped it, skipped both
@@ -208,6 +208,7 @@ def test_a_rerun_whose_previous_winner_is_the_recipe_measures_it_once_and_the_bu
     again = drift.remeasured(outcome)
     assert again is not None and again.config == recipe and again.records[0].role == "baseline"
     assert outcome.baseline is not None and outcome.baseline.is_previous
+    assert f"previous {recipe.short()} is not measured twice: trial #0 (baseline) measured" in caplog.text
 
 
 def test_a_trial_the_budget_stopped_does_not_condemn_its_configuration(tmp_path, cpu_hardware):

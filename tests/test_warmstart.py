@@ -161,7 +161,29 @@ def test_a_short_budget_is_not_halved_below_what_the_warm_start_itself_needs(tmp
     )
     assert len(warm.points) == 3 and warm.settings.budget_s == kept_s
     kept_whole = any(
-        "keeps the whole --budget 5.0 min" in note and "at the 60 s a trial took" in note for note in warm.notes
+        "keeps the whole --budget 5.0 min" in note and "(~7.0 min at the trial" in note for note in warm.notes
     )
     assert kept_whole == (budget_s == 300.0 and trial_s > 0)
     assert ("budget" in warm.describe()[-1]) == (kept_s != budget_s)
+
+
+def test_the_warm_start_prices_the_baseline_at_its_own_recorded_time(tmp_path):
+    """Session 17's CPU rerun: the baseline took 106 s, the bf16 points 26-29 s. The median alone (28 s) priced the
+    warm start at 3.3 min; the baseline at its own time, each point at its own and three trials at the median: 4.6."""
+    study = _study(*STUDY_TRIALS, wall_s=28.0)
+    baseline = {
+        "config": _config(32, 2, "fp32").to_dict(),
+        "role": "baseline",
+        "result": {"status": "ok", "wall_s": 106.0},
+    }
+    study.add_trial(optuna.trial.create_trial(value=3.8, user_attrs=baseline))
+    warm = plan_warm_start(
+        study,
+        out_path=tmp_path / "absent.yaml",
+        study_name="study",
+        space=SPACE,
+        options={},
+        settings=TunerSettings(trials=24, budget_s=300.0),
+    )
+    assert len(warm.points) == 3
+    assert warm.settings.budget_s == pytest.approx(106.0 + 3 * 28.0 + 3 * 28.0)
