@@ -18,9 +18,9 @@ EXPECTED_STEPS = [
     "telemetry",
     "peak_memory",
     "nccl",
-    "oom_study",
     "full_run",
     "load_config_loop",
+    "oom_study",
 ]
 
 

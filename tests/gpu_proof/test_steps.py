@@ -23,6 +23,8 @@ def test_the_oom_space_measures_the_huge_batch_right_after_the_baseline(tmp_path
     loaded = space.load(_oom_space(tmp_path), make_cuda("NVIDIA H100 80GB HBM3", (9, 0)))
     assert loaded.baseline["per_device_batch_size"] == 32
     assert [seed["per_device_batch_size"] for seed in loaded.seeds] == [OOM_BATCH]
+    # Only the OOM is proven here: no cuDNN search per shape, the fbank on the GPU rather than in one worker.
+    assert loaded.fixed["cudnn_benchmark"] is False and loaded.seeds[0]["feature_device"] == "device"
 
 
 @pytest.fixture
