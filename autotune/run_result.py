@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from autotune.trial import TrialConfig
     from autotune.tuner import TuningOutcome
 
-__all__ = ["tuned_config", "learning_rate_advice", "predict_epoch"]
+__all__ = ["tuned_config", "learning_rate_advice", "predict_epoch", "epoch_start_note"]
 
 
 def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
@@ -56,6 +56,9 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         notes.append(plan.preparation.note())
     if not outcome.winner.config.in_order:
         notes.append(UNORDERED_NOTE)
+    epoch_note = epoch_start_note(outcome.winner.records)
+    if epoch_note:
+        notes.append(epoch_note)
     return TunedConfig(
         workload={
             "name": plan.workload.name,
@@ -108,6 +111,32 @@ def cluster_section(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
         "hosts": list(measured.hosts or []) if measured else [],
         "interconnect": dict(measured.interconnect or {}) if measured else {},
     }
+
+
+EPOCH_START_NOTE_SHARE = 0.05  # of an epoch's time: a new epoch's start that weighs this much is worth a note
+
+
+def epoch_start_note(records: list[Any]) -> str | None:
+    """A note where a new epoch's start (trial/epoch_boundary.py) takes a large share of each epoch: a small corpus,
+    a large batch, few steps an epoch. Real training over a larger corpus pays it less often than this run did."""
+    for record in records:
+        result = record.result
+        boundary, rate = result.epoch_boundary_s, result.window_samples_per_second
+        accounting = result.epoch_accounting or {}
+        samples = accounting.get("dataset_size")
+        if boundary is None or not rate or not samples:
+            continue
+        epoch_s = samples / rate + boundary  # the samples of every rank at the rate of every rank
+        share = boundary / epoch_s
+        if share < EPOCH_START_NOTE_SHARE:
+            return None
+        return (
+            f"a new epoch's first batch waits {boundary:.2f} s (prepared with nothing prefetched): {share:.0%} of each "
+            f"{epoch_s:.1f}-s epoch of this data, charged in samples_per_second; over a larger corpus (longer epochs) "
+            f"the winner runs nearer its steady {rate:,.1f} samples/s, and the ranking can differ: rerun with --data "
+            "on your own list"
+        )
+    return None
 
 
 def learning_rate_advice(

@@ -35,3 +35,26 @@ def test_a_changed_global_batch_comes_with_the_linear_scaling_rule():
     assert learning_rate_advice(winner, baseline, global_batch=64, lr=0.2) is None  # held fixed by the user
     assert learning_rate_advice(winner, None, global_batch=None, lr=0.2) is None
     assert learning_rate_advice(baseline, baseline, global_batch=None, lr=0.2) is None
+
+
+def test_a_new_epoch_that_weighs_on_a_small_corpus_is_said_and_a_light_one_is_not():
+    from autotune.candidates import TrialRecord
+    from autotune.run_result import epoch_start_note
+    from autotune.trial import TrialResult
+
+    def record(boundary_s):
+        result = TrialResult(
+            status="ok",
+            samples_per_second=691.0,
+            window_samples_per_second=1334.0,
+            epoch_boundary_s=boundary_s,
+            epoch_accounting={"dataset_size": 2000},
+        )
+        return TrialRecord(number=1, role="seed", config=TrialConfig(per_device_batch_size=512), result=result)
+
+    # The H200's winner on the default corpus: 1.5 s of steps an epoch, then a 1.4-s wait for the next one's batch.
+    note = epoch_start_note([record(1.4)])
+    assert note is not None and note.startswith("a new epoch's first batch waits 1.40 s")
+    assert "48% of each 2.9-s epoch" in note and "steady 1,334.0 samples/s" in note
+    assert epoch_start_note([record(0.01)]) is None  # under 1% of an epoch
+    assert epoch_start_note([record(None)]) is None  # not measured: a long epoch
