@@ -287,10 +287,16 @@ def main() -> None:
     parser.add_argument("--no-seeds", action="store_true", help="search without the shipped space's seeds")
     parser.add_argument("--timing", type=json.loads, default={}, help="TimingSettings fields for the trials (JSON)")
     parser.add_argument("--white-noise", action="store_true", help="a window's noise falls as 1/sqrt(its length)")
+    parser.add_argument(
+        "--noise", type=float, default=None, help="every landscape's window noise (sd, e.g. 0.02) instead of its own"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here (markdown, and .json)")
     args = parser.parse_args()
     _quiet()
     started = time.monotonic()
+    if args.noise is not None:  # before the workers fork: they read the landscapes from here
+        for name in args.landscapes:
+            LANDSCAPES[name] = dataclasses.replace(LANDSCAPES[name], noise=args.noise)
     described = [describe(name) for name in args.landscapes]  # fills the caches before the workers fork
     variant = Variant(
         tpe=tuple(sorted(args.tpe.items())),
@@ -316,13 +322,14 @@ def main() -> None:
         for (name, method, fraction), items in found.items()
     ]
     lines = [*table(described), "", *table(rows)]
-    if args.tpe or args.tuner or args.no_seeds or args.timing or args.white_noise:
+    if args.tpe or args.tuner or args.no_seeds or args.timing or args.white_noise or args.noise is not None:
         seeds = "no seeds" if args.no_seeds else "the space's seeds"
         noise = "white (falls with the window's length)" if args.white_noise else "per trial"
         lines += [
             "",
             f"Variant: TPESampler {args.tpe or 'as shipped'}, TunerSettings {args.tuner or 'as shipped'}, {seeds}; "
-            f"trial timing {args.timing or 'as shipped'}; window noise {noise}.",
+            f"trial timing {args.timing or 'as shipped'}; window noise {noise}"
+            + (f", {args.noise:.1%} on every landscape." if args.noise is not None else "."),
         ]
     lines += ["", f"{len(jobs)} searches in {time.monotonic() - started:.0f} s with {args.jobs} processes."]
     print("\n".join(lines))
