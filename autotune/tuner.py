@@ -339,13 +339,12 @@ class Tuner:
     def _measured(self, role: str, params: dict[str, Any]) -> bool:
         """Whether a queued configuration was measured in this run already (a previous winner that is the recipe's
         own configuration, measured as the baseline): it is not measured twice before the search; confirmation
-        re-measures it with the leaders."""
+        re-measures it if it leads (a previous winner always)."""
         measured = self._measured_as(params)
         if measured is None:
             return False
         logger.warning(
-            "%s %s is not measured twice: trial #%d (%s) measured the same configuration, and confirmation re-measures "
-            "it with the leaders",
+            "%s %s is not measured twice: trial #%d (%s) measured the same configuration",
             role,
             measured.config.short(),
             measured.number,

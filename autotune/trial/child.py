@@ -108,7 +108,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         if spec.count_flops:  # after the window: counting is slow
             flops = count_flops_per_sample(setup, next(batches), precision, device)
         if not spec.compute_only:
-            window.epoch_boundary_s = _epoch_boundary(loader, batches, window, config, epoch_samples(setup, rank))
+            window.epoch_boundary_s = _epoch_boundary(loader, batches, window, config, _epoch_samples(setup, rank))
     finally:
         memory.stop()
         if telemetry:
@@ -116,7 +116,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
-    summary = window.summary(epoch_samples(setup, rank), config, spec.run_length)
+    summary = window.summary(_epoch_samples(setup, rank), config, spec.run_length)
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
@@ -131,7 +131,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict(), "fp32_math": math}
 
 
-def epoch_samples(setup: Any, rank: RankInfo) -> int:
+def _epoch_samples(setup: Any, rank: RankInfo) -> int:
     """This rank's share of an epoch."""
     return max(1, len(setup.dataset) // rank.world_size)
 
