@@ -19,7 +19,7 @@ __all__ = ["NOT_MEASURED", "Measurements", "summarise_measurements", "speedup_ra
 
 
 # Figures written only where they exist (a compiled configuration's): an eager one's mapping stays what it was.
-_ONLY_WHEN_SET = ("compile_s", "recompiles", "steady_samples_per_second")
+_ONLY_WHEN_SET = ("compile_s", "recompiles", "steady_samples_per_second", "epoch_start_s")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,7 +53,11 @@ class Measurements:
     # run length), and the most recompiles any measurement met; None for an eager configuration.
     compile_s: float | None = None
     recompiles: int | None = None
-    steady_samples_per_second: float | None = None  # compiled: the median window rate, compiling not charged
+    # compiled, or a new epoch's cost measured: the median window rate, neither charged
+    steady_samples_per_second: float | None = None
+    # A new epoch's first batch: the median extra wait a trial measured at an epoch end (trial/epoch_boundary.py),
+    # charged once per epoch in samples_per_second; None where it was not measured (a long epoch, no workers)
+    epoch_start_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -102,7 +106,7 @@ def summarise_measurements(results: Sequence[TrialResult]) -> Measurements:
 
     median = statistics.median(values)
     first = feasible[0]
-    compiled = any(r.compile_s is not None for r in feasible)
+    charged = any(r.compile_s is not None or r.epoch_boundary_s is not None for r in feasible)
     return Measurements(
         status="ok",
         samples_per_second=round(median, 3),
@@ -127,7 +131,8 @@ def summarise_measurements(results: Sequence[TrialResult]) -> Measurements:
         fp32_math=first.fp32_math,
         compile_s=median_of("compile_s"),
         recompiles=max((r.recompiles for r in feasible if r.recompiles is not None), default=None),
-        steady_samples_per_second=median_of("window_samples_per_second") if compiled else None,
+        steady_samples_per_second=median_of("window_samples_per_second") if charged else None,
+        epoch_start_s=median_of("epoch_boundary_s"),
     )
 
 

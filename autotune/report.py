@@ -48,6 +48,7 @@ TRIAL_COLUMNS: dict[str, str] = {
     "window_samples_per_second": "float64",  # steady state, beside the objective that charges compiling over the run
     "compile_s": "float64",
     "recompiles": "Int64",
+    "epoch_start_s": "float64",  # a new epoch's first batch, charged per epoch in samples_per_second (where measured)
     **{knob.name: knob.column_dtype for knob in knobs.KNOBS},
     "wall_s": "float64",
 }
@@ -134,6 +135,7 @@ def _trial_row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         "window_samples_per_second": result.get("window_samples_per_second"),
         "compile_s": result.get("compile_s"),
         "recompiles": result.get("recompiles"),
+        "epoch_start_s": result.get("epoch_boundary_s"),
         **knobs.flat_values(config),
         "wall_s": wall,
     }

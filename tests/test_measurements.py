@@ -76,3 +76,16 @@ def test_a_compiled_configuration_also_writes_its_compile_and_steady_rate() -> N
     assert list(summary.to_dict()) == [*RESULT_KEYS, "compile_s", "recompiles", "steady_samples_per_second"]
     assert (summary.compile_s, summary.recompiles, summary.steady_samples_per_second) == (25.0, 2, 100.0)
     assert Measurements.from_dict(summary.to_dict()) == summary
+
+
+def test_a_configuration_charged_for_its_epochs_starts_writes_that_cost_and_its_steady_rate() -> None:
+    """A trial that measured a new epoch's cost (trial/epoch_boundary.py) charged it in samples_per_second: the result
+    keeps the median cost and the steady window rate beside the objective, and reads back equal."""
+    results = [
+        TrialResult(status="ok", samples_per_second=s, window_samples_per_second=w, epoch_boundary_s=b)
+        for s, w, b in ((690.0, 1334.0, 1.4), (700.0, 1320.0, 1.3), (680.0, 1340.0, 1.5))
+    ]
+    summary = summarise_measurements(results)
+    assert list(summary.to_dict()) == [*RESULT_KEYS, "steady_samples_per_second", "epoch_start_s"]
+    assert (summary.epoch_start_s, summary.steady_samples_per_second) == (1.4, 1334.0)
+    assert Measurements.from_dict(summary.to_dict()) == summary
