@@ -166,6 +166,11 @@ def print_summary(console: Console, report: RunReport) -> None:
         table.add_row(label, _fmt(getattr(winner, key)), _fmt(_baseline_figure(baseline, key)))
     if winner.compile_s is not None:  # torch.compile's one-off cost, charged in samples/s over the run length
         table.add_row("compile s / recompiles", f"{winner.compile_s:.0f} / {winner.recompiles or 0}", "-")
+    if winner.epoch_start_s is not None or (baseline.ok and baseline.epoch_start_s is not None):
+        # a new epoch's first batch (trial/epoch_boundary.py), charged in samples/s once per epoch
+        table.add_row(
+            "new epoch's wait s", _fmt(winner.epoch_start_s), _fmt(_baseline_figure(baseline, "epoch_start_s"))
+        )
     table.add_row("peak memory GiB", _gib(winner.peak_memory_bytes), _gib(baseline.peak_memory_bytes))
     if winner.gpu_utilization_percent is not None:
         table.add_row("GPU utilisation %", _fmt(winner.gpu_utilization_percent), _fmt(baseline.gpu_utilization_percent))

@@ -93,6 +93,9 @@ def test_the_summary_reads_the_typed_measurements_and_says_why_a_baseline_has_no
     assert "samples/s (median) 123.5 oom" in failed and "measurements 3 oom" in failed
     assert "trial setup s / wall s 2.0 / 20.0 -" in failed
     assert "samples/s (median) 123.5 -" in shown({})  # no baseline in this run
+    assert not any(line.startswith("new epoch's wait s") for line in failed)  # nothing measured it
+    winner["epoch_start_s"] = 1.4  # a small corpus: each epoch's first batch waited (trial/epoch_boundary.py)
+    assert "new epoch's wait s 1.400 oom" in shown({"status": "oom", "reason": "out of memory"})
 
 
 def test_the_closing_line_gives_the_whole_run_beside_the_search():
