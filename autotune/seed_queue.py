@@ -1,5 +1,6 @@
 """What the AMP check and the device's memory leave of the seeds: a seed whose precision or compile mode the check
-rejected never runs, and a seed out of memory is tried again with checkpointing or at half its batch.
+rejected never runs, a seed out of memory is tried again with checkpointing or at half its batch, and nothing queued
+is measured twice.
 
 Split out of tuner.py (one home per rule, and the tuner under its size limit); the tuner calls these with its state.
 """
@@ -9,20 +10,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.candidates import TrialRecord, config_params
+from autotune.candidates import TrialRecord, config_key, config_params
 from autotune.checkpointing import checkpointed_instead
 from autotune.compile_modes import OFF, check_label
 from autotune.space import SearchSpace
 from autotune.space_fit import smaller_batch
 from autotune.trial import TrialConfig
 
-__all__ = ["rejected_reason", "admissible", "backed_off"]
+__all__ = ["rejected_reason", "admissible", "backed_off", "measured_before"]
 
 
 def rejected_reason(rejected: Mapping[str, str], config: TrialConfig) -> str | None:
     """Why the AMP check rejected this configuration's precision or compile mode (labels by compile_modes.check_label);
     None if it did not: such a trial is recorded as status "precision" without being launched."""
     return rejected.get(config.precision) or rejected.get(check_label(config.compile))
+
+
+def measured_before(records: Iterable[TrialRecord], config: TrialConfig) -> TrialRecord | None:
+    """This run's first measurement of the configuration, if any: a queued point (a seed, a previous winner that is
+    the recipe's own configuration, a backed-off retry) is not measured twice."""
+    key = config_key(config)
+    return next((record for record in records if record.key == key), None)
 
 
 def admissible(seeds: Iterable[Mapping[str, Any]], rejected: Mapping[str, str]) -> list[dict[str, Any]]:

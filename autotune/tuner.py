@@ -21,7 +21,7 @@ from autotune.reattach import orphan_waiting, trial_folder
 from autotune.reporting import Reporter, SilentReporter
 from autotune.room import Room
 from autotune.samplers import grid_points, make_sampler
-from autotune.seed_queue import admissible, backed_off, rejected_reason
+from autotune.seed_queue import admissible, backed_off, measured_before, rejected_reason
 from autotune.space import SearchSpace
 from autotune.trial import TrialConfig, TrialResult, TrialSpec, launch
 from autotune.tuner_settings import STORAGE_FAILED, TunerSettings, TuningOutcome
@@ -333,29 +333,20 @@ class Tuner:
     def _back_off(self, record: TrialRecord) -> None:
         """A seed out of memory is queued again, checkpointed or at half its batch (seed_queue.backed_off)."""
         retry = backed_off(self.space, record)
-        if retry is not None and config_key(self._config(retry)) not in {config_key(r.config) for r in self.records}:
+        if retry is not None and self._measured_as(retry) is None:
             self.seeds.insert(0, ("seed", retry))
 
     def _measured(self, role: str, params: dict[str, Any]) -> bool:
-        """Whether a queued configuration was measured in this run already (a previous winner that is the recipe's
-        own configuration, measured as the baseline): it is not measured twice before the search; confirmation
+        """Whether a queued configuration was measured in this run already (seed_queue.measured_before); confirmation
         re-measures it if it leads (a previous winner always)."""
-        measured = self._measured_as(params)
-        if measured is None:
-            return False
-        logger.warning(
-            "%s %s is not measured twice: trial #%d (%s) measured the same configuration",
-            role,
-            measured.config.short(),
-            measured.number,
-            measured.role,
-        )
-        self._plan_changed()
-        return True
+        if (measured := self._measured_as(params)) is not None:
+            what = f"{role} {measured.config.short()} is not measured twice: trial #{measured.number} ({measured.role})"
+            logger.warning("%s measured the same configuration", what)
+            self._plan_changed()
+        return measured is not None
 
     def _measured_as(self, params: dict[str, Any]) -> TrialRecord | None:
-        key = config_key(self._config({**self.space.fixed, **params}))
-        return next((record for record in self.records if record.key == key), None)
+        return measured_before(self.records, self._config({**self.space.fixed, **params}))
 
     def _last_chance(self, role: str, params: dict[str, Any]) -> bool:
         """Whether a queued trial that may not end in time runs anyway (Budget.last_chance); a trial still running
