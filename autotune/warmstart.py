@@ -4,8 +4,8 @@ The previous winner is the result YAML at the output path when it comes from thi
 hardware, same workload options), else the study's best feasible configuration. Its neighbours are the next best
 configurations the study has measured. They are measured right after the baseline (a previous winner that is the
 baseline's configuration is not measured twice), and the search that follows gets `fraction` of the trials and of the
-budget (never more than the user's `--trials` and `--budget`; the whole budget where its fraction would not hold the
-baseline, the points, a search trial and two confirmations at the study's recorded trial time).
+budget (never more than the user's `--trials` and `--budget`, and never less budget than the baseline, the points, a
+search trial and two confirmations need at the wall times the study recorded).
 
 Example::
 
