@@ -39,7 +39,8 @@ CONFIRM_SHARE = 0.25  # of the budget, at most, kept for confirmation while the 
 # with 90 s left, ending at 2.4 min with the recipe as its winner.
 LAST_CHANCE_SHARE = 0.5
 PRIOR_FIXED_S = 5.0  # a trial's process start, setup and teardown before any was measured (2-core CPU: 3-4 s)
-_NOT_ESTIMATES = ("baseline", "preload")  # roles whose wall time says little about a search trial's
+# roles whose wall time says little about a search trial's (a long run's confirmation may measure longer windows)
+_NOT_ESTIMATES = ("baseline", "preload", "confirm")
 
 
 class TrialCosts:
@@ -61,7 +62,9 @@ class TrialCosts:
         """A configuration's trial: its own median wall if measured, else predicted from a similar one's
         throughput; None when nothing feasible has been measured."""
         key = config_key(config)
-        walls = [r.result.wall_s for r in records if r.result.wall_s and config_key(r.config) == key]
+        own = [r for r in records if r.result.wall_s and r.key == key]
+        # a long run's confirmation trials may measure longer windows (confirmation.py): its other trials' walls first
+        walls = [r.result.wall_s for r in own if r.role != "confirm"] or [r.result.wall_s for r in own]
         if walls:
             return statistics.median(walls)
         feasible = [r for r in records if r.result.feasible and r.result.window_samples_per_second]

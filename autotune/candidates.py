@@ -1,11 +1,12 @@
 """Measured trials and the choice among them: a configuration's repeated measurements, its noise and its safety,
-and the winner chosen on medians (the safer among leaders within 1%)."""
+and the winner chosen on medians (the safer among leaders measured within 1%)."""
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,9 @@ __all__ = [
     "config_key",
     "group_by_config",
     "leaders",
+    "noise_variance",
+    "gap_error",
+    "weighted_logs",
     "SAFETY_PRICE",
     "CONTENDER_FRACTION",
 ]
@@ -145,22 +149,68 @@ def score(candidate: Candidate, estimates: Estimates = None) -> float:
     return estimates.get(config_key(candidate.config), candidate.median) if estimates else candidate.median
 
 
+def weighted_logs(candidates: Sequence[Candidate]) -> list[list[tuple[float, float]]]:
+    """Each candidate's feasible windows as (log samples/s, weight): a window counts by its length, in units of the
+    median window among them, because a window's noise is white (an H200's fell as 1/sqrt(length):
+    benchmarks/results/issue18/window_noise-h200.md), so a window four times as long is worth four; a record without a
+    length counts as one. Windows of one length count alike, as before windows had lengths of their own (a long run's
+    confirmation, confirmation.py)."""
+    feasible = [[r for r in c.records if r.result.feasible and r.value > 0] for c in candidates]
+    lengths = [r.result.window_s for records in feasible for r in records if r.result.window_s]
+    unit = statistics.median(lengths) if lengths else 1.0
+    return [[(math.log(r.value), (r.result.window_s or unit) / unit) for r in records] for records in feasible]
+
+
+def noise_variance(candidates: Sequence[Candidate]) -> tuple[float, int]:
+    """sigma^2 of the log of a window of the unit length (weighted_logs), pooled over every configuration measured
+    more than once, and its degrees of freedom."""
+    squares, df = 0.0, 0
+    for windows in weighted_logs(candidates):
+        if len(windows) > 1:
+            mean = sum(x * w for x, w in windows) / sum(w for _, w in windows)
+            squares += sum(w * (x - mean) ** 2 for x, w in windows)
+            df += len(windows) - 1
+    return (squares / df if df else 0.0), df
+
+
+def gap_error(candidates: Sequence[Candidate], first: Candidate, second: Candidate) -> float | None:
+    """The standard error of the two candidates' gap (of their weighted mean log windows, so relative), the noise
+    pooled over all the candidates; None while no configuration was measured twice."""
+    sigma2, df = noise_variance(candidates)
+    if not df:
+        return None
+    weights = [sum(w for _, w in windows) for windows in weighted_logs([first, second])]
+    return math.sqrt(sigma2 * sum(1.0 / w for w in weights)) if all(weights) else None
+
+
 def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tuple[Candidate | None, str]:
-    """The fastest by median (or by pooled estimate, where confirmation has one: pooling.py); among leaders within
-    SAFETY_PRICE of it, the safest (and say why). The winner's reported throughput stays its measured median.
+    """The fastest by median (or by pooled estimate, where confirmation has one: pooling.py); among leaders measured
+    within SAFETY_PRICE of it, the safest (and say why). The winner's reported throughput stays its measured median.
 
     Safety is a tie-break, and a tie-break must not cost throughput: a median is an unbiased estimate however noisy the
     windows, so a leader measured 4% slower is expected to be 4% slower, even when the noise cannot rule out a tie. The
     tie zone was once half the larger relative range of the two configurations' windows; on a data-bound GPU landscape
     with 5% window noise (benchmarks/simulate.py) it crowned the fewer workers 3-5% slower in most searches, and it grew
     with every re-measurement (a range widens with the number of windows, while a median's error shrinks).
+
+    For the same reason a tie must be measured: a safer leader wins only where the gap's standard error (gap_error) is
+    within SAFETY_PRICE too, so that its true cost is within about twice the price. Where the windows cannot tell 1%
+    (ten 5%-noisy windows each have a 2.2% error on the gap), "within 1%" is chance, and on the simulated conformer it
+    crowned leaders 2-8% slower (benchmarks/results/issue18/NOTES.md, session 18): the fastest wins there.
     """
     if not candidates:
         return None, ""
     rate = {id(c): score(c, estimates) for c in candidates}
     by = "pooled estimate" if estimates else "median"
     fastest = max(candidates, key=lambda c: rate[id(c)])
-    tied = [candidate for candidate in candidates if rate[id(candidate)] >= rate[id(fastest)] * (1.0 - SAFETY_PRICE)]
+    tied = [
+        candidate
+        for candidate in candidates
+        if candidate is fastest
+        or rate[id(candidate)] >= rate[id(fastest)] * (1.0 - SAFETY_PRICE)
+        and (error := gap_error(candidates, candidate, fastest)) is not None
+        and error <= SAFETY_PRICE
+    ]
     safest = min(tied, key=lambda c: (c.safety_key(), -rate[id(c)]))
     if safest is fastest:
         return fastest, f"fastest by {by}"
@@ -169,7 +219,7 @@ def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tup
     why = next((word for word, mine, theirs in keys if mine < theirs), "no less safe on any count")  # an exact tie
     return safest, (
         f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} {slower}, "
-        f"within {SAFETY_PRICE:.0%}, and safer ({why})"
+        f"within {SAFETY_PRICE:.0%} (+-{gap_error(candidates, safest, fastest):.1%}), and safer ({why})"
     )
 
 

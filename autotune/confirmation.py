@@ -14,6 +14,13 @@ Two ways, by how many trials the run can afford:
   error). Re-measuring more leaders and spending the windows where the race is close took the share of searches
   within 2% of the best from 56% to about 85% (benchmarks/results/simulate-confirmation.md).
 
+A leader's share of a halving round goes to as few trials as the longest window allows (LONGEST_WINDOW_FACTOR):
+each trial pays start-up and warm-up again (26 s of the simulated conformer's 66-s trial, 25-30 s of an H200's),
+while a window's noise is white (an H200's fell as 1/sqrt(length): results/issue18/window_noise-h200.md), so one
+window twice as long is worth two. Interleaving stays: every round measures every leader still in it, and a round
+whose share holds more than the longest window measures each leader more than once, in turn. Windows then differ in
+length, and count by it (candidates.weighted_logs).
+
 Once confirmation has re-measured leaders enough to know the window noise (pooling.MIN_REPEAT_DF), a long run's
 halving keeps, and the winner rule chooses, by each leader's pooled estimate: its own windows and its neighbours'
 (pooling.py). A short run stays on medians. Either way the winner's reported speed stays the median of its own windows.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +41,7 @@ __all__ = [
     "LONG_RUN_TRIALS",
     "LONG_CONFIRM_SHARE",
     "LONG_LEADERS",
+    "LONGEST_WINDOW_FACTOR",
     "Confirmation",
     "Confirmed",
     "halving_rounds",
@@ -44,6 +53,11 @@ logger = logging.getLogger(__name__)
 LONG_RUN_TRIALS = 40  # search trials a run must hold (by --budget and --trials) before confirmation takes a share
 LONG_CONFIRM_SHARE = 0.45  # of the budget, for a long run's confirmation (simulate.py: 40-50% alike, 25% too little)
 LONG_LEADERS = 8  # a long run's leaders: the best configuration's one search window is often 5-7% low
+# A long run's confirmation window is at most this many of the search's longest (TimingSettings.max_window_s: 160 s
+# on a GPU's 40), and half of --trial-timeout (150 s by default): a per-trial part of the noise, which no window
+# length averages, is then still sampled twice by the last round. Simulated conformer at 5% white noise, 600 searches
+# (results/issue18/NOTES.md, session 18): 85.5% within 2% of the best so capped, 86.7% uncapped.
+LONGEST_WINDOW_FACTOR = 4.0
 
 
 def is_long(*, trials: int, budget_s: float | None, trial_s: float) -> bool:
@@ -81,56 +95,85 @@ class Confirmation:
     """Re-measures leaders through the tuner's callbacks.
 
     Args:
-        measure: runs one confirmation trial of a candidate.
+        measure: runs one confirmation trial of a candidate, with a window of at least the given seconds (None: the
+            trial's own rules).
         candidates: every configuration measured so far, by config_key (fresh after each trial).
         cost_s: a candidate's estimated trial cost (a trial starts only if it should end within left_s).
         left_s: seconds the budget has left, less the closing trials; None: no budget.
+        longest_window_s: the longest window a halving round may ask of a trial; None: the trial's own rules alone.
     """
 
     def __init__(
         self,
         *,
-        measure: Callable[[Candidate], object],
+        measure: Callable[[Candidate, float | None], object],
         candidates: Callable[[], dict[str, Candidate]],
         cost_s: Callable[[Candidate], float],
         left_s: Callable[[], float | None],
+        longest_window_s: float | None = None,
     ) -> None:
         self.measure, self.candidates, self.cost_s, self.left_s = measure, candidates, cost_s, left_s
+        self.longest_window_s = longest_window_s
 
     def _fresh(self, leaders: Sequence[Candidate]) -> list[Candidate]:
         by_key = self.candidates()
         return [by_key[config_key(leader.config)] for leader in leaders]
 
-    def _each(self, leaders: Sequence[Candidate]) -> bool:
+    def _each(self, trials: Sequence[tuple[Candidate, float | None]]) -> bool:
         """Re-measure each in turn while it fits; whether all were."""
-        for leader in leaders:
+        for leader, window_s in trials:
             left_s = self.left_s()
-            if left_s is not None and self.cost_s(leader) > left_s:
+            parts = _parts_s(leader)
+            cost_s = self.cost_s(leader) if parts is None else parts[0] + (parts[1] if window_s is None else window_s)
+            if left_s is not None and cost_s > left_s:
                 logger.warning("budget spent during confirmation; the winner rests on fewer measurements")
                 return False
-            self.measure(leader)
+            self.measure(leader, window_s)
         return True
+
+    def planned(self, leaders: Sequence[Candidate], time_s: float) -> int:
+        """The trials halving would run in time_s, every round spending its share (the live display's plan)."""
+        survivors, rounds, count = list(leaders), halving_rounds(len(leaders)), 0
+        for _ in range(rounds):
+            count += len(self._round(survivors, time_s / rounds))
+            survivors = survivors[: math.ceil(len(survivors) / 2)]
+        return count
+
+    def _round(self, survivors: Sequence[Candidate], share_s: float) -> list[tuple[Candidate, float | None]]:
+        """A halving round's trials within share_s, interleaved: each survivor's part of it in as few trials as the
+        longest window allows, at least one trial each; without a longest window (or a survivor's measured parts),
+        as many of its usual trials as fit."""
+        known = [parts for c in survivors if (parts := _parts_s(c)) is not None]
+        if self.longest_window_s is None or len(known) < len(survivors):
+            cost_s = sum(self.cost_s(c) for c in survivors)
+            repeats = max(1, int(share_s // cost_s)) if cost_s > 0 else 1
+            return [(c, None) for _ in range(repeats) for c in survivors]
+        slot_s, longest_s = share_s / len(survivors), self.longest_window_s
+        trials = max(1, max(math.ceil(slot_s / (fixed_s + max(longest_s, own_s))) for fixed_s, own_s in known))
+        windows = [
+            wanted if (wanted := min(longest_s, slot_s / trials - fixed_s)) > own_s else None
+            for fixed_s, own_s in known
+        ]
+        return [(c, window_s) for _ in range(trials) for c, window_s in zip(survivors, windows, strict=True)]
 
     def uniform(self, leaders: list[Candidate], rounds: int) -> Confirmed:
         """Each leader re-measured `rounds` times, interleaved; then one more round for the leaders with a window
         other processes disturbed (trial/child.py): their median then rests on more windows, from other minutes of
         the load."""
-        if self._each([leader for _ in range(rounds) for leader in leaders]) and rounds:
+        if self._each([(leader, None) for _ in range(rounds) for leader in leaders]) and rounds:
             disturbed = [c for c in self._fresh(leaders) if any(r.result.disturbed for r in c.records)]
-            self._each(disturbed)
+            self._each([(c, None) for c in disturbed])
         confirmed = self._fresh(leaders)
         return Confirmed(leaders=confirmed, finalists=confirmed)
 
     def halving(self, leaders: list[Candidate], time_s: float) -> Confirmed:
         """Sequential halving within time_s: each round spends an equal share of the time left on the leaders still
-        in it (at least one window each, interleaved), then keeps the better half by median."""
+        in it (at least one trial each, interleaved: _round), then keeps the better half by median."""
         survivors, rounds = list(leaders), halving_rounds(len(leaders))
         started_left_s = self.left_s() or 0.0
         for done in range(rounds):
             left_s = time_s - (started_left_s - (self.left_s() or 0.0))  # of confirmation's time
-            cost_s = sum(self.cost_s(c) for c in survivors)
-            repeats = max(1, int(left_s / (rounds - done) // cost_s)) if cost_s > 0 else 1
-            complete = self._each([c for _ in range(repeats) for c in survivors])
+            complete = self._each(self._round(survivors, left_s / (rounds - done)))
             survivors = self._fresh(survivors)
             if not complete:
                 break
@@ -140,3 +183,13 @@ class Confirmation:
 
     def _pooled(self) -> Estimates:
         return pooled_estimates(list(self.candidates().values()))
+
+
+def _parts_s(candidate: Candidate) -> tuple[float, float] | None:
+    """A candidate's trials as measured: the median time outside the window (start, set-up, warm-up, teardown) and its
+    shortest window, the one its own rules give; None before a trial with both was measured."""
+    timed = [r.result for r in candidate.records if r.result.feasible and r.result.wall_s and r.result.window_s]
+    if not timed:
+        return None
+    outside = statistics.median(max(0.0, (r.wall_s or 0.0) - (r.window_s or 0.0)) for r in timed)
+    return outside, min(r.window_s or 0.0 for r in timed)

@@ -6,11 +6,12 @@ differ in one or two knobs mostly run at similar speeds, so every measured windo
 neighbours. This module fits that once per decision, as a Gaussian process over the configurations (empirical Bayes,
 in the log of samples per second):
 
-    log window = f(configuration) + noise,  noise ~ N(0, sigma^2) per window,
+    log window = f(configuration) + noise,  noise ~ N(0, sigma^2 / w) per window of weight w,
     f ~ GP(mean, lambda^2 * rho^(knobs that differ) + tau^2 * [same configuration])
 
 - sigma^2 is the pooled variance of repeated windows of one configuration (so it needs repeats: before confirmation
-  has measured any leader twice there is no estimate, and the caller keeps medians);
+  has measured any leader twice there is no estimate, and the caller keeps medians); a window weighs by its length
+  (candidates.weighted_logs: a long run's confirmation measures longer windows than its search);
 - lambda^2 (how far configurations spread), rho (how alike neighbours are) and tau^2 (what no neighbour predicts)
   maximise the marginal likelihood over a small grid (each knob counts equally; a knob that barely matters on this
   landscape shows as neighbours alike, a large rho);
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.candidates import Candidate, config_key
+from autotune.candidates import Candidate, config_key, noise_variance, weighted_logs
 
 __all__ = ["MIN_REPEAT_DF", "knob_values", "noise_variance", "pooled_estimates"]
 
@@ -47,23 +48,6 @@ def knob_values(candidate: Candidate) -> tuple[tuple[str, str], ...]:
     data.pop("world_size", None)  # the same for every candidate of a run
     pairs = {**data, **{f"workload.{key}": value for key, value in workload.items()}}
     return tuple(sorted((key, repr(value)) for key, value in pairs.items()))
-
-
-def _logs(candidate: Candidate) -> list[float]:
-    return [math.log(value) for value in candidate.values if value > 0]
-
-
-def noise_variance(candidates: Sequence[Candidate]) -> tuple[float, int]:
-    """sigma^2 of one window's log, pooled over every configuration measured more than once, and its degrees of
-    freedom."""
-    squares, df = 0.0, 0
-    for candidate in candidates:
-        logs = _logs(candidate)
-        if len(logs) > 1:
-            mean = sum(logs) / len(logs)
-            squares += sum((x - mean) ** 2 for x in logs)
-            df += len(logs) - 1
-    return (squares / df if df else 0.0), df
 
 
 def _differences(candidates: Sequence[Candidate]) -> list[np.ndarray]:
@@ -133,14 +117,18 @@ def _fit(differ: list[np.ndarray], means: np.ndarray, noise: np.ndarray, scale: 
 def pooled_estimates(candidates: Sequence[Candidate]) -> dict[str, float] | None:
     """Samples per second of each feasible candidate (by config_key), pooled with its neighbours'; None while
     repeated windows are too few to know the noise (MIN_REPEAT_DF)."""
-    measured = [candidate for candidate in candidates if candidate.feasible and _logs(candidate)]
+    measured = [
+        candidate
+        for candidate, windows in zip(candidates, weighted_logs(candidates), strict=True)
+        if candidate.feasible and windows
+    ]
     sigma2, df = noise_variance(measured)
     if df < MIN_REPEAT_DF or len(measured) < 2:
         return None
     sigma2 = max(sigma2, 1e-8)
-    logs = [_logs(candidate) for candidate in measured]
-    means = np.array([sum(values) / len(values) for values in logs])
-    noise = np.array([sigma2 / len(values) for values in logs])
+    logs = weighted_logs(measured)
+    means = np.array([sum(x * w for x, w in windows) / sum(w for _, w in windows) for windows in logs])
+    noise = np.array([sigma2 / sum(w for _, w in windows) for windows in logs])
     scale = max(float(np.var(means)), sigma2)
     estimates = _fit(_differences(measured), means, noise, scale)
     return {config_key(candidate.config): math.exp(value) for candidate, value in zip(measured, estimates, strict=True)}

@@ -12,7 +12,14 @@ from collections.abc import Callable
 
 from autotune.budget import Budget
 from autotune.candidates import Candidate, TrialRecord, group_by_config, leaders
-from autotune.confirmation import LONG_CONFIRM_SHARE, LONG_LEADERS, Confirmation, Confirmed, is_long
+from autotune.confirmation import (
+    LONG_CONFIRM_SHARE,
+    LONG_LEADERS,
+    LONGEST_WINDOW_FACTOR,
+    Confirmation,
+    Confirmed,
+    is_long,
+)
 from autotune.tuner_settings import TunerSettings
 
 __all__ = ["Room"]
@@ -63,12 +70,12 @@ class Room:
         return self.budget.fits(cost, keep_s=self.reserve_s() + self.closing_s())
 
     def confirmations(self) -> int:
-        """Confirmation trials planned: a long run's halving as many as its room holds (long() implies a measured
-        search trial), else each leader `rounds` times; none until two configurations can be compared."""
+        """Confirmation trials planned: a long run's halving as many as its room holds in its rounds (long() implies
+        a measured search trial), else each leader `rounds` times; none until two configurations can be compared."""
         if not self.budget.comparable(self.candidates().values()):
             return 0
         if self.long():
-            return int(self.reserve_s() // self.budget.costs.search_trial_s(self.records))
+            return self._confirmation(lambda leader, window_s: None).planned(self.leaders(), self.reserve_s())
         return len(self.leaders()) * self.rounds()
 
     def unconfirmed(self) -> Confirmed:
@@ -76,18 +83,27 @@ class Room:
         leaders = self.leaders()
         return Confirmed(leaders=leaders, finalists=leaders)
 
-    def confirm(self, measure: Callable[[Candidate], object]) -> Confirmed:
+    def longest_window_s(self) -> float:
+        """The longest window a long run's confirmation asks of a trial (confirmation.LONGEST_WINDOW_FACTOR): that many
+        of the search's longest, and half of --trial-timeout, so that the trial ends well before it."""
+        timing = self.settings.timing
+        return min(LONGEST_WINDOW_FACTOR * timing.max_window_s, 0.5 * self.settings.trial_timeout_s)
+
+    def confirm(self, measure: Callable[[Candidate, float | None], object]) -> Confirmed:
         """Re-measure the leaders through measure, interleaved, so that one lucky or unlucky window cannot crown a
         winner; returns every leader as re-measured, the finalists the winner is chosen among and how
         (confirmation.py)."""
-        leaders = self.leaders()
-        confirmation = Confirmation(
-            measure=measure,
-            candidates=self.candidates,
-            cost_s=lambda leader: self.budget.costs.of(leader.config, self.records) or 0.0,
-            left_s=lambda: None if (left := self.budget.left_s()) is None else left - self.closing_s(),
-        )
+        leaders, confirmation = self.leaders(), self._confirmation(measure)
         if self.long() and len(leaders) > 1:
             time_s = min(LONG_CONFIRM_SHARE * (self.settings.budget_s or 0.0), confirmation.left_s() or 0.0)
             return confirmation.halving(leaders, time_s)
         return confirmation.uniform(leaders, self.rounds())
+
+    def _confirmation(self, measure: Callable[[Candidate, float | None], object]) -> Confirmation:
+        return Confirmation(
+            measure=measure,
+            candidates=self.candidates,
+            cost_s=lambda leader: self.budget.costs.of(leader.config, self.records) or 0.0,
+            left_s=lambda: None if (left := self.budget.left_s()) is None else left - self.closing_s(),
+            longest_window_s=self.longest_window_s() if self.long() else None,
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -134,8 +135,8 @@ class Tuner:
         accum = max(1, self.global_batch_size // (config.per_device_batch_size * self.world_size))
         return TrialConfig.from_dict({**config.to_dict(), "grad_accum_steps": accum})
 
-    def _run_one(self, role: str, params: dict[str, Any] | None = None) -> TrialRecord:
-        return self._run_started(self._start(role, params))
+    def _run_one(self, role: str, params: dict[str, Any] | None = None, window_s: float | None = None) -> TrialRecord:
+        return self._run_started(self._start(role, params, window_s))
 
     def _run_started(self, started: Started) -> TrialRecord:
         try:
@@ -145,9 +146,9 @@ class Tuner:
             raise
         return self._finish(started, result)
 
-    def _start(self, role: str, params: dict[str, Any] | None) -> Started:
-        """Ask the study for a trial and specify it; from here on it is RUNNING in the study: whatever stops this run
-        tells it FAIL."""
+    def _start(self, role: str, params: dict[str, Any] | None, window_s: float | None = None) -> Started:
+        """Ask the study for a trial and specify it, with a window of at least window_s where given (a long run's
+        confirmation); from here on it is RUNNING in the study: whatever stops this run tells it FAIL."""
         trial = storage.ask_trial(self.study, params)  # race-free on a study shared with other runs
         try:
             values = self.space.suggest(trial)
@@ -157,6 +158,8 @@ class Tuner:
             trial.set_user_attr(storage.FOLDER_ATTR, str(folder))
             pruner = Pruner(self.best(), self.settings) if role == "search" and self.settings.prune else None
             spec = self.make_spec(config, str(folder / "result.json"))
+            if window_s is not None:
+                spec = dataclasses.replace(spec, timing=dataclasses.replace(spec.timing, window_at_least_s=window_s))
         except BaseException:
             self._fail(trial)
             raise
@@ -372,9 +375,9 @@ class Tuner:
         self.skipped.append(why)
         self._plan_changed()
 
-    def _confirm_one(self, leader: Candidate) -> None:
+    def _confirm_one(self, leader: Candidate, window_s: float | None = None) -> None:
         with on_node(self.launcher, leader):  # where it was first measured (--executor slurm)
-            self._run_one("confirm", config_params(leader.config, self.space))
+            self._run_one("confirm", config_params(leader.config, self.space), window_s)
 
     def plan(self) -> BudgetPlan:
         """What the run intends for the rest of its budget, from the trials measured so far (budget.py)."""

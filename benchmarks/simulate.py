@@ -4,7 +4,8 @@ replay.py replays the Tuner over a CPU run's recorded windows; this does the sam
 benchmarks/landscapes.py, which no recorded run covers. Each search runs the real Tuner (the shipped space with its
 `cuda:` seeds, TPE, pruning, the budget and its reserve for confirmation, the winner rule) on its own clock, with a
 launcher that answers each trial from the landscape (benchmarks/simulated_trials.py): a window drawn around the
-configuration's modelled throughput (the landscape's 2-5% noise), its modelled wall time (an out-of-memory trial
+configuration's modelled throughput (the landscape's 2-5% noise at the shipped window, falling as 1/sqrt of a longer
+window's length as an H200's did), its modelled wall time (an out-of-memory trial
 ends in its first steps), and the pruner asked as a live trial asks it (once on a warm-up step, once a quarter into
 the window).
 
@@ -135,7 +136,9 @@ class Variant:
     # TimingSettings fields for the trials (--timing '{"max_window_factor": 2}'): their windows and so their cost;
     # the budgets stay fractions of the shipped grid's time
     timing: tuple[tuple[str, Any], ...] = ()
-    white: bool = False  # --white-noise: a window's noise falls with its length (simulate.Simulator)
+    # a window's noise falls with its length (simulate.Simulator), as an H200's did (results/issue18/
+    # window_noise-h200.md); False (--per-trial-noise): drawn once per trial whatever its length, the model until then
+    white: bool = True
 
     def trial_timing(self) -> TimingSettings:
         return dataclasses.replace(TimingSettings(), **dict(self.timing))
@@ -286,7 +289,12 @@ def main() -> None:
     parser.add_argument("--tuner", type=json.loads, default={}, help="TunerSettings fields to try (JSON)")
     parser.add_argument("--no-seeds", action="store_true", help="search without the shipped space's seeds")
     parser.add_argument("--timing", type=json.loads, default={}, help="TimingSettings fields for the trials (JSON)")
-    parser.add_argument("--white-noise", action="store_true", help="a window's noise falls as 1/sqrt(its length)")
+    parser.add_argument(
+        "--white-noise", action="store_true", help="a window's noise falls as 1/sqrt(its length): the default"
+    )
+    parser.add_argument(
+        "--per-trial-noise", action="store_true", help="a window's noise drawn once per trial, whatever its length"
+    )
     parser.add_argument(
         "--noise", type=float, default=None, help="every landscape's window noise (sd, e.g. 0.02) instead of its own"
     )
@@ -303,7 +311,7 @@ def main() -> None:
         tuner=tuple(sorted(args.tuner.items())),
         seeds=not args.no_seeds,
         timing=tuple(sorted(args.timing.items())),
-        white=args.white_noise,
+        white=not args.per_trial_noise,
     )
     jobs = [
         (name, method, fraction, seed, variant)
@@ -322,9 +330,9 @@ def main() -> None:
         for (name, method, fraction), items in found.items()
     ]
     lines = [*table(described), "", *table(rows)]
-    if args.tpe or args.tuner or args.no_seeds or args.timing or args.white_noise or args.noise is not None:
+    if args.tpe or args.tuner or args.no_seeds or args.timing or args.per_trial_noise or args.noise is not None:
         seeds = "no seeds" if args.no_seeds else "the space's seeds"
-        noise = "white (falls with the window's length)" if args.white_noise else "per trial"
+        noise = "per trial" if args.per_trial_noise else "white (falls with the window's length)"
         lines += [
             "",
             f"Variant: TPESampler {args.tpe or 'as shipped'}, TunerSettings {args.tuner or 'as shipped'}, {seeds}; "

@@ -5,6 +5,7 @@ in its first steps; the pruner is asked as a live trial asks it. Used by simulat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -29,7 +30,7 @@ class Simulator:
         another length draws noise * sqrt(shipped window / this window)."""
         self.landscape, self.rng, self.now = landscape, random.Random(seed), 0.0
         self.reference = reference
-        self.expected: dict[str, Any] = {}
+        self.expected: dict[tuple[str, float], Any] = {}
         self.shipped_window_s: dict[str, float] = {}
 
     def _noise(self, key: str, config: TrialConfig, window_s: float) -> float:
@@ -45,7 +46,7 @@ class Simulator:
 
     def __call__(self, spec: TrialSpec, *, should_prune: Any = None, **_: object) -> TrialResult:
         key = config_key(spec.config)
-        expected = self.expected.get(key) or self.expected.setdefault(key, self.landscape.evaluate(spec.config))
+        expected = self._expected(key, spec)
         memory = {
             "peak_memory_bytes": int(expected.peak_memory_gib * GIB),
             "memory_capacity_bytes": int(self.landscape.machine.gpu_memory_gib * GIB),
@@ -64,9 +65,21 @@ class Simulator:
             window_samples_per_second=window,
             data_wait_fraction=expected.data_wait_fraction,
             step_time_median_s=expected.step_s,
+            window_s=expected.window_s,
             **memory,
         )
         return self._end(expected.wall_s, result)
+
+    def _expected(self, key: str, spec: TrialSpec) -> Any:
+        """The landscape's figures for the trial, at the trial's own timing where it asks for a longer window (a long
+        run's confirmation: TimingSettings.window_at_least_s)."""
+        landscape, at_least = self.landscape, spec.timing.window_at_least_s
+        if at_least > self.landscape.timing.window_at_least_s:
+            landscape = dataclasses.replace(
+                landscape, timing=dataclasses.replace(landscape.timing, window_at_least_s=at_least)
+            )
+        cached = (key, at_least)
+        return self.expected.get(cached) or self.expected.setdefault(cached, landscape.evaluate(spec.config))
 
     def _pruned(self, expected: Any, should_prune: Any) -> TrialResult | None:
         """Ask the pruner as a live trial does: on a warm-up step (slower than steady state), then a quarter into

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from autotune.trial import TrialSpec
 from tests.test_benchmark_statistics import _load
 
 landscapes = _load("landscapes")
@@ -204,8 +205,33 @@ def test_white_window_noise_grows_as_a_shorter_window_s_rule_shortens_the_window
     white = simulate.Simulator(short, 0, reference=landscape)
     assert white._noise("k", config, short_window) == pytest.approx(2 * landscape.noise)
     assert simulate.Simulator(short, 0)._noise("k", config, short_window) == landscape.noise  # per trial: as drawn
-    variant = simulate.Variant(timing=(("max_window_factor", 1.0),), white=True)
+    variant = simulate.Variant(timing=(("max_window_factor", 1.0),))  # white: the default
     cheap = simulate.search(name, "autotune", 0.05, seed=3, variant=variant)
     shipped = simulate.search(name, "autotune", 0.05, seed=3)
     assert len(cheap.records) > len(shipped.records)  # shorter windows: more trials in the same budget
     assert cheap.elapsed_s <= 0.05 * simulate.grid_s(name)
+
+
+def test_a_simulated_trial_asked_for_a_longer_window_measures_it_and_is_quieter_for_it():
+    """A long run's confirmation asks its trials for longer windows (TimingSettings.window_at_least_s,
+    autotune/confirmation.py): the simulated trial measures that window, costs the difference, and draws the white
+    noise of its length."""
+    simulate = _load("simulate")
+    name = "conformer 1xRTX4090 short clips"
+    landscape, config = _recipe(name)
+    standard = landscape.evaluate(config)
+    timing = dataclasses.replace(landscape.timing, window_at_least_s=4 * standard.window_s)
+    spec = TrialSpec(
+        workload=landscape.workload,
+        workload_options={},
+        data_file="",
+        config=config,
+        timing=timing,
+        device_type="cuda",
+        result_path="",
+    )
+    simulator = simulate.Simulator(landscape, 0, reference=landscape)
+    result = simulator(spec)
+    assert result.window_s == pytest.approx(4 * standard.window_s)
+    assert result.wall_s == pytest.approx(standard.wall_s + 3 * standard.window_s, rel=0.01)
+    assert simulator._noise("k", config, result.window_s) == pytest.approx(landscape.noise / 2)

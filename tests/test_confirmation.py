@@ -59,7 +59,8 @@ class _Race:
         self.records = [_record(i, 8 * (i + 1), 100.0 - i) for i in range(8)]
         self.now, self.budget_s = 0.0, budget_s
 
-    def measure(self, leader: Candidate) -> None:
+    def measure(self, leader: Candidate, window_s: float | None = None) -> None:
+        assert window_s is None  # records without a window's length: the trials' own rules
         self.now += 10.0
         rate = leader.records[0].value
         self.records.append(_record(len(self.records), leader.config.per_device_batch_size, rate, role="confirm"))
@@ -100,11 +101,16 @@ def test_a_long_run_confirms_more_leaders_by_halving_and_a_short_run_three_leade
     now = [0.0]
 
     def launcher(spec, **kwargs) -> TrialResult:
-        now[0] += 10.0
+        window_s = max(7.0, spec.timing.window_at_least_s)  # 3 s outside the window
+        now[0] += 3.0 + window_s
         config = spec.config
         rate = 100.0 * (1.0 + config.per_device_batch_size / 1000) / (1.0 + config.num_workers / 50)
         return TrialResult(
-            status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=10.0, window_s=7.0
+            status="ok",
+            samples_per_second=rate,
+            window_samples_per_second=rate,
+            wall_s=3.0 + window_s,
+            window_s=window_s,
         )
 
     planned: list[int] = []  # the live display's planned confirmations, before the first one ran
@@ -120,14 +126,23 @@ def test_a_long_run_confirms_more_leaders_by_halving_and_a_short_run_three_leade
         planned.clear()
         tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0], reporter=Plans())
         outcome = tuner.run()
-        return collections.Counter(config_key(r.config) for r in outcome.records if r.role == "confirm"), outcome
+        timed: collections.Counter = collections.Counter()  # window seconds by configuration
+        for record in outcome.records:
+            if record.role == "confirm":
+                timed[config_key(record.config)] += record.result.window_s
+        return timed, outcome
 
     long_run, outcome = confirms(TunerSettings(trials=1000, budget_s=1000.0, prune=False))
+    confirm_trials = [r for r in outcome.records if r.role == "confirm"]
     assert len(long_run) == LONG_LEADERS
-    assert sum(long_run.values()) * 10.0 == pytest.approx(LONG_CONFIRM_SHARE * 1000.0, abs=30.0)
-    assert max(long_run.values()) > 2 * min(long_run.values())  # the leaders still in the race got more windows
+    assert sum(r.result.wall_s for r in confirm_trials) == pytest.approx(LONG_CONFIRM_SHARE * 1000.0, abs=30.0)
+    assert max(long_run.values()) > 2 * min(long_run.values())  # the leaders still in the race were measured longer
     assert outcome.winner is not None and long_run[config_key(outcome.winner.config)] == max(long_run.values())
-    assert planned[-1] == int(LONG_CONFIRM_SHARE * 1000.0 // 10.0)  # as many as its room holds, not 8 leaders x 2
+    # 450 s in three rounds of 150, each leader's share of a round in one trial: windows of 15.75, 34.5 and 72 s
+    # (3 s of each trial outside its window), where the search measured 7 s
+    assert planned[-1] == len(confirm_trials) == 8 + 4 + 2
+    assert max(r.result.window_s for r in confirm_trials) > 7.0
 
     short_run, _ = confirms(TunerSettings(trials=24, budget_s=1000.0, prune=False))
-    assert len(short_run) == 3 and set(short_run.values()) == {2} and planned[-1] == 6
+    # three leaders twice, each trial at its own 7-s window: no longer windows on a short run
+    assert len(short_run) == 3 and set(short_run.values()) == {2 * 7.0} and planned[-1] == 6

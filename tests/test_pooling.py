@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from autotune.candidates import Candidate, TrialRecord, config_key, group_by_config, pick_winner
+from autotune.candidates import Candidate, TrialRecord, config_key, group_by_config, pick_winner, weighted_logs
 from autotune.pooling import MIN_REPEAT_DF, knob_values, noise_variance, pooled_estimates
 from autotune.trial import TrialConfig, TrialResult
 
@@ -40,6 +40,29 @@ def test_the_noise_is_pooled_over_repeated_windows_only():
     twice = Candidate(config=_config(2), records=_records(_config(2), [100.0, 110.0]))
     variance, df = noise_variance([once, twice])
     assert df == 1 and variance == pytest.approx((math.log(110) - math.log(100)) ** 2 / 2)
+
+
+def test_a_window_counts_by_its_length():
+    """A long run's confirmation measures longer windows than its search (confirmation.py): a window's noise is white
+    (an H200's fell as 1/sqrt(length)), so a 160-s window weighs four 40-s ones, in the noise and in the estimates."""
+    config = _config(1)
+    records = _records(config, [100.0, 110.0])
+    records[0].result.window_s, records[1].result.window_s = 40.0, 160.0
+    long_short = Candidate(config=config, records=records)
+    [windows] = weighted_logs([long_short])  # the unit: the median window, 100 s
+    assert windows == [(math.log(100.0), 0.4), (math.log(110.0), 1.6)]
+    variance, df = noise_variance([long_short])
+    mean = (0.4 * math.log(100.0) + 1.6 * math.log(110.0)) / 2.0
+    expected = 0.4 * (math.log(100.0) - mean) ** 2 + 1.6 * (math.log(110.0) - mean) ** 2
+    assert df == 1 and variance == pytest.approx(expected)
+    # the estimates: five configurations measured twice, one of them once for 40 s at 100 and once for 160 s at 110
+    others = [Candidate(config=_config(w), records=_records(_config(w), [100.0, 101.0])) for w in (2, 3, 4, 5)]
+    for candidate in others:
+        for record in candidate.records:
+            record.result.window_s = 40.0
+    estimates = pooled_estimates([long_short, *others])
+    assert estimates is not None
+    assert estimates[config_key(config)] > math.exp((math.log(100.0) + math.log(110.0)) / 2)  # nearer the long one
 
 
 def test_no_estimate_until_repeated_windows_tell_the_noise():

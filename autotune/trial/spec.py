@@ -170,6 +170,10 @@ class TimingSettings:
     # result and teardown (0.3-0.5 s) are outside the window too, and the trials' untimed share must stay <= 25%.
     min_timed_share: float = 0.8
     max_window_factor: float = 4.0  # ...up to this many window_s
+    # A window at least this long, whatever the share rule: a long run's confirmation trials measure the time its
+    # round holds in one window rather than in several trials each paying start-up (confirmation.py); warm-up
+    # keeps window_s's scale. 0: the rules above alone.
+    window_at_least_s: float = 0.0
     memory_headroom_fraction: float = 0.10
     # Throughput CV across the window's quarters above which a config is 'erratic' (trial/window_record.py
     # throughput_cv); None switches the gate off.

@@ -21,6 +21,8 @@ behind it. So the rules are in seconds, with steps as floors:
   ``min_timed_share`` of the whole trial (its process start, setup and warm-up included), up to ``max_window_s``: a
   trial that spent 10 s getting ready measures for 40, so four fifths of every trial is measurement and a short
   window is never mostly overhead.
+- A trial may ask for a longer window (``window_at_least_s``): a long run's confirmation measures a round's share
+  of its time in one window per leader instead of several trials that each pay start-up and warm-up again.
 - Warm-up, trimmed fronts included, stops at ``max_warmup_s`` (counted after the first step, which carries
   start-up whatever it costs) or ``max_warmup_steps``: a configuration that never settles is measured as it is, and
   its window's stability gate judges it.
@@ -82,7 +84,7 @@ def window_target_s(spent_before_s: float, timing: TimingSettings) -> float:
     """Seconds the window must last after a trial spent spent_before_s reaching it (start, setup, warm-up)."""
     share = timing.min_timed_share
     wanted = share / (1.0 - share) * spent_before_s if 0.0 < share < 1.0 else 0.0
-    return max(timing.window_s, min(wanted, timing.max_window_s))
+    return max(timing.window_s, timing.window_at_least_s, min(wanted, timing.max_window_s))
 
 
 def transient_front(step_times_s: Sequence[float], step_work: Sequence[float], tolerance_fraction: float) -> int:

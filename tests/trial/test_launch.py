@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,11 @@ def test_a_trial_is_over_when_its_result_is_written_not_when_its_interpreter_exi
     assert 0 < result.start_s < result.wall_s  # process start and imports, reported apart from setup
     leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_trial_of(int(pid), tmp_path)]
     assert leftovers == []
+
+
+def test_a_trial_asked_for_a_longer_window_measures_it(tmp_path, tiny_corpus):
+    """A long run's confirmation asks its trials for longer windows (TimingSettings.window_at_least_s,
+    confirmation.py): the real child measures at least that long, and says how long it measured."""
+    spec = faulty_spec(tmp_path, tiny_corpus, 5, timing=replace(TIMING, window_at_least_s=3.0))
+    result = launch(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok" and result.window_s is not None and result.window_s >= 3.0
