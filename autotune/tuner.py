@@ -301,7 +301,8 @@ class Tuner:
                 role, params = queue.pop(0)
                 if self._measured(role, params):
                     continue
-                if not self.budget.fits(self._queued_s(params), keep_s=self._closing_s()):
+                # a queued trial may be the winner, the closing ceiling only explains one: it keeps no room for it
+                if not self.budget.fits(self._queued_s(params)):
                     if not self._last_chance(role, params):
                         self._skip(role, params)
                         continue
