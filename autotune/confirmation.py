@@ -42,6 +42,7 @@ __all__ = [
     "LONG_CONFIRM_SHARE",
     "LONG_LEADERS",
     "LONGEST_WINDOW_FACTOR",
+    "TIMEOUT_SHARE",
     "Confirmation",
     "Confirmed",
     "halving_rounds",
@@ -54,10 +55,13 @@ LONG_RUN_TRIALS = 40  # search trials a run must hold (by --budget and --trials)
 LONG_CONFIRM_SHARE = 0.45  # of the budget, for a long run's confirmation (simulate.py: 40-50% alike, 25% too little)
 LONG_LEADERS = 8  # a long run's leaders: the best configuration's one search window is often 5-7% low
 # A long run's confirmation window is at most this many of the search's longest (TimingSettings.max_window_s: 160 s
-# on a GPU's 40), and half of --trial-timeout (150 s by default): a per-trial part of the noise, which no window
-# length averages, is then still sampled twice by the last round. Simulated conformer at 5% white noise, 600 searches
-# (results/issue18/NOTES.md, session 18): 85.5% within 2% of the best so capped, 86.7% uncapped.
+# on a GPU's 40): a per-trial part of the noise, which no window length averages, is then still sampled twice by the
+# last round. Simulated conformer at 5% white noise, 600 searches (results/issue18/NOTES.md, session 18): 85.5% within
+# 2% of the best so capped, 86.7% uncapped.
 LONGEST_WINDOW_FACTOR = 4.0
+# ...and the whole trial at most this share of --trial-timeout, start-up and warm-up included (180 of the default
+# 300 s): a leader whose set-up is long (preloaded audio, a compile) gets a shorter window, never a timeout.
+TIMEOUT_SHARE = 0.6
 
 
 def is_long(*, trials: int, budget_s: float | None, trial_s: float) -> bool:
@@ -101,6 +105,7 @@ class Confirmation:
         cost_s: a candidate's estimated trial cost (a trial starts only if it should end within left_s).
         left_s: seconds the budget has left, less the closing trials; None: no budget.
         longest_window_s: the longest window a halving round may ask of a trial; None: the trial's own rules alone.
+        longest_trial_s: the longest a trial asked for a window may take, start-up and warm-up included.
     """
 
     def __init__(
@@ -111,9 +116,10 @@ class Confirmation:
         cost_s: Callable[[Candidate], float],
         left_s: Callable[[], float | None],
         longest_window_s: float | None = None,
+        longest_trial_s: float = math.inf,
     ) -> None:
         self.measure, self.candidates, self.cost_s, self.left_s = measure, candidates, cost_s, left_s
-        self.longest_window_s = longest_window_s
+        self.longest_window_s, self.longest_trial_s = longest_window_s, longest_trial_s
 
     def _fresh(self, leaders: Sequence[Candidate]) -> list[Candidate]:
         by_key = self.candidates()
@@ -148,11 +154,18 @@ class Confirmation:
             cost_s = sum(self.cost_s(c) for c in survivors)
             repeats = max(1, int(share_s // cost_s)) if cost_s > 0 else 1
             return [(c, None) for _ in range(repeats) for c in survivors]
-        slot_s, longest_s = share_s / len(survivors), self.longest_window_s
-        trials = max(1, max(math.ceil(slot_s / (fixed_s + max(longest_s, own_s))) for fixed_s, own_s in known))
+        slot_s = share_s / len(survivors)
+        longest = [min(self.longest_window_s, self.longest_trial_s - fixed_s) for fixed_s, _ in known]
+        trials = max(
+            1,
+            max(
+                math.ceil(slot_s / (fixed_s + max(cap_s, own_s)))
+                for (fixed_s, own_s), cap_s in zip(known, longest, strict=True)
+            ),
+        )
         windows = [
-            wanted if (wanted := min(longest_s, slot_s / trials - fixed_s)) > own_s else None
-            for fixed_s, own_s in known
+            wanted if (wanted := min(cap_s, slot_s / trials - fixed_s)) > own_s else None
+            for (fixed_s, own_s), cap_s in zip(known, longest, strict=True)
         ]
         return [(c, window_s) for _ in range(trials) for c, window_s in zip(survivors, windows, strict=True)]
 

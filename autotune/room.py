@@ -16,6 +16,7 @@ from autotune.confirmation import (
     LONG_CONFIRM_SHARE,
     LONG_LEADERS,
     LONGEST_WINDOW_FACTOR,
+    TIMEOUT_SHARE,
     Confirmation,
     Confirmed,
     is_long,
@@ -84,10 +85,8 @@ class Room:
         return Confirmed(leaders=leaders, finalists=leaders)
 
     def longest_window_s(self) -> float:
-        """The longest window a long run's confirmation asks of a trial (confirmation.LONGEST_WINDOW_FACTOR): that many
-        of the search's longest, and half of --trial-timeout, so that the trial ends well before it."""
-        timing = self.settings.timing
-        return min(LONGEST_WINDOW_FACTOR * timing.max_window_s, 0.5 * self.settings.trial_timeout_s)
+        """The longest window a long run's confirmation asks of a trial (confirmation.LONGEST_WINDOW_FACTOR)."""
+        return LONGEST_WINDOW_FACTOR * self.settings.timing.max_window_s
 
     def confirm(self, measure: Callable[[Candidate, float | None], object]) -> Confirmed:
         """Re-measure the leaders through measure, interleaved, so that one lucky or unlucky window cannot crown a
@@ -106,4 +105,5 @@ class Room:
             cost_s=lambda leader: self.budget.costs.of(leader.config, self.records) or 0.0,
             left_s=lambda: None if (left := self.budget.left_s()) is None else left - self.closing_s(),
             longest_window_s=self.longest_window_s() if self.long() else None,
+            longest_trial_s=TIMEOUT_SHARE * self.settings.trial_timeout_s,
         )

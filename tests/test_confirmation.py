@@ -146,3 +146,32 @@ def test_a_long_run_confirms_more_leaders_by_halving_and_a_short_run_three_leade
     short_run, _ = confirms(TunerSettings(trials=24, budget_s=1000.0, prune=False))
     # three leaders twice, each trial at its own 7-s window: no longer windows on a short run
     assert len(short_run) == 3 and set(short_run.values()) == {2 * 7.0} and planned[-1] == 6
+
+
+def test_a_long_runs_round_measures_each_leaders_share_in_long_windows_that_never_reach_the_trial_timeout():
+    """Each leader's share of a round in as few trials as the longest window allows (160 s here); a leader whose
+    set-up takes 150 s (preloaded audio, a compile) would pass 180 s (TIMEOUT_SHARE of a 300-s --trial-timeout) with
+    any longer window, so it is measured with its own rules' window, three times in turn."""
+    records = [_record(0, 8, 100.0), _record(1, 16, 99.0)]
+    records[0].result.wall_s, records[0].result.window_s = 10.0, 7.0  # 3 s outside the window
+    records[1].result.wall_s, records[1].result.window_s = 157.0, 7.0  # 150 s outside it
+    asked: list[tuple[int, float | None]] = []
+
+    def measure(leader: Candidate, window_s: float | None) -> None:
+        asked.append((leader.config.per_device_batch_size, window_s))
+        records.append(_record(len(records), leader.config.per_device_batch_size, leader.records[0].value, "confirm"))
+
+    confirmation = Confirmation(
+        measure=measure,
+        candidates=lambda: group_by_config(records),
+        cost_s=lambda candidate: 10.0,
+        left_s=lambda: None,
+        longest_window_s=160.0,
+        longest_trial_s=0.6 * 300.0,
+    )
+    leaders = list(group_by_config(records).values())
+    assert confirmation.planned(leaders, 800.0) == 6
+    confirmation.halving(leaders, time_s=800.0)  # one round: 400 s each, in three trials of at most 163 and 157 s
+    assert [batch for batch, _ in asked] == [8, 16] * 3
+    assert all(window == pytest.approx(400.0 / 3 - 3.0) for batch, window in asked if batch == 8)
+    assert all(window is None for batch, window in asked if batch == 16)
