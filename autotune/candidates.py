@@ -25,7 +25,7 @@ __all__ = [
     "group_by_config",
     "leaders",
     "noise_variance",
-    "gap_error",
+    "pooled_noise",
     "weighted_logs",
     "SAFETY_PRICE",
     "CONTENDER_FRACTION",
@@ -164,8 +164,13 @@ def weighted_logs(candidates: Sequence[Candidate]) -> list[list[tuple[float, flo
 def noise_variance(candidates: Sequence[Candidate]) -> tuple[float, int]:
     """sigma^2 of the log of a window of the unit length (weighted_logs), pooled over every configuration measured
     more than once, and its degrees of freedom."""
+    return pooled_noise(weighted_logs(candidates))
+
+
+def pooled_noise(logs: Sequence[Sequence[tuple[float, float]]]) -> tuple[float, int]:
+    """noise_variance of windows already weighed (weighted_logs), so that a caller weighs them once."""
     squares, df = 0.0, 0
-    for windows in weighted_logs(candidates):
+    for windows in logs:
         if len(windows) > 1:
             mean = sum(x * w for x, w in windows) / sum(w for _, w in windows)
             squares += sum(w * (x - mean) ** 2 for x, w in windows)
@@ -173,14 +178,17 @@ def noise_variance(candidates: Sequence[Candidate]) -> tuple[float, int]:
     return (squares / df if df else 0.0), df
 
 
-def gap_error(candidates: Sequence[Candidate], first: Candidate, second: Candidate) -> float | None:
-    """The standard error of the two candidates' gap (of their weighted mean log windows, so relative), the noise
-    pooled over all the candidates; None while no configuration was measured twice."""
-    sigma2, df = noise_variance(candidates)
-    if not df:
-        return None
-    weights = [sum(w for _, w in windows) for windows in weighted_logs([first, second])]
-    return math.sqrt(sigma2 * sum(1.0 / w for w in weights)) if all(weights) else None
+def _gap_errors(candidates: Sequence[Candidate], reference: Candidate) -> dict[int, float]:
+    """The standard error of each candidate's gap to the reference (of their weighted mean log windows, so relative),
+    by id; the noise pooled over all of them, in one unit. Empty while no configuration was measured twice."""
+    logs = weighted_logs(candidates)
+    sigma2, df = pooled_noise(logs)
+    weight = {id(c): sum(w for _, w in windows) for c, windows in zip(candidates, logs, strict=True)}
+    if not df or not weight.get(id(reference)):
+        return {}
+    return {
+        key: math.sqrt(sigma2 * (1.0 / total + 1.0 / weight[id(reference)])) for key, total in weight.items() if total
+    }
 
 
 def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tuple[Candidate | None, str]:
@@ -193,8 +201,8 @@ def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tup
     with 5% window noise (benchmarks/simulate.py) it crowned the fewer workers 3-5% slower in most searches, and it grew
     with every re-measurement (a range widens with the number of windows, while a median's error shrinks).
 
-    For the same reason a tie must be measured: a safer leader wins only where the gap's standard error (gap_error) is
-    within SAFETY_PRICE too, so that its true cost is within about twice the price. Where the windows cannot tell 1%
+    For the same reason a tie must be measured: a safer leader wins only where the gap's standard error (_gap_errors)
+    is within SAFETY_PRICE too, so that its true cost is within about twice the price. Where the windows cannot tell 1%
     (ten 5%-noisy windows each have a 2.2% error on the gap), "within 1%" is chance, and on the simulated conformer it
     crowned leaders 2-8% slower (benchmarks/results/issue18/NOTES.md, session 18): the fastest wins there.
     """
@@ -203,13 +211,13 @@ def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tup
     rate = {id(c): score(c, estimates) for c in candidates}
     by = "pooled estimate" if estimates else "median"
     fastest = max(candidates, key=lambda c: rate[id(c)])
+    errors = _gap_errors(candidates, fastest)
     tied = [
         candidate
         for candidate in candidates
         if candidate is fastest
         or rate[id(candidate)] >= rate[id(fastest)] * (1.0 - SAFETY_PRICE)
-        and (error := gap_error(candidates, candidate, fastest)) is not None
-        and error <= SAFETY_PRICE
+        and errors.get(id(candidate), math.inf) <= SAFETY_PRICE
     ]
     safest = min(tied, key=lambda c: (c.safety_key(), -rate[id(c)]))
     if safest is fastest:
@@ -219,7 +227,7 @@ def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tup
     why = next((word for word, mine, theirs in keys if mine < theirs), "no less safe on any count")  # an exact tie
     return safest, (
         f"chose {safest.config.short()} over the nominally fastest {fastest.config.short()}: {gap:.1%} {slower}, "
-        f"within {SAFETY_PRICE:.0%} (+-{gap_error(candidates, safest, fastest):.1%}), and safer ({why})"
+        f"within {SAFETY_PRICE:.0%} (+-{errors[id(safest)]:.1%}), and safer ({why})"
     )
 
 

@@ -129,7 +129,7 @@ class Confirmation:
         """Re-measure each in turn while it fits; whether all were."""
         for leader, window_s in trials:
             left_s = self.left_s()
-            parts = _parts_s(leader) if window_s is not None else None
+            parts = None if window_s is None else _parts_s(leader)
             cost_s = self.cost_s(leader) if parts is None else parts[0] + max(parts[1], window_s or 0.0)
             if left_s is not None and cost_s > left_s:
                 logger.warning("budget spent during confirmation; the winner rests on fewer measurements")

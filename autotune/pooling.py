@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.candidates import Candidate, config_key, noise_variance, weighted_logs
+from autotune.candidates import Candidate, config_key, noise_variance, pooled_noise, weighted_logs
 
 __all__ = ["MIN_REPEAT_DF", "knob_values", "noise_variance", "pooled_estimates"]
 
@@ -117,16 +117,12 @@ def _fit(differ: list[np.ndarray], means: np.ndarray, noise: np.ndarray, scale: 
 def pooled_estimates(candidates: Sequence[Candidate]) -> dict[str, float] | None:
     """Samples per second of each feasible candidate (by config_key), pooled with its neighbours'; None while
     repeated windows are too few to know the noise (MIN_REPEAT_DF)."""
-    measured = [
-        candidate
-        for candidate, windows in zip(candidates, weighted_logs(candidates), strict=True)
-        if candidate.feasible and windows
-    ]
-    sigma2, df = noise_variance(measured)
+    measured = [candidate for candidate in candidates if candidate.feasible and any(v > 0 for v in candidate.values)]
+    logs = weighted_logs(measured)
+    sigma2, df = pooled_noise(logs)
     if df < MIN_REPEAT_DF or len(measured) < 2:
         return None
     sigma2 = max(sigma2, 1e-8)
-    logs = weighted_logs(measured)
     means = np.array([sum(x * w for x, w in windows) / sum(w for _, w in windows) for windows in logs])
     noise = np.array([sigma2 / sum(w for _, w in windows) for windows in logs])
     scale = max(float(np.var(means)), sigma2)

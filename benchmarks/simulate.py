@@ -151,6 +151,19 @@ class Variant:
             return make_sampler(name, searched, seed)
 
 
+def simulated_spec(workload: str, config: TrialConfig, timing: TimingSettings, path: str = "") -> TrialSpec:
+    """A trial's spec as the simulated launcher reads it: the configuration and its timing (no data, a GPU)."""
+    return TrialSpec(
+        workload=workload,
+        workload_options={},
+        data_file="",
+        config=config,
+        timing=timing,
+        device_type="cuda",
+        result_path=path,
+    )
+
+
 def search(name: str, method: str, budget_fraction: float, seed: int, variant: Variant = Variant()) -> TuningOutcome:
     """One search of a landscape under budget_fraction of its grid's time."""
     landscape = LANDSCAPES[name]
@@ -175,15 +188,7 @@ def search(name: str, method: str, budget_fraction: float, seed: int, variant: V
     simulator = Simulator(landscape, seed, reference=shipped if variant.white else None)
 
     def make_spec(config: TrialConfig, path: str) -> TrialSpec:
-        return TrialSpec(
-            workload=landscape.workload,
-            workload_options={},
-            data_file="",
-            config=config,
-            timing=timing,
-            device_type="cuda",
-            result_path=path,
-        )
+        return simulated_spec(landscape.workload, config, timing, path)
 
     with tempfile.TemporaryDirectory() as workdir:
         study = optuna.create_study(direction="maximize", sampler=variant.sampler(sampler, searched, seed))

@@ -7,7 +7,6 @@ import itertools
 
 import pytest
 
-from autotune.trial import TrialSpec
 from tests.test_benchmark_statistics import _load
 
 landscapes = _load("landscapes")
@@ -221,15 +220,7 @@ def test_a_simulated_trial_asked_for_a_longer_window_measures_it_and_is_quieter_
     landscape, config = _recipe(name)
     standard = landscape.evaluate(config)
     timing = dataclasses.replace(landscape.timing, window_at_least_s=4 * standard.window_s)
-    spec = TrialSpec(
-        workload=landscape.workload,
-        workload_options={},
-        data_file="",
-        config=config,
-        timing=timing,
-        device_type="cuda",
-        result_path="",
-    )
+    spec = simulate.simulated_spec(landscape.workload, config, timing)
     simulator = simulate.Simulator(landscape, 0, reference=landscape)
     result = simulator(spec)
     assert result.window_s == pytest.approx(4 * standard.window_s)
