@@ -146,6 +146,20 @@ def test_one_simulated_search_runs_the_real_tuner_deterministically():
     assert roles[0] == "baseline" and "seed" not in roles and "search" in roles  # --no-seeds: TPE from the start
 
 
+def test_seed_changes_measure_the_seeds_as_another_machine_would_have_them():
+    """--seed-changes: every seed with the given knobs changed (seeds a few per cent off the best), the rest as
+    shipped; the search still runs them first."""
+    simulate = _load("simulate")
+    name = "cam++ 4xV100"
+    variant = simulate.Variant(seed_changes=(("num_workers", 8), ("pin_memory", False)))
+    outcome = simulate.search(name, "autotune", 0.05, seed=3, variant=variant)
+    seeds = [record.config for record in outcome.records if record.role == "seed"]
+    shipped = simulate.shipped_space(name).seeds
+    assert len(seeds) == len(shipped) == 2
+    assert all(config.num_workers == 8 and config.pin_memory is False for config in seeds)
+    assert [config.per_device_batch_size for config in seeds] == [seed["per_device_batch_size"] for seed in shipped]
+
+
 def test_the_grid_leaves_out_knobs_no_landscape_models():
     """The budgets are fractions of the grid's time: a knob the landscapes ignore must not multiply the grid, or a
     new knob silently makes every budget larger (three such knobs made the conformer's 8x larger in session 12). The
