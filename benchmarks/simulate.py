@@ -174,7 +174,7 @@ def search(name: str, method: str, budget_fraction: float, seed: int, variant: V
     searched = grid_space(name) if method == "grid" else shipped_space(name)
     if not variant.seeds:
         searched = dataclasses.replace(searched, seeds=())
-    elif variant.seed_changes and method == "autotune":
+    elif variant.seed_changes:  # the Tuner measures seeds on a TPE search only (random and grid stay unseeded)
         changes = dict(variant.seed_changes)
         searched = dataclasses.replace(searched, seeds=tuple({**seed, **changes} for seed in searched.seeds))
     sampler = {"autotune": "tpe", "random": "random", "grid": "grid"}[method]
