@@ -41,6 +41,11 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         notes.append(f"the recipe baseline could not be used here: {baseline.status}: {baseline.reason}")
     if outcome.winner_reason and outcome.winner_reason != "fastest by median":
         notes.append(outcome.winner_reason)
+    if outcome.set_aside:
+        notes.append(
+            f"the budget ended confirmation part-way through a pass of the leaders: its {outcome.set_aside} window(s), "
+            "of only some of them, are in the report but not in the choice of the winner (like is compared with like)"
+        )
     if winner.measurements < 2:
         notes.append("the winner rests on a single measurement (budget too small for confirmation)")
     notes.extend(placement_notes(outcome.confirmed))  # confirmations that could not have their leader's node

@@ -323,7 +323,11 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         result_path = write_result(tuned, plan.out_path)
     else:
         result_path = plan.out_path
-        kept = dataclasses.replace(outcome, winner=again, winner_reason="") if again and again.feasible else None
+        kept = (
+            dataclasses.replace(outcome, winner=again, winner_reason="", set_aside=0)
+            if again and again.feasible
+            else None
+        )
         accepted = run_result.tuned_config(plan, kept) if kept else None
     try:
         if accepted is not None:

@@ -257,6 +257,7 @@ class Tuner:
             winner_reason=winner_reason,
             failure=failure,
             plan=self.plan(),
+            set_aside=confirmed.set_aside,
         )
 
     def _search(self) -> str:

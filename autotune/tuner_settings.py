@@ -45,3 +45,6 @@ class TuningOutcome:
     winner_reason: str = ""
     failure: str = ""  # with stopped_by STORAGE_FAILED: what failed (a full disk, a database gone)
     plan: BudgetPlan | None = None  # the budget plan as the run left it
+    # Windows of a confirmation pass the budget cut short: in the records and the report, not in the winner's choice
+    # or its summary (confirmation.py, Confirmation._each).
+    set_aside: int = 0

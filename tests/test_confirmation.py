@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from autotune.candidates import Candidate, TrialRecord, config_key, group_by_config
+from autotune.candidates import Candidate, TrialRecord, config_key, group_by_config, pick_winner
 from autotune.confirmation import (
     LONG_CONFIRM_SHARE,
     LONG_LEADERS,
@@ -93,6 +93,48 @@ def test_sequential_halving_stops_when_the_budget_does_and_chooses_among_the_rou
     confirmed = race.confirmation().halving(leaders, time_s=480.0)
     assert race.now == 100.0  # ten of the first round's sixteen windows fitted: all eight are still in the race
     assert len(confirmed.finalists) == 8
+    # the second pass reached two of the eight: its windows are in the report, not in the comparison
+    assert confirmed.set_aside == 2
+    assert [len(c.values) for c in confirmed.leaders] == [3, 3, 2, 2, 2, 2, 2, 2]
+    assert [len(c.values) for c in confirmed.finalists] == [2] * 8
+
+
+def test_a_pass_the_budget_cuts_short_under_someone_elses_load_does_not_crown_the_leader_it_did_not_reach():
+    """The README's first command, session 19: another job loaded the machine during confirmation, the two leaders
+    re-measured read 2.0 and 4.7 samples/s (15.3 quiet), the budget ended before the third, measured once at 14.4,
+    and the medians crowned it. Compared on the same passes, the fastest stays the winner."""
+    records = [_record(0, 64, 15.3), _record(1, 48, 15.2), _record(2, 32, 14.4)]
+    loaded = {64: 2.0, 48: 4.7, 32: 3.0}
+    now = [0.0]
+
+    def measure(leader: Candidate, window_s: float | None) -> None:
+        now[0] += 100.0
+        batch = leader.config.per_device_batch_size
+        records.append(_record(len(records), batch, loaded[batch], role="confirm"))
+
+    confirmation = Confirmation(
+        measure=measure,
+        candidates=lambda: group_by_config(records),
+        cost_s=lambda candidate: 100.0,
+        left_s=lambda: 250.0 - now[0],
+    )
+    leaders = list(group_by_config(records).values())
+    confirmed = confirmation.uniform(leaders, rounds=2)
+    assert now[0] == 200.0 and confirmed.set_aside == 2
+    assert [c.values for c in confirmed.leaders] == [[15.3, 2.0], [15.2, 4.7], [14.4]]
+    winner, _ = pick_winner(confirmed.finalists, confirmed.estimates)
+    assert winner is not None and winner.config.per_device_batch_size == 64 and winner.values == [15.3]
+    # a complete pass is compared as measured, loaded or not: every leader had the same minutes
+    records[3:] = []
+    now[0] = 0.0
+    complete = Confirmation(
+        measure=measure,
+        candidates=lambda: group_by_config(records),
+        cost_s=lambda candidate: 100.0,
+        left_s=lambda: 450.0 - now[0],
+    ).uniform(leaders, rounds=2)
+    assert complete.set_aside == 1  # the second pass reached the first leader only
+    assert [c.values for c in complete.finalists] == [[15.3, 2.0], [15.2, 4.7], [14.4, 3.0]]
 
 
 def test_a_long_run_confirms_more_leaders_by_halving_and_a_short_run_three_leaders_twice(tmp_path, cpu_hardware):
@@ -175,3 +217,46 @@ def test_a_long_runs_round_measures_each_leaders_share_in_long_windows_that_neve
     assert [batch for batch, _ in asked] == [8, 16] * 3
     assert all(window == pytest.approx(400.0 / 3 - 3.0) for batch, window in asked if batch == 8)
     assert all(window is None for batch, window in asked if batch == 16)
+
+
+def test_a_run_whose_confirmation_the_budget_cuts_under_load_keeps_the_fastest_and_says_why(
+    tmp_path, cpu_hardware, tiny_corpus
+):
+    """The real Tuner on a clock: from the first re-measurement on, someone else's job makes every trial three times
+    longer and five times slower, so the budget ends confirmation part-way through its first pass. The winner is the
+    fastest as measured quiet, and the result says which windows were not compared."""
+    from autotune import run_result, runner
+    from autotune.run_plan import RunRequest
+
+    now, seen, loaded = [0.0], set(), [False]
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        config = spec.config
+        key = config_key(config)
+        loaded[0] = loaded[0] or key in seen  # confirmation re-measures: the load begins
+        seen.add(key)
+        wall_s = 30.0 if loaded[0] else 10.0
+        now[0] += wall_s
+        rate = 100.0 * (1.0 + config.per_device_batch_size / 1000) / (1.0 + config.num_workers / 50)
+        rate *= 1.0 + 0.01 * (config.precision == "bf16") + 0.002 * (config.intra_op_threads or 0)  # not tied
+        rate /= 5.0 if loaded[0] else 1.0
+        return TrialResult(
+            status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=wall_s, window_s=7.0
+        )
+
+    tuner = cam_tuner(
+        tmp_path,
+        cpu_hardware,
+        TunerSettings(trials=24, budget_s=200.0, prune=False),
+        launcher=launcher,
+        clock=lambda: now[0],
+    )
+    outcome = tuner.run()
+    confirms = [r for r in outcome.records if r.role == "confirm"]
+    assert confirms and len(confirms) < len(outcome.confirmed)  # the first pass did not reach every leader
+    quiet = {r.key: r.value for r in outcome.records if r.role != "confirm"}
+    assert outcome.winner is not None and outcome.winner.values == [max(quiet.values())]
+    assert outcome.set_aside == len(confirms)
+    plan = runner.prepare(RunRequest(model="cam++", data=str(tiny_corpus), results_dir=str(tmp_path / "results")))
+    notes = run_result.tuned_config(plan, outcome).notes
+    assert any(f"its {len(confirms)} window(s), of only some of them" in note for note in notes)
