@@ -72,7 +72,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     math = fp32_math() if device.type == "cuda" else None
     setup = process.build(config)
     compile_modes.apply(setup.model, config.compile)  # in place: the optimiser and DDP see the same parameters
-    accounting = _check_epoch_accounting(setup, config, rank, spec.seed)
+    accounting, mix = _check_epoch_accounting(setup, config, rank, spec.seed)
     total_batches = planned_batches(timing, config.grad_accum_steps)
     loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed, rank=rank)
     forward = distributed.Forward(setup.model, setup.loss_fn, device)
@@ -116,7 +116,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
-    summary = window.summary(_epoch_samples(setup, rank), config, spec.run_length)
+    summary = window.summary(_epoch_samples(setup, rank), config, spec.run_length, mix=mix)
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
@@ -159,13 +159,16 @@ class EpochAccountingError(RuntimeError):
     """The ranks' epochs do not add up to the dataset: the data is split wrongly across ranks."""
 
 
-def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) -> Any:
-    """Count this rank's first epoch, gather every rank's count, and fail the trial if they do not add up."""
+def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) -> tuple[Any, Any]:
+    """Count this rank's first epoch, gather every rank's count, and fail the trial if they do not add up. Also this
+    rank's epoch mix (trial/epoch_mix.py) where the workload's items differ in length; None otherwise."""
     from autotune.trial import distributed
+    from autotune.trial.epoch_mix import EpochMix
     from autotune.trial.sampling import EpochAccounting, count_epoch, epoch_batches
 
     batches = epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=0, fill=False)
-    counts = distributed.all_gather(count_epoch(batches))
+    own = count_epoch(batches, setup.item_audio_s)
+    counts = distributed.all_gather(own)
     accounting = EpochAccounting(
         dataset_size=len(setup.dataset),
         world_size=rank.world_size,
@@ -178,7 +181,10 @@ def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) 
     mismatch = accounting.mismatch()
     if mismatch:
         raise EpochAccountingError(mismatch)
-    return accounting
+    mix = None
+    if setup.item_audio_s is not None and accounting.checkable:  # a share smaller than a batch is measured repeated
+        mix = EpochMix(batches=own[0], samples=own[1], audio_s=own[3])
+    return accounting, mix
 
 
 # A rank's raw figures that the trial's are combined from (throughput, other processes' CPU share): no result field.
@@ -212,7 +218,11 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
     combined.update(
         samples_per_second=window_rate * epoch_factor,
         window_samples_per_second=window_rate,
-        audio_seconds_per_second=sum(item["audio_s"] for item in summaries) / window_s * epoch_factor,
+        # each rank's audio per sample over its epoch (its window's where it counted no epoch mix)
+        audio_seconds_per_second=window_rate
+        * epoch_factor
+        * sum(item["audio_seconds_per_second"] for item in summaries)
+        / sum(item["samples_per_second"] for item in summaries),
         window_steps=summaries[0]["window_steps"],
         per_rank_samples_per_second=per_rank,
         gpu_utilization_percent=mean("gpu_utilization_percent"),

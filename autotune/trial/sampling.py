@@ -13,7 +13,7 @@ dataset size: a per-rank split applied twice (the 1/N^2 batches-per-epoch bug) c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,9 +160,15 @@ class EpochAccounting:
         return data
 
 
-def count_epoch(batches: Iterable[list[int]]) -> tuple[int, int, int]:
-    """(batches, samples, largest batch) of one epoch, by iterating it: what a rank really yields, not its len()."""
+def count_epoch(
+    batches: Iterable[list[int]], item_audio_s: Sequence[float] | None = None
+) -> tuple[int, int, int, float]:
+    """(batches, samples, largest batch, seconds of audio) of one epoch, by iterating it: what a rank really yields,
+    not its len(). The audio is summed from item_audio_s (each dataset item's), 0.0 without it."""
     count = samples = largest = 0
+    audio_s = 0.0
     for batch in batches:
         count, samples, largest = count + 1, samples + len(batch), max(largest, len(batch))
-    return count, samples, largest
+        if item_audio_s is not None:
+            audio_s += sum(item_audio_s[index] for index in batch)
+    return count, samples, largest, audio_s

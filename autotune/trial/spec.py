@@ -247,6 +247,9 @@ class TrialResult:
     # The objective: the window's rate with loader restarts and compiling charged over the run (trial/run_length.py)
     samples_per_second: float | None = None
     window_samples_per_second: float | None = None  # the timed window alone
+    # Items that differ in length: the epoch's mix of batches against the window's, under the step cost fitted in the
+    # window (trial/epoch_mix.py); samples_per_second includes it. None where items are alike.
+    epoch_mix_factor: float | None = None
     audio_seconds_per_second: float | None = None
     step_time_median_s: float | None = None
     step_time_p90_s: float | None = None

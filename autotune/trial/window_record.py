@@ -10,6 +10,7 @@ from typing import Any
 
 from autotune.machine_load import CpuSample, others_fraction
 from autotune.trial.compile_watch import CompileCost
+from autotune.trial.epoch_mix import EpochMix, epoch_mix_factor
 from autotune.trial.run_length import RunLength, run_rate
 from autotune.trial.spec import TrialConfig
 
@@ -37,10 +38,20 @@ class WindowMeasurement:
     compile: CompileCost = field(default_factory=CompileCost)  # the steps that compiled (none when eager)
     warmup_first_steps_s: list[float] = field(default_factory=list)  # where start-up went: the first warm-up steps
 
-    def summary(self, dataset_size: int, config: TrialConfig, run: RunLength | None = None) -> dict[str, Any]:
-        """Throughput and step-time statistics; the objective charges the one-off costs over the run (loader
-        start-up each epoch, compiling once: trial/run_length.py)."""
+    def summary(
+        self, dataset_size: int, config: TrialConfig, run: RunLength | None = None, *, mix: EpochMix | None = None
+    ) -> dict[str, Any]:
+        """Throughput and step-time statistics; the objective prices the epoch's own mix of batches where items
+        differ in length (mix: trial/epoch_mix.py) and charges the one-off costs over the run (loader start-up each
+        epoch, compiling once: trial/run_length.py)."""
         window_rate = self.samples / self.window_s
+        mix_factor = (
+            epoch_mix_factor(
+                self.step_times_s, self.step_samples, self.step_audio_s, mix, block_steps=config.grad_accum_steps
+            )
+            if mix is not None
+            else None
+        )
         # What each epoch pays at its start (trial/epoch_boundary.py): measured where it can matter; elsewhere the
         # workers' cold start without persistent workers (a trial sees one), nothing with them.
         restart_s = self.epoch_boundary_s
@@ -48,13 +59,19 @@ class WindowMeasurement:
             restart_s = self.loader_start_s if config.num_workers > 0 and not config.persistent_workers else 0.0
         compiled = self.compile.summary(self.step_times_s) if config.compile != "off" else {}
         compile_s = float(compiled.get("compile_s", 0.0))
-        epoch_rate = run_rate(window_rate, dataset_size, restart_s, compile_s, run or RunLength())
+        mixed_rate = window_rate * (mix_factor or 1.0)
+        epoch_rate = run_rate(mixed_rate, dataset_size, restart_s, compile_s, run or RunLength())
+        # seconds of audio per sample: the epoch's where its mix was counted, else the window's
+        audio_per_sample = self.audio_s / self.samples
+        if mix is not None and mix.usable():
+            audio_per_sample = mix.audio_s / mix.samples
         times = sorted(self.step_times_s)
         mean = statistics.fmean(times)
         return {
             "samples_per_second": epoch_rate,
             "window_samples_per_second": window_rate,
-            "audio_seconds_per_second": self.audio_s / self.window_s * (epoch_rate / window_rate),
+            "epoch_mix_factor": mix_factor,
+            "audio_seconds_per_second": epoch_rate * audio_per_sample,
             "step_time_median_s": statistics.median(times),
             "step_time_p90_s": times[min(len(times) - 1, math.ceil(0.9 * len(times)) - 1)],
             "step_time_cv": statistics.pstdev(times) / mean if mean > 0 else 0.0,

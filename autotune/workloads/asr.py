@@ -174,6 +174,7 @@ def _build_conformer(context: WorkloadContext) -> TrainingSetup:
         batch_sampler_factory=_batch_sampler_factory(dataset.max_frames, int(options["sort_size"])),
         worst_case_batches=_worst_case_batches(dataset, collate_fn),
         preload_s=preload_s,
+        item_audio_s=tuple(utterance.duration_s for utterance in dataset.utterances),  # as durations_s counts them
     )
 
 

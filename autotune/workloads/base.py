@@ -70,6 +70,9 @@ class TrainingSetup:
         preload_s: wall seconds the build spent decoding the dataset's audio into RAM (config.preload_audio;
             `autotune.workloads.common.preload_if_asked`): part of the trial's setup_s, reported on its own so that
             a one-off cost can be weighed against the faster steps it buys. 0.0 when items are read from disk.
+        item_audio_s: each dataset item's seconds of audio, as audio_seconds_in counts them, for workloads whose
+            items differ in length: the trial prices its epoch's own mix of short and long batches from them
+            (trial/epoch_mix.py), not only the stretch its window saw. None where every item is alike.
     """
 
     model: nn.Module
@@ -83,6 +86,7 @@ class TrainingSetup:
     batch_sampler_factory: BatchSamplerFactory | None = None
     worst_case_batches: Callable[[TrialConfig], list[Any]] | None = None
     preload_s: float = 0.0
+    item_audio_s: Sequence[float] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

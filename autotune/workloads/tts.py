@@ -173,6 +173,7 @@ def _build_fastspeech2(context: WorkloadContext) -> TrainingSetup:
         batch_sampler_factory=_batch_sampler_factory(dataset.token_counts),
         worst_case_batches=_worst_case_batches(dataset),
         preload_s=preload_s,
+        item_audio_s=tuple(utterance.duration_s for utterance in dataset.utterances),  # as durations_s counts them
     )
 
 

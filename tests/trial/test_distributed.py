@@ -86,6 +86,7 @@ def test_combined_summary_sums_samples_over_the_longest_window_and_keeps_the_wor
         return {
             "samples_per_second": rate * 0.9,
             "window_samples_per_second": rate,
+            "audio_seconds_per_second": rate * 0.9 * 3.0,  # each rank's epoch: 3 s of audio per sample
             "samples": samples,
             "audio_s": samples * 3.0,
             "window_s": window_s,

@@ -1,0 +1,112 @@
+"""An epoch's rate from a window that saw only some of its batches, where batches differ in what they cost.
+
+A speaker workload's batches are alike (fixed-length crops): any run of them costs what the epoch's average does.
+An ASR or TTS epoch is not: WeNet's batching sorts each window of 500 shuffled utterances by length and batches
+the sorted run, so consecutive batches go from short clips to long ones (autotune/data/batching.py). A timed window
+covers a stretch of that run. On a GPU a 40-s window holds hundreds of steps, many sort windows, and the stretch is
+close to the epoch's mix; where a step is slow (a CPU, a large model) it holds tens, and its samples per second is
+the rate of whichever lengths it happened to reach. Because every trial shuffles with the same seed, a repeat of
+the same configuration reaches the same stretch: the error does not average out over repeats, and two
+configurations whose batches cut the epoch differently are compared on different mixes. On the development CPU
+(`benchmarks/epoch_mix.py`: a small conformer, 1-5 s clips, static batches of 8, 8-s windows of 59-100 steps in a
+150-batch epoch) six shuffles' windows read 7.4% apart and 7.2% off two whole epochs; the objective below, 3.4% and
+3.6%, the CPU's own noise included. Dynamic batches (a frame budget per batch) cost more alike: 5.7% and 4.5% for
+the window, 3.8% and 4.6% for the objective, where two whole-epoch references of the same run were 11% apart.
+
+The correction: a step's time is modelled as what it costs per step, per second of audio and per sample,
+``t = a + b * audio + c * samples`` with a, b, c >= 0, fitted over the window's steps (in blocks of consecutive
+steps where there are many: CUDA steps run asynchronously, so a block's total is what is timed reliably). The same
+coefficients price the epoch's own batches, audio and samples (counted once per trial from its batch sampler,
+trial/sampling.py), and the window's rate is scaled by (epoch samples / predicted epoch time) over (window samples /
+predicted window time). With non-negative coefficients that scale lies between the three one-proxy corrections
+(per step, per audio second, per sample), so a poorly determined fit cannot push the estimate outside what some
+plain cost model gives; where the window's mix is the epoch's, all three are 1 and so is the scale.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["EpochMix", "MAX_BLOCKS", "epoch_mix_factor"]
+
+MAX_BLOCKS = 32  # a window's steps are fitted in at most this many blocks of consecutive steps
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochMix:
+    """What one rank's epoch holds: batches, samples and seconds of audio (per item, as audio_seconds_in counts)."""
+
+    batches: int
+    samples: int
+    audio_s: float
+
+    def usable(self) -> bool:
+        return self.batches > 0 and self.samples > 0 and self.audio_s > 0
+
+
+def _fit(rows: list[tuple[float, ...]], times: list[float]) -> tuple[float, ...] | None:
+    """Non-negative least squares of times on rows (few columns): the best fit over every set of columns whose
+    unconstrained solution is non-negative, which is the constrained optimum. None if nothing fits."""
+    import numpy as np
+
+    x, y = np.asarray(rows, dtype=float), np.asarray(times, dtype=float)
+    columns = x.shape[1]
+    best: tuple[float, tuple[float, ...]] | None = None
+    for size in range(1, columns + 1):
+        for chosen in itertools.combinations(range(columns), size):
+            if size >= len(rows) and size > 1:  # no more unknowns than blocks, beyond a single scale
+                continue
+            coefficients, *_ = np.linalg.lstsq(x[:, chosen], y, rcond=None)
+            if not np.all(np.isfinite(coefficients)) or np.any(coefficients < 0):
+                continue
+            full = [0.0] * columns
+            for column, value in zip(chosen, coefficients, strict=True):
+                full[column] = float(value)
+            residual = float(np.sum((x @ np.asarray(full) - y) ** 2))
+            if best is None or residual < best[0]:
+                best = (residual, tuple(full))
+    return best[1] if best is not None and any(value > 0 for value in best[1]) else None
+
+
+def epoch_mix_factor(
+    step_times_s: Sequence[float],
+    step_samples: Sequence[int],
+    step_audio_s: Sequence[float],
+    epoch: EpochMix | None,
+    *,
+    block_steps: int = 1,
+) -> float:
+    """(Epoch samples per second) / (window samples per second) under the fitted cost of a step; 1.0 where it cannot
+    be judged (no epoch counted, no audio per step, fewer than two steps).
+
+    block_steps: the fewest steps fitted together (a trial's gradient accumulation: the optimiser's step lands on
+    every k-th batch).
+    """
+    steps = len(step_times_s)
+    if epoch is None or not epoch.usable() or steps < 2 or len(step_samples) != steps or len(step_audio_s) != steps:
+        return 1.0
+    if min(step_audio_s) <= 0:
+        return 1.0
+    size = max(1, block_steps, math.ceil(steps / MAX_BLOCKS))
+    rows: list[tuple[float, ...]] = []
+    times: list[float] = []
+    for start in range(0, steps - size + 1, size):  # whole blocks only: a short last block would weigh like a full one
+        stop = start + size
+        rows.append((float(size), float(sum(step_audio_s[start:stop])), float(sum(step_samples[start:stop]))))
+        times.append(float(sum(step_times_s[start:stop])))
+    if len(rows) < 2:
+        return 1.0
+    coefficients = _fit(rows, times)
+    if coefficients is None:
+        return 1.0
+    per_step, per_audio_s, per_sample = coefficients
+    used = len(rows) * size
+    window_samples = sum(step_samples[:used])
+    window_cost = per_step * used + per_audio_s * sum(step_audio_s[:used]) + per_sample * window_samples
+    epoch_cost = per_step * epoch.batches + per_audio_s * epoch.audio_s + per_sample * epoch.samples
+    if window_cost <= 0 or epoch_cost <= 0 or window_samples <= 0:
+        return 1.0
+    return (epoch.samples / epoch_cost) / (window_samples / window_cost)

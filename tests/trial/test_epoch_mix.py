@@ -1,0 +1,190 @@
+"""An epoch's rate from a window over a stretch of WeNet's length-sorted batches (trial/epoch_mix.py).
+
+The batches are the real sampler's (autotune/data/batching.py) over 1-5 s clips; a step's time follows a known cost
+model, so the epoch's true rate is known exactly and each estimate can be held to it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+import torch
+
+from autotune.data.batching import LengthSortedBatchSampler
+from autotune.trial.epoch_mix import EpochMix, epoch_mix_factor
+from autotune.trial.spec import TrialConfig
+from autotune.trial.window_record import WindowMeasurement
+
+_RNG = random.Random(0)
+DURATIONS = [_RNG.uniform(1.0, 5.0) for _ in range(4000)]  # WeNet issue #2661's 1-5 s clips
+
+
+def _epoch(**size: int) -> list[list[int]]:
+    frames = [int(d * 100) for d in DURATIONS]
+    return list(LengthSortedBatchSampler(frames, num_batches=None, generator=torch.Generator().manual_seed(1), **size))
+
+
+STATIC = _epoch(batch_size=8)
+DYNAMIC = _epoch(max_frames_in_batch=4000)
+
+
+def _costs(batches: list[list[int]], per_step: float, per_audio_s: float, per_sample: float) -> list[float]:
+    return [per_step + per_audio_s * sum(DURATIONS[i] for i in batch) + per_sample * len(batch) for batch in batches]
+
+
+def _mix(batches: list[list[int]]) -> EpochMix:
+    return EpochMix(
+        batches=len(batches),
+        samples=sum(len(batch) for batch in batches),
+        audio_s=sum(DURATIONS[i] for batch in batches for i in batch),
+    )
+
+
+def _window(batches: list[list[int]], start: int, steps: int) -> tuple[list[list[int]], list[int], list[float]]:
+    window = batches[start : start + steps]
+    return window, [len(batch) for batch in window], [sum(DURATIONS[i] for i in batch) for batch in window]
+
+
+@pytest.mark.parametrize(
+    ("batches", "cost", "window_off"),
+    [
+        (STATIC, (0.0, 0.1, 0.0), True),  # compute on the frames: a static batch of short clips is cheap
+        (STATIC, (0.2, 0.05, 0.0), True),  # a launch cost per step and the frames
+        (DYNAMIC, (0.05, 0.0, 0.02), True),  # per step and per utterance (files): a batch of short clips is dear
+        (DYNAMIC, (0.1, 0.02, 0.01), True),  # all three
+        (STATIC, (0.3, 0.0, 0.0), False),  # host-bound, every step alike: the window's rate is the epoch's already
+        (DYNAMIC, (0.0, 0.0, 0.02), False),  # per utterance alone: so is it
+    ],
+    ids=["static-frames", "static-step+frames", "dynamic-step+utterance", "dynamic-all", "static-step", "dynamic-utt"],
+)
+def test_a_short_stretch_of_sorted_batches_is_priced_at_the_epochs_mix(batches, cost, window_off):
+    epoch_rate = sum(len(batch) for batch in batches) / sum(_costs(batches, *cost))
+    window, samples, audio = _window(batches, start=0, steps=14)  # a sort window's first batches: short clips
+    times = _costs(window, *cost)
+    window_rate = sum(samples) / sum(times)
+    factor = epoch_mix_factor(times, samples, audio, _mix(batches))
+    assert window_rate * factor == pytest.approx(epoch_rate, rel=1e-6)
+    # the window alone was off by more than a machine's noise, or exact already (then the factor kept it)
+    assert (abs(window_rate / epoch_rate - 1) > 0.05) == window_off
+
+
+def test_noisy_steps_still_land_nearer_the_epochs_rate_than_the_window_alone():
+    rng = random.Random(5)
+    cost = (0.05, 0.06, 0.004)
+    epoch_rate = sum(len(batch) for batch in STATIC) / sum(_costs(STATIC, *cost))
+    raw, corrected = [], []
+    for _ in range(200):
+        window, samples, audio = _window(STATIC, start=rng.randrange(0, 400), steps=rng.randrange(8, 40))
+        times = [t * rng.lognormvariate(0.0, 0.05) for t in _costs(window, *cost)]  # 5% per step, as a loaded CPU
+        rate = sum(samples) / sum(times)
+        raw.append(abs(math.log(rate / epoch_rate)))
+        corrected.append(abs(math.log(rate * epoch_mix_factor(times, samples, audio, _mix(STATIC)) / epoch_rate)))
+    assert statistics.fmean(corrected) < 0.25 * statistics.fmean(raw)
+    assert statistics.fmean(raw) > 0.1
+
+
+def test_the_factor_stays_between_what_each_plain_cost_model_says():
+    rng = random.Random(8)
+    mix = _mix(DYNAMIC)
+    for _ in range(100):
+        window, samples, audio = _window(DYNAMIC, start=rng.randrange(0, 200), steps=rng.randrange(3, 30))
+        times = [rng.uniform(0.1, 1.0) for _ in window]  # no model at all: the fit is poor
+        factor = epoch_mix_factor(times, samples, audio, mix)
+        plain = [
+            (mix.samples / mix.batches) / (sum(samples) / len(window)),  # per step
+            (mix.samples / mix.audio_s) / (sum(samples) / sum(audio)),  # per audio second
+            1.0,  # per sample
+        ]
+        assert min(plain) - 1e-9 <= factor <= max(plain) + 1e-9
+
+
+def test_alike_batches_or_nothing_to_judge_change_nothing():
+    mix = EpochMix(batches=100, samples=800, audio_s=2400.0)
+    times, samples, audio = [0.5, 0.6, 0.4, 0.55], [8, 8, 8, 8], [24.0, 24.0, 24.0, 24.0]  # 3-s crops: the epoch's mix
+    assert epoch_mix_factor(times, samples, audio, mix) == pytest.approx(1.0)
+    assert epoch_mix_factor(times, samples, audio, None) == 1.0
+    assert epoch_mix_factor(times[:1], samples[:1], audio[:1], mix) == 1.0  # one step
+    assert epoch_mix_factor(times, samples, [0.0] * 4, mix) == 1.0  # no audio counted
+    assert epoch_mix_factor(times, samples, audio, EpochMix(batches=0, samples=0, audio_s=0.0)) == 1.0
+
+
+def test_gradient_accumulation_is_fitted_over_whole_optimiser_steps():
+    window, samples, audio = _window(STATIC, start=3, steps=24)
+    # every 4th batch also steps the optimiser: 0.4 s more
+    times = [t + (0.4 if (i + 1) % 4 == 0 else 0.0) for i, t in enumerate(_costs(window, 0.0, 0.1, 0.0))]
+    epoch_time = sum(_costs(STATIC, 0.0, 0.1, 0.0)) + 0.4 * (len(STATIC) / 4)
+    epoch_rate = sum(len(batch) for batch in STATIC) / epoch_time
+    factor = epoch_mix_factor(times, samples, audio, _mix(STATIC), block_steps=4)
+    assert sum(samples) / sum(times) * factor == pytest.approx(epoch_rate, rel=0.01)
+
+
+def test_the_objective_and_audio_rate_carry_the_epochs_mix():
+    window, samples, audio = _window(STATIC, start=9, steps=14)
+    times = _costs(window, 0.0, 0.1, 0.0)
+    measured = WindowMeasurement(
+        samples=sum(samples),
+        audio_s=sum(audio),
+        window_s=sum(times),
+        step_times_s=times,
+        step_samples=samples,
+        step_audio_s=audio,
+    )
+    config = TrialConfig(per_device_batch_size=8)
+    mix = _mix(STATIC)
+    summary = measured.summary(len(DURATIONS), config, mix=mix)
+    epoch_rate = mix.samples / sum(_costs(STATIC, 0.0, 0.1, 0.0))
+    assert summary["samples_per_second"] == pytest.approx(epoch_rate, rel=1e-6)
+    assert summary["window_samples_per_second"] == pytest.approx(sum(samples) / sum(times))  # what budgets price
+    assert summary["epoch_mix_factor"] == pytest.approx(epoch_rate / summary["window_samples_per_second"])
+    # time per audio second is the same everywhere under this model: the epoch's audio rate is the window's
+    assert summary["audio_seconds_per_second"] == pytest.approx(sum(audio) / sum(times), rel=1e-6)
+    unmixed = measured.summary(len(DURATIONS), config)
+    assert unmixed["epoch_mix_factor"] is None
+    assert unmixed["samples_per_second"] == pytest.approx(sum(samples) / sum(times))
+
+
+def test_a_conformer_trial_reports_its_epochs_mix_and_a_speaker_trial_has_none(tmp_path, tiny_corpus):
+    """Real trial subprocesses: the conformer's objective is its window's rate times the factor, its audio rate the
+    objective times the epoch's own audio per sample; CAM++'s crops are alike, so nothing is priced."""
+    from autotune import workloads, yamlio
+    from autotune.data import generate_corpus
+    from autotune.trial import TimingSettings, TrialSpec, launch
+
+    corpus = generate_corpus(
+        tmp_path / "corpus", n_speakers=2, files_per_speaker=12, min_duration_s=1.0, max_duration_s=5.0, seed=4
+    )
+    data = workloads.get("conformer").load_data(str(corpus))
+    small = {"output_size": 64, "attention_heads": 2, "linear_units": 128, "num_blocks": 2, "decoder_blocks": 1}
+    timing = TimingSettings(warmup_steps=1, window_s=0.01, min_window_steps=6, max_window_steps=6, min_timed_share=0)
+    spec = TrialSpec(
+        workload="conformer",
+        workload_options={"model": small},
+        data_file=str(yamlio.write_json(tmp_path / "data.json", data.to_dict())),
+        config=TrialConfig(per_device_batch_size=2, num_workers=0),
+        timing=timing,
+        device_type="cpu",
+        result_path=str(tmp_path / "asr" / "result.json"),
+    )
+    result = launch(spec, workdir=tmp_path / "asr", timeout_s=180)
+    assert result.status == "ok", result.log_tail
+    assert result.window_steps == 6 and result.epoch_mix_factor is not None
+    assert result.samples_per_second == pytest.approx(result.window_samples_per_second * result.epoch_mix_factor)
+    audio_per_sample = sum(u.duration_s for u in data.utterances) / len(data.utterances)  # 1-5 s: WeNet keeps all
+    assert result.audio_seconds_per_second == pytest.approx(result.samples_per_second * audio_per_sample)
+
+    speaker_data = workloads.get("cam++").load_data(str(tiny_corpus))
+    speaker = TrialSpec(
+        workload="cam++",
+        workload_options={},
+        data_file=str(yamlio.write_json(tmp_path / "cam.json", speaker_data.to_dict())),
+        config=TrialConfig(per_device_batch_size=2, num_workers=0),
+        timing=timing,
+        device_type="cpu",
+        result_path=str(tmp_path / "cam" / "result.json"),
+    )
+    crops = launch(speaker, workdir=tmp_path / "cam", timeout_s=180)
+    assert crops.status == "ok", crops.log_tail
+    assert crops.epoch_mix_factor is None
