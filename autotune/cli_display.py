@@ -36,6 +36,7 @@ _STATUS_STYLE = {
     "signal": "red",
     "error": "red",
 }
+MIX_SHOWN_FROM = 0.02  # an epoch-mix factor this far from 1 is shown beside the trial's figure
 
 
 def _rate(value: float | None) -> str:
@@ -130,7 +131,7 @@ class RichReporter:
         self.console.print(
             f"#{record.number:<3} {record.role:<8} {plain(f'{record.config.short():<44}')} "
             f"[{style}]{result.status:<9}[/{style}] "
-            f"{figure}{_compile_text(result)}  [dim]({best_text}, {result.wall_s or 0:.0f} s)[/dim]",
+            f"{figure}{_compile_text(result)}{_mix_text(result)}  [dim]({best_text}, {result.wall_s or 0:.0f} s)[/dim]",
             highlight=False,
             soft_wrap=True,
         )
@@ -144,6 +145,15 @@ def _compile_text(result: TrialResult) -> str:
         return ""
     steady = f"steady {_rate(result.window_samples_per_second)}, " if result.window_samples_per_second else ""
     return f" [dim]({steady}compile {result.compile_s:.0f} s, {result.recompiles or 0} recompiles)[/dim]"
+
+
+def _mix_text(result: TrialResult) -> str:
+    """Where the epoch's mix of short and long batches moved the figure by 2% or more from the window's own rate
+    (trial/epoch_mix.py): both, so that a figure unlike one's own short benchmark explains itself."""
+    factor = result.epoch_mix_factor
+    if factor is None or not result.window_samples_per_second or abs(factor - 1.0) < MIX_SHOWN_FROM:
+        return ""
+    return f" [dim](window {_rate(result.window_samples_per_second)}, x{factor:.2f} for the epoch's mix)[/dim]"
 
 
 def print_summary(console: Console, report: RunReport) -> None:

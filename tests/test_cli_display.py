@@ -112,3 +112,13 @@ def test_the_closing_line_gives_the_whole_run_beside_the_search():
     report.plan.request.settings.budget_s = None
     report.tuned.search["stopped_by"] = "trials"
     assert _stopped_line(report).endswith("the run took 14.0 min")
+
+
+def test_a_trial_whose_epochs_mix_moved_its_figure_shows_the_windows_own_rate_beside_it():
+    from autotune.cli_display import _mix_text
+    from autotune.trial import TrialResult
+
+    moved = TrialResult(status="ok", samples_per_second=27.64, window_samples_per_second=29.25, epoch_mix_factor=0.945)
+    assert "window 29.2, x0.94 for the epoch's mix" in _mix_text(moved)
+    assert _mix_text(TrialResult(status="ok", window_samples_per_second=29.0, epoch_mix_factor=0.99)) == ""
+    assert _mix_text(TrialResult(status="ok", window_samples_per_second=29.0)) == ""  # fixed-length crops
