@@ -18,6 +18,11 @@ white, a longer window is quieter. The simulator's figures for the conformer mov
 
     .venv/bin/python benchmarks/window_noise.py --windows 10 40 --reps 6 --out benchmarks/results/window_noise-cpu.md
     python benchmarks/window_noise.py --device cuda --windows 5 20 --reps 5    # on a lent GPU, about 8 minutes
+    python benchmarks/window_noise.py --device cuda --workload conformer --windows 10 40 --reps 4 --shuffle-each
+
+The conformer's utterances differ in length: with --shuffle-each every repetition reaches another stretch of the
+sorted epoch, as two configurations do, and "objective total" is the spread of what confirmation compares (the
+window priced at the epoch's mix, trial/epoch_mix.py) beside the window's own.
 
 With --out the table is rewritten after every trial, so a run cut short keeps what it measured; --from-log reads the
 lines a run printed instead of measuring (the H200's run, cut at its time limit before the table was written:
@@ -61,6 +66,9 @@ class Split:
     total: float
     within: float
     per_trial: float  # sqrt(max(0, total^2 - within^2))
+    # the objective's spread (samples_per_second: what confirmation compares), where it differs from the window's:
+    # the epoch's mix of a workload whose utterances differ in length (trial/epoch_mix.py), an epoch's restart
+    objective: float | None = None
 
 
 def window_parts(result: TrialResult) -> int:
@@ -91,12 +99,14 @@ def split(results: Sequence[TrialResult]) -> Split | None:
         return None
     total2 = statistics.variance([math.log(_window_rate(r)) for r in ok])
     within2 = statistics.fmean(within)
+    objectives = [math.log(r.samples_per_second) for r in ok if r.samples_per_second]
     return Split(
         window_s=statistics.median(r.window_s or 0.0 for r in ok),
         trials=len(ok),
         total=math.sqrt(total2),
         within=math.sqrt(within2),
         per_trial=math.sqrt(max(0.0, total2 - within2)),
+        objective=statistics.stdev(objectives) if len(objectives) == len(ok) else None,
     )
 
 
@@ -134,6 +144,7 @@ def _row(splits: dict[float, Split | None], window_s: float, q: float | None) ->
         "within if white (all lengths)": white,
         "per trial": f"{found.per_trial:.2%}",
         "per-trial share of the variance": f"{found.per_trial**2 / found.total**2:.0%}" if found.total else "-",
+        "objective total": f"{found.objective:.2%}" if found.objective is not None else "-",
     }
 
 
@@ -186,6 +197,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown, + .json)")
     parser.add_argument("--from-log", type=Path, default=None, help="a run's printed lines, instead of measuring")
     parser.add_argument("--note", default="", help="with --from-log: what the table's last line says of the run")
+    parser.add_argument(
+        "--shuffle-each",
+        action="store_true",
+        help="each repetition shuffles the data with its own seed (a run's trials share one): where utterances "
+        "differ in length, the stretch of the epoch a window reaches then varies as it does between configurations",
+    )
     args = parser.parse_args()
     if args.from_log:
         logged = read_log(args.from_log.read_text())
@@ -208,6 +225,7 @@ def main() -> None:
                     timing=timing(window),
                     device_type=device,
                     result_path=str(workdir / "result.json"),
+                    seed=rep if args.shuffle_each else 0,
                 )
                 result = launch(spec, workdir=workdir, timeout_s=600)
                 results[window].append(result)
@@ -226,6 +244,7 @@ def _note(args: argparse.Namespace, config: TrialConfig, device: str, load_befor
     return (
         f"{args.workload} {config.short()} on {device}; load average (1 min) {load_before[0]:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} now; {rep + 1} of {args.reps} trials per length, interleaved"
+        + ("; each repetition its own shuffle" if args.shuffle_each else "")
     )
 
 

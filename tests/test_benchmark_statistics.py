@@ -214,6 +214,7 @@ def test_window_noise_splits_the_spread_into_the_quarters_part_and_the_rest():
     total2 = statistics.variance([math.log(r.samples_per_second) for r in results])
     assert found.trials == 4 and found.window_s == 40.0
     assert found.total == pytest.approx(math.sqrt(total2))
+    assert found.objective == pytest.approx(found.total)  # the objective is the window's rate here
     assert found.within == pytest.approx(0.06 / math.sqrt(3))
     assert found.per_trial == pytest.approx(math.sqrt(total2 - 0.06**2 / 3))
     # nothing left per trial when the quarters explain more than the spread
