@@ -146,45 +146,43 @@ def test_the_objective_and_audio_rate_carry_the_epochs_mix():
     assert unmixed["samples_per_second"] == pytest.approx(sum(samples) / sum(times))
 
 
+def _six_window_steps(workload: str, options: dict, data, folder):
+    """A real trial subprocess of `workload` on `data`: one warm-up step, then a window of six, on this CPU."""
+    from autotune import yamlio
+    from autotune.trial import TimingSettings, TrialSpec, launch
+
+    spec = TrialSpec(
+        workload=workload,
+        workload_options=options,
+        data_file=str(yamlio.write_json(folder / "data.json", data.to_dict())),
+        config=TrialConfig(per_device_batch_size=2, num_workers=0),
+        timing=TimingSettings(warmup_steps=1, window_s=0.01, min_window_steps=6, max_window_steps=6, min_timed_share=0),
+        device_type="cpu",
+        result_path=str(folder / "trial" / "result.json"),
+    )
+    result = launch(spec, workdir=folder / "trial", timeout_s=180)
+    assert result.status == "ok", result.log_tail
+    return result
+
+
 def test_a_conformer_trial_reports_its_epochs_mix_and_a_speaker_trial_has_none(tmp_path, tiny_corpus):
     """Real trial subprocesses: the conformer's objective is its window's rate times the factor, its audio rate the
     objective times the epoch's own audio per sample; CAM++'s crops are alike, so nothing is priced."""
-    from autotune import workloads, yamlio
+    from autotune import workloads
     from autotune.data import generate_corpus
-    from autotune.trial import TimingSettings, TrialSpec, launch
 
     corpus = generate_corpus(
         tmp_path / "corpus", n_speakers=2, files_per_speaker=12, min_duration_s=1.0, max_duration_s=5.0, seed=4
     )
     data = workloads.get("conformer").load_data(str(corpus))
     small = {"output_size": 64, "attention_heads": 2, "linear_units": 128, "num_blocks": 2, "decoder_blocks": 1}
-    timing = TimingSettings(warmup_steps=1, window_s=0.01, min_window_steps=6, max_window_steps=6, min_timed_share=0)
-    spec = TrialSpec(
-        workload="conformer",
-        workload_options={"model": small},
-        data_file=str(yamlio.write_json(tmp_path / "data.json", data.to_dict())),
-        config=TrialConfig(per_device_batch_size=2, num_workers=0),
-        timing=timing,
-        device_type="cpu",
-        result_path=str(tmp_path / "asr" / "result.json"),
-    )
-    result = launch(spec, workdir=tmp_path / "asr", timeout_s=180)
-    assert result.status == "ok", result.log_tail
+    (tmp_path / "asr").mkdir()
+    result = _six_window_steps("conformer", {"model": small}, data, tmp_path / "asr")
     assert result.window_steps == 6 and result.epoch_mix_factor is not None
     assert result.samples_per_second == pytest.approx(result.window_samples_per_second * result.epoch_mix_factor)
     audio_per_sample = sum(u.duration_s for u in data.utterances) / len(data.utterances)  # 1-5 s: WeNet keeps all
     assert result.audio_seconds_per_second == pytest.approx(result.samples_per_second * audio_per_sample)
 
-    speaker_data = workloads.get("cam++").load_data(str(tiny_corpus))
-    speaker = TrialSpec(
-        workload="cam++",
-        workload_options={},
-        data_file=str(yamlio.write_json(tmp_path / "cam.json", speaker_data.to_dict())),
-        config=TrialConfig(per_device_batch_size=2, num_workers=0),
-        timing=timing,
-        device_type="cpu",
-        result_path=str(tmp_path / "cam" / "result.json"),
-    )
-    crops = launch(speaker, workdir=tmp_path / "cam", timeout_s=180)
-    assert crops.status == "ok", crops.log_tail
+    (tmp_path / "cam").mkdir()
+    crops = _six_window_steps("cam++", {}, workloads.get("cam++").load_data(str(tiny_corpus)), tmp_path / "cam")
     assert crops.epoch_mix_factor is None
