@@ -2,7 +2,9 @@
 
 A speaker workload's batches are alike (fixed-length crops): any run of them costs what the epoch's average does.
 An ASR or TTS epoch is not: WeNet's batching sorts each window of 500 shuffled utterances by length and batches
-the sorted run, so consecutive batches go from short clips to long ones (autotune/data/batching.py). A timed window
+the sorted run, so consecutive batches go from short clips to long ones (autotune/data/batching.py; wenet-e2e/wenet
+wenet/dataset/dataset.py at 6663c3e8 chains shuffle, processor.sort in buffers of sort_size 500, batch and padding,
+and nothing reorders the batches after). A timed window
 covers a stretch of that run. On a GPU a 40-s window holds hundreds of steps, many sort windows, and the stretch is
 close to the epoch's mix; where a step is slow (a CPU, a large model) it holds tens, and its samples per second is
 the rate of whichever lengths it happened to reach. Because every trial shuffles with the same seed, a repeat of
