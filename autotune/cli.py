@@ -98,8 +98,8 @@ def run(
     budget: Annotated[
         Optional[str],
         typer.Option(
-            help="Wall-clock budget for the whole run, e.g. 15m or 1h: a ceiling (no trial starts that would end "
-            "past it); none: only --trials limits the run."
+            help="Wall-clock budget for the whole run, e.g. 15m or 1h, at least 1m: a ceiling (no trial starts that "
+            "would end past it); none: only --trials limits the run."
         ),
     ] = "15m",
     storage: Annotated[

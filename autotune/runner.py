@@ -236,6 +236,24 @@ def spec_maker(plan: RunPlan, settings: TunerSettings, data_file: Path) -> Calla
     return make_spec
 
 
+def _budget_too_short(budget_s: float | None, trials_budget_s: float | None, outcome: TuningOutcome) -> str:
+    """Why a run whose every trial the budget stopped measured nothing: the budget, said as such (not the machine's
+    load, not the configurations), with where its time went."""
+    shown = (f"{budget_s:.0f} s" if budget_s < 120 else f"{budget_s / 60:.1f} min") if budget_s is not None else ""
+    given = f"the --budget of {shown}" if budget_s is not None else "the budget"
+    went: list[str] = []
+    if budget_s is not None and trials_budget_s is not None and budget_s - trials_budget_s >= 1:
+        went.append(f"data preparation and the AMP check took {budget_s - trials_budget_s:.0f} s")
+    longest = max((r.result.wall_s or 0.0 for r in outcome.records), default=0.0)
+    went.append(
+        f"{len(outcome.records)} trial(s) stopped" + (f", the longest after {longest:.0f} s" if longest else "")
+    )
+    return (
+        f"{given} ran out before any configuration was measured ({'; '.join(went)}): give a larger --budget, "
+        "or --budget none"
+    )
+
+
 def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
     """Run the study and write the result YAML atomically."""
     request = plan.request
@@ -291,6 +309,9 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
             f"the study's storage failed mid-run ({outcome.failure}) before any stable configuration was measured; "
             "fix it (free space, bring the database back) and rerun to continue the study"
         )
+    stopped = all(r.result.status == "stopped" for r in outcome.records)
+    if outcome.winner is None and stopped and (outcome.records or outcome.stopped_by == "budget"):
+        raise TuningFailed(_budget_too_short(request.settings.budget_s, search_settings.budget_s, outcome))
     if outcome.winner is None:
         reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))

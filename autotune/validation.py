@@ -19,10 +19,22 @@ if TYPE_CHECKING:
     from autotune.run_plan import RunRequest
     from autotune.workloads import Workload
 
-__all__ = ["SAMPLERS", "DEVICES", "MAX_SEED", "check_request", "check_workload_options", "check_path_text"]
+__all__ = [
+    "SAMPLERS",
+    "DEVICES",
+    "MAX_SEED",
+    "MIN_BUDGET_S",
+    "check_request",
+    "check_workload_options",
+    "check_path_text",
+]
 
 SAMPLERS = ("tpe", "random", "grid")
 DEVICES = ("auto", "cuda", "cpu")
+# The shortest --budget taken: below it not even the baseline's trial fits (an H200's CAM++ trial spent 27 s starting
+# and 23-31 s on its first step before any window, benchmarks/results/issue18/NOTES.md, session 16; a CPU's baseline
+# takes two minutes), and the run would end "no stable configuration" for a reason that is not the configurations'.
+MIN_BUDGET_S = 60.0
 MAX_SEED = 2**32 - 1  # NumPy's and so Optuna's samplers take seeds in [0, 2**32 - 1]
 # Workload options that must be positive, with the command-line option that also sets them.
 _POSITIVE_OPTIONS = {"crop_s": "--crop-seconds"}
@@ -56,6 +68,12 @@ def check_request(request: RunRequest) -> None:
     _require(
         settings.budget_s is None or (_finite(settings.budget_s) and settings.budget_s > 0),
         "--budget must be positive, e.g. 15m or 1h (or none for no budget)",
+    )
+    _require(
+        settings.budget_s is None or settings.budget_s >= MIN_BUDGET_S,
+        f"a --budget of {settings.budget_s or 0:g} s is too short to measure anything: one trial alone takes most of a "
+        "minute to start, warm up and time its window; give at least 1m (5m or more on a CPU; the default is 15m), "
+        "or none",
     )
     _require(
         _finite(settings.trial_timeout_s) and settings.trial_timeout_s > 0,
