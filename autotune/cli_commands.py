@@ -7,6 +7,7 @@ command so that `autotune --help` stays fast.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -58,6 +59,9 @@ def schedule(
 
     try:
         request = ScheduleRequest(model=model, at=at, run_args=tuple(ctx.args), systemd=systemd)
+        from autotune.cli import check_run_args  # autotune.cli imports this module
+
+        check_run_args(model, request.run_args, workdir=os.path.abspath(os.path.expanduser(request.workdir)))
         if install:
             lines = scheduling.install(request)
         elif systemd:

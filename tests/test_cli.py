@@ -292,14 +292,40 @@ def test_export_command_prints_the_framework_override_and_rejects_unknown_target
     assert missing.exit_code == 2 and "does not exist" in _error_line(missing)
 
 
-def test_schedule_prints_a_cron_line_with_the_run_arguments():
+def test_schedule_prints_a_cron_line_with_the_run_arguments(tmp_path):
     import shlex
 
-    result = _invoke(["schedule", "--model", "cam++", "--at", "03:15", "--", "--data", "/d/my list.csv"])
+    data = tmp_path / "my list.csv"
+    data.write_text("ID,dur,path,start,stop,spk\n")
+    result = _invoke(["schedule", "--model", "cam++", "--at", "03:15", "--", "--data", str(data)])
     assert result.exit_code == 0
     line = result.output.strip()
     assert line.startswith("15 3 * * * ")
-    assert ["--model", "cam++", "--data", "/d/my list.csv"] == shlex.split(line.split(" run ", 1)[1])[:4]
+    assert ["--model", "cam++", "--data", str(data)] == shlex.split(line.split(" run ", 1)[1])[:4]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--budget", "soon"], "cannot read duration 'soon'"),
+        (["--budget", "30s"], "a --budget of 30 s is too short"),
+        (["--trials", "0"], "--trials must be at least 1, got 0"),
+        (["--trials", "many"], "the arguments for 'autotune run': Invalid value for '--trials'"),
+        (["--bugdet", "30m"], "the arguments for 'autotune run': No such option: --bugdet"),
+        (["--data", "/no/such/train.csv"], "--data /no/such/train.csv does not exist, seen from"),
+        (["--option", "augment_copies=4"], "unknown option 'augment_copies' for cam++"),
+        (["--sampler", "cmaes"], "unknown sampler 'cmaes'"),
+        (["--help"], "--help is not a run argument for a scheduled job"),
+    ],
+    ids=["duration", "budget-floor", "trials", "trials-type", "typo", "data", "option", "sampler", "help"],
+)
+def test_schedule_checks_its_run_arguments_as_run_would_so_the_job_does_not_fail_every_night(args, words):
+    """Found from outside: `autotune schedule --model cam++ -- --budget soon` printed (and with --install installed)
+    a job that would fail with exit 2 every night; the run arguments were never read until 02:30."""
+    result = _invoke(["schedule", "--model", "cam++", "--", *args])
+    assert result.exit_code == 2
+    assert words in _error_line(result)
+    assert "* * *" not in result.output  # no job line printed
 
 
 def test_schedule_rejects_a_bad_time():
