@@ -319,7 +319,8 @@ def _print_assessment(console: Console, metrics: dict) -> None:
         strays = _percent(verdict.get("max_deviation_fraction"))
         console.print(
             f"AMP check {plain(name)}: {word}, its loss curve strays up to {strays} "
-            f"from fp32's (allowed {_percent(verdict.get('allowed_deviation_fraction'))}, {amp.get('steps')} steps)"
+            f"from fp32's (allowed {_percent(verdict.get('allowed_deviation_fraction'))}, {amp.get('steps')} steps"
+            f"{_amp_learning_rate(amp.get('learning_rates'))})"
         )
     overhead = metrics.get("overhead") or {}
     if overhead.get("trials"):
@@ -337,6 +338,16 @@ def _print_assessment(console: Console, metrics: dict) -> None:
         console.print(f"[bold]bound by: {plain(diagnosis['bound'])}[/bold] ({plain('; '.join(diagnosis['evidence']))})")
         for step in diagnosis["next"]:
             console.print(f"  next: {plain(step)}", highlight=False)
+
+
+def _amp_learning_rate(rates: list[float] | None) -> str:
+    """How fast the AMP check trained: a rate the recipe's warm-up held low compares rounding more than training."""
+    if not rates or None in rates:
+        return ""
+    first, last = rates[0], rates[-1]
+    if last > 1.5 * first:
+        return f" under the recipe's warm-up, learning rate {first:.2g} to {last:.2g}"
+    return f" at learning rate {last:.2g}"
 
 
 def _percent(value: object) -> str:

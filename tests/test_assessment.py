@@ -239,6 +239,7 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
     print_summary(console, report)
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert "AMP check bf16: rejected" in shown and "bound by:" in shown and "pipeline efficiency" in shown
+    assert "4 steps at learning rate 0.01)" in shown  # the fixture's constant SGD rate: no warm-up to speak of
 
 
 def test_a_ceiling_that_would_end_past_the_budget_is_skipped_and_says_so(monkeypatch):

@@ -122,6 +122,9 @@ class AmpCheckResult:
     floor_losses: list[float] = field(default_factory=list)
     floor_deviation_fraction: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    # the learning rate of the fp32 reference's first and last step, as the recipe's schedule set it: a check trained
+    # under a warm-up (WeNet's 25000 steps: 1.6e-6 at step 20) compares rounding more than training at speed
+    learning_rates: list[float] = field(default_factory=list)
     wall_s: float | None = None
     log_tail: str = ""
 
@@ -161,6 +164,8 @@ class AmpCheckResult:
             }
             for v in self.verdicts
         }
+        if self.learning_rates:
+            report["learning_rates"] = _rounded(self.learning_rates)
         if self.wall_s is not None:
             report["wall_s"] = round(self.wall_s, 1)
         return report
@@ -220,6 +225,7 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
         runner = CurveRunner(spec.trial, spec.settings)
         progress("built")
         result.reference_losses = runner.curve("fp32")
+        result.learning_rates = [runner.learning_rates[0], runner.learning_rates[-1]] if runner.learning_rates else []
         progress("fp32 reference trained")
     except Exception as error:
         result.status, result.reason = "error", f"the fp32 reference failed: {type(error).__name__}: {error}"[:300]

@@ -144,7 +144,16 @@ def calibrate_scaler(scaler: Any, compute_loss: Callable[[], Any], optimizer: An
     return rounds
 
 
-def train_curve(setup: TrainingSetup, batches: list[Any], precision: PrecisionSettings, steps: int, seed: int):
+def train_curve(
+    setup: TrainingSetup,
+    batches: list[Any],
+    precision: PrecisionSettings,
+    steps: int,
+    seed: int,
+    learning_rates: list[float] | None = None,
+):
+    """The losses of `steps` training steps; `learning_rates` (if given) gets the rate each step trained at, as the
+    recipe's own schedule (a workload's step hook) set it."""
     import torch
 
     scaler = precision.grad_scaler()
@@ -165,6 +174,8 @@ def train_curve(setup: TrainingSetup, batches: list[Any], precision: PrecisionSe
         scaler.update()
         setup.optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach().float()))
+        if learning_rates is not None:
+            learning_rates.append(float(setup.optimizer.param_groups[0]["lr"]))
     return losses
 
 
@@ -177,6 +188,7 @@ class CurveRunner:
         from autotune.trial.process import TrialProcess
 
         self.settings = settings
+        self.learning_rates: list[float] = []  # of the last curve trained, step by step
         self.process = TrialProcess.open(trial)  # the device, workload and data as a trial sets them up
         self.seed, self.device = trial.seed, self.process.device
         self.config = dataclasses.replace(
@@ -217,4 +229,5 @@ class CurveRunner:
                 for name, value in self.initial.items()
             }
         setup.model.load_state_dict(weights)
-        return train_curve(setup, self.batches, settings, self.settings.steps, self.seed)
+        self.learning_rates = []
+        return train_curve(setup, self.batches, settings, self.settings.steps, self.seed, self.learning_rates)

@@ -58,6 +58,7 @@ class _ScriptedRunner:
 
     def __init__(self, curves: dict[str, list[float]], floors: list[float]) -> None:
         self.curves, self.floors, self.drawn = curves, floors, []
+        self.learning_rates: list[float] = []  # CurveRunner's: none recorded by a scripted curve
 
     def curve(self, precision: str, perturbation: float = 0.0, compile_mode: str = "off", draw: int = 0):
         if not perturbation:
@@ -206,6 +207,39 @@ def test_a_precision_that_does_not_train_like_fp32_is_rejected(tmp_path: Path, t
     report = result.report()
     assert report["precisions"]["bf16"]["accepted"] is False and len(report["fp32_losses"]) == 6
     assert report["tolerance_fraction"] == 0.05 and report["steps"] == 6
+
+
+def test_the_check_says_it_trained_under_the_recipes_warm_up_where_it_did(tmp_path: Path):
+    """The conformer trains under WeNet's WarmupLR (25000 steps), so a 4-step check trains at 8e-8 to 3.2e-7 of the
+    recipe's 0.002: its curves compare rounding more than training at speed, and the summary says so instead of
+    letting "strays up to 0.0%" read as a verdict on bf16 training. The speaker fixture's constant rate reads as one."""
+    from autotune import workloads, yamlio
+    from autotune.cli_display import _amp_learning_rate
+    from autotune.data import generate_corpus
+    from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+    from autotune.workloads.asr import warmup_lr
+
+    corpus = generate_corpus(
+        tmp_path / "corpus", n_speakers=2, files_per_speaker=4, min_duration_s=1.0, max_duration_s=2.0, seed=4
+    )
+    data = workloads.get("conformer").load_data(str(corpus))
+    small = {"output_size": 32, "attention_heads": 2, "linear_units": 64, "num_blocks": 1, "decoder_blocks": 1}
+    trial = TrialSpec(
+        workload="conformer",
+        workload_options={"model": small},
+        data_file=str(yamlio.write_json(tmp_path / "data.json", data.to_dict())),
+        config=TrialConfig(per_device_batch_size=2, num_workers=0),
+        timing=TimingSettings(warmup_steps=1, window_s=0.1),
+        device_type="cpu",
+        result_path=str(tmp_path / "trial" / "result.json"),
+    )
+    settings = AmpCheckSettings(steps=4, batch_size=2, batches=2, smoothing_steps=2, timeout_s=120)
+    result = run_amp_check(AmpCheckSpec(trial=trial, precisions=("bf16",), settings=settings), tmp_path / "c")
+    assert result.status == "ok", result.log_tail
+    assert result.learning_rates == pytest.approx([warmup_lr(1), warmup_lr(4)])
+    shown = _amp_learning_rate(result.report()["learning_rates"])
+    assert shown == " under the recipe's warm-up, learning rate 8e-08 to 3.2e-07"
+    assert _amp_learning_rate([0.1, 0.1]) == " at learning rate 0.1" and _amp_learning_rate(None) == ""
 
 
 @pytest.mark.slow
