@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -27,6 +27,9 @@ from autotune.cli_exit import (
 from autotune.cli_output import fail, plain, stderr_console, stdout_console
 from autotune.cli_parsing import parse_budget, parse_duration, parse_executor, parse_workload_options
 from autotune.errors import MACHINE_FAILURE_EXIT_CODE, UserError
+
+if TYPE_CHECKING:
+    from autotune.run_plan import RunRequest
 
 app = typer.Typer(
     name="autotune",
@@ -334,7 +337,7 @@ def run_request(
     slurm_pin_wait: str | None,
     parallel: int,
     nodes: int,
-) -> Any:
+) -> RunRequest:
     """The RunRequest `autotune run` makes of its options (what `autotune schedule` checks its run arguments with).
 
     Raises:
@@ -388,7 +391,7 @@ def run_request(
     )
 
 
-def check_run_args(model: str, args: list[str] | tuple[str, ...], workdir: str = ".") -> Any:
+def check_run_args(model: str, args: list[str] | tuple[str, ...], workdir: str = ".") -> RunRequest:
     """Parse and check `autotune run` arguments as the command would, without running it: every problem that needs
     no hardware, workload or data is the same one-line UserError `autotune run` gives (`autotune schedule` calls this,
     so that a nightly job's typo fails now and not every night). --data and --space must exist as seen from

@@ -243,7 +243,8 @@ def _budget_too_short(budget_s: float | None, trials_budget_s: float | None, out
     given = f"the --budget of {shown}" if budget_s is not None else "the budget"
     went: list[str] = []
     if budget_s is not None and trials_budget_s is not None and budget_s - trials_budget_s >= 1:
-        went.append(f"data preparation and the AMP check took {budget_s - trials_budget_s:.0f} s")
+        before_s = budget_s - trials_budget_s
+        went.append(f"what comes before the trials (data, calibration, AMP check) took {before_s:.0f} s")
     longest = max((r.result.wall_s or 0.0 for r in outcome.records), default=0.0)
     went.append(
         f"{len(outcome.records)} trial(s) stopped" + (f", the longest after {longest:.0f} s" if longest else "")
