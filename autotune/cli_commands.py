@@ -59,7 +59,7 @@ def schedule(
 
     try:
         request = ScheduleRequest(model=model, at=at, run_args=tuple(ctx.args), systemd=systemd)
-        from autotune.cli import check_run_args  # autotune.cli imports this module
+        from autotune.cli_run_args import check_run_args
 
         check_run_args(model, request.run_args, workdir=os.path.abspath(os.path.expanduser(request.workdir)))
         if install:

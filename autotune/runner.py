@@ -239,8 +239,9 @@ def spec_maker(plan: RunPlan, settings: TunerSettings, data_file: Path) -> Calla
 def _budget_too_short(budget_s: float | None, trials_budget_s: float | None, outcome: TuningOutcome) -> str:
     """Why a run whose every trial the budget stopped measured nothing: the budget, said as such (not the machine's
     load, not the configurations), with where its time went."""
-    shown = (f"{budget_s:.0f} s" if budget_s < 120 else f"{budget_s / 60:.1f} min") if budget_s is not None else ""
-    given = f"the --budget of {shown}" if budget_s is not None else "the budget"
+    given = "the budget"
+    if budget_s is not None:
+        given = f"the --budget of {budget_s:.0f} s" if budget_s < 120 else f"the --budget of {budget_s / 60:.1f} min"
     went: list[str] = []
     if budget_s is not None and trials_budget_s is not None and budget_s - trials_budget_s >= 1:
         before_s = budget_s - trials_budget_s

@@ -10,7 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from autotune import load_config
-from autotune.cli import app, parse_duration, parse_workload_options
+from autotune.cli import app
+from autotune.cli_parsing import parse_duration, parse_workload_options
 
 runner = CliRunner()
 # The AMP check runs end to end in tests/test_assessment.py on a tiny model; here it would cost CAM++ steps.
