@@ -20,6 +20,7 @@ from pathlib import Path
 
 from autotune import workloads
 from autotune.errors import UserError
+from autotune.python_command import module_command
 from autotune.storage import redact_url
 
 __all__ = ["ScheduleRequest", "default_executable", "parse_at", "plugin_path", "unit_name_for"]
@@ -28,18 +29,12 @@ _AT = re.compile(r"(\d{1,2}):(\d{2})")
 _UNSAFE_IN_RESULTS_FOLDER = re.compile(r"[^A-Za-z0-9+._-]")  # the folder name `autotune run` writes results into
 _UNIT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# Python 3.10 has no -P: the same in code, run before anything is imported from the working folder.
-_SAFE_MAIN = (
-    "import sys; del sys.path[0]; import runpy; runpy.run_module('autotune', run_name='__main__', alter_sys=True)"
-)
 
 
 def default_executable() -> tuple[str, ...]:
     """`python -P -m autotune` with the interpreter running now: a venv works without PATH, and the working folder
     never shadows a module (Python 3.10, without -P: the same through -c)."""
-    if sys.version_info >= (3, 11):
-        return (sys.executable, "-P", "-m", "autotune")
-    return (sys.executable, "-c", _SAFE_MAIN)
+    return tuple(module_command("autotune"))
 
 
 def plugin_path(model: str) -> tuple[str, ...]:

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 from autotune.errors import UserError
 from autotune.gpu_proof.registry import STEPS, Step, StepContext, child_environment
 from autotune.gpu_proof.report import NOTHING_PROVEN, ProofReport, StepResult
+from autotune.python_command import module_command
 
 __all__ = ["DEFAULT_TIME_LIMIT_S", "ProofSettings", "run_proof"]
 
@@ -100,7 +100,7 @@ def _run_step(step: Step, context: StepContext) -> StepResult:
     log_path = context.workdir / "step.log"
     started = time.perf_counter()
     env = child_environment()
-    command = [sys.executable, "-m", "autotune.gpu_proof.child", step.name, str(context_file), str(result_file)]
+    command = module_command("autotune.gpu_proof.child", step.name, str(context_file), str(result_file))
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from autotune.gpu_proof.registry import Proven, StepContext, child_environment, step, synchronize
+from autotune.python_command import module_command
 
 __all__ = ["OOM_BATCH", "RESULT_NAME", "autotune_command", "result_figures", "study_verdict"]
 
@@ -32,7 +32,7 @@ def autotune_command(*args: str, cwd: Path, timeout_s: float) -> subprocess.Comp
     log = cwd / f"autotune-{args[0]}.log"
     with open(log, "w+", encoding="utf-8", errors="replace") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "autotune", *args],
+            module_command("autotune", *args),
             stdout=output,
             stderr=subprocess.STDOUT,
             cwd=cwd,

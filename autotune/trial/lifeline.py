@@ -12,8 +12,9 @@ PR_SET_PDEATHSIG before it imports anything heavy, then checks that its parent i
 would never report, is caught there: the child exits at once instead of training as a permanent orphan. Only then
 does it enable faulthandler and logging (prepare_child) and run MODULE as `python -m MODULE` would.
 
-`-P` (Python 3.11+) keeps the working folder off the child's import path: it imports exactly what its parent's
-sys.path (passed in PYTHONPATH) names, never a stray `typer.py` or `torch.py` in the folder the run was started from.
+The working folder is kept off the child's import path (`-P`, or its Python 3.10 form: autotune/python_command.py):
+it imports exactly what its parent's sys.path (passed in PYTHONPATH) names, never a stray `typer.py` or `torch.py` in
+the folder the run was started from.
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ import runpy
 import signal
 import sys
 
+from autotune.python_command import module_command
+
 __all__ = ["PARENT_PID_ENV", "child_command", "die_with_parent", "parent_environment", "prepare_child"]
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 PARENT_PID_ENV = "AUTOTUNE_PARENT_PID"
 ORPHAN_EXIT_CODE = 70  # EX_SOFTWARE: the run that started this child was gone before the child could start
-SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 
 def child_command(module: str, *args: str) -> list[str]:
-    """The argv that starts `python -m MODULE ARGS` under the lifeline."""
-    return [sys.executable, *SAFE_PATH, "-m", "autotune.trial.lifeline", module, *args]
+    """The argv that starts `python -m MODULE ARGS` under the lifeline, the working folder off its import path."""
+    return module_command("autotune.trial.lifeline", module, *args)
 
 
 def parent_environment() -> dict[str, str]:

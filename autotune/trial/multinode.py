@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import yamlio
+from autotune.python_command import module_command
 from autotune.trial.interconnect import rank_host
 from autotune.trial.launch import _result, _tail, child_environment, kill_group, start_child
 from autotune.trial.slurm_state import slurm_command
@@ -85,10 +86,10 @@ def torchrun_arguments(spec: TrialSpec, endpoint: str, task: NodeTask, spec_path
         f"--rdzv-conf=is_host={1 if task.index == 0 else 0},join_timeout={max(30, int(join_s))}",
         "--max-restarts=0",  # a failed rank fails the trial, as on one node
         "--monitor-interval=0.1",
-        "-m",
-        "autotune.trial.lifeline",
-        "autotune.trial",
-        str(spec_path),
+        # each rank as every child of a run starts (torchrun's own `python -u -m` would put the working folder on
+        # its import path): under the lifeline, the working folder off sys.path; PYTHONUNBUFFERED is in its env
+        "--no-python",
+        *module_command("autotune.trial.lifeline", "autotune.trial", str(spec_path)),
     ]
 
 

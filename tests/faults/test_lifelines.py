@@ -16,15 +16,21 @@ import sys
 
 import pytest
 
+from autotune.python_command import module_command_without_flag
 from autotune.trial.lifeline import ORPHAN_EXIT_CODE, PARENT_PID_ENV, child_command
 from tests.faults.conftest import alive, processes_with, python_env, start_python
 from tests.fixtures.runs import ROOT, wait_for
 
 
-def test_a_child_has_its_lifeline_before_torch_and_never_imports_from_the_working_folder(tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [child_command, lambda *args: module_command_without_flag("autotune.trial.lifeline", *args)],
+    ids=["default", "python3.10-form"],  # Python 3.10 has no -P: run here too, where CI's Python has it
+)
+def test_a_child_has_its_lifeline_before_torch_and_never_imports_from_the_working_folder(tmp_path, command):
     (tmp_path / "json.py").write_text("raise SystemExit('the working folder was on the import path')\n")
     done = subprocess.run(
-        child_command("tests.faults.probe"),
+        command("tests.faults.probe"),
         env={**python_env(), PARENT_PID_ENV: str(os.getpid())},
         cwd=tmp_path,  # a run started from a folder holding a json.py (or typer.py, torch.py)
         capture_output=True,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -17,6 +16,7 @@ import pytest
 
 from autotune import schedule, schedule_request, storage
 from autotune.errors import UserError
+from autotune.python_command import module_command_without_flag
 from tests.faults.conftest import error_line, invoke, python_env
 from tests.fixtures.runs import FIXTURES, ROOT
 
@@ -35,7 +35,7 @@ def _run_job(request: schedule_request.ScheduleRequest, env: dict[str, str]) -> 
 
 @pytest.mark.parametrize(
     "executable",
-    [schedule_request.default_executable(), (sys.executable, "-c", schedule_request._SAFE_MAIN)],
+    [schedule_request.default_executable(), tuple(module_command_without_flag("autotune"))],
     ids=["default", "python3.10-form"],
 )
 def test_the_nightly_job_does_not_import_from_its_working_folder(tmp_path, executable):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune import yamlio
+from autotune.python_command import module_command
 from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec
 from autotune.trial.multinode import AGENT_FILE, NODE_FILE, NodeTask, _judge, torchrun_arguments
 from autotune.trial.slurm import SlurmSettings, job_parameters
@@ -42,8 +43,11 @@ def test_torchrun_arguments_parse_in_torch(index: int, tmp_path: Path) -> None:
     assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("2", "4", "c10d")
     assert (args.rdzv_endpoint, args.rdzv_id, args.max_restarts) == ("10.0.0.1:4242", "autotune-77", 0)
     assert f"is_host={1 - index}" in args.rdzv_conf  # the first node hosts the store, whatever the names resolve to
-    assert args.module and args.training_script == "autotune.trial.lifeline"
-    assert args.training_script_args == ["autotune.trial", str(tmp_path / "s.json")]
+    assert args.no_python and not args.module and args.training_script == sys.executable
+    assert (
+        args.training_script_args
+        == module_command("autotune.trial.lifeline", "autotune.trial", str(tmp_path / "s.json"))[1:]
+    )
 
 
 def test_job_parameters_ask_for_every_node_and_each_nodes_share(tmp_path: Path) -> None:
