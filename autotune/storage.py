@@ -22,6 +22,7 @@ Credentials never leave this module unredacted: every message names the storage 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -86,9 +87,24 @@ _DRIVER_HINTS = {
 }
 
 
+def with_installed_driver(url: str) -> str:
+    """A `postgresql://` URL with the PostgreSQL driver that is installed named in it: psycopg (3, the one the
+    hint installs) first, then psycopg2. SQLAlchemy's default for a driverless URL changed in 2.1 from psycopg2 to
+    psycopg, and 2.1 needs Python 3.11+: with SQLAlchemy 2.0 (every Python 3.10) a driverless URL fails on a machine
+    with only psycopg. Any other URL, or one that names its driver, is left as written."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("postgresql", "postgres"):
+        return url
+    for driver in ("psycopg", "psycopg2"):
+        if importlib.util.find_spec(driver) is not None:
+            return f"postgresql+{driver}://{rest}"
+    return url
+
+
 def _driver_hint(url: str) -> str:
     scheme = url.split("://", 1)[0].lower()
     database, _, driver = scheme.partition("+")
+    database = "postgresql" if database == "postgres" else database
     if driver:
         return f"install the Python package of the {driver!r} driver the URL names"
     return _DRIVER_HINTS.get(database, "install the database driver SQLAlchemy uses for this URL")
@@ -118,7 +134,7 @@ def open_storage(
             if url.startswith("sqlite"):
                 engine_kwargs = {"connect_args": {"timeout": _SQLITE_TIMEOUT_S}}
             return _rdb(
-                url,
+                with_installed_driver(url),
                 engine_kwargs=engine_kwargs,
                 heartbeat_interval=heartbeat_interval_s,
                 grace_period=grace_period_s,

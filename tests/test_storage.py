@@ -3,6 +3,7 @@ processes sharing one study: on a journal file, and on a real PostgreSQL server 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -42,6 +43,32 @@ def _study(url: str, **kwargs) -> optuna.Study:
 )
 def test_redact_url_hides_passwords_only(url, shown):
     assert storage.redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("installed", "url", "opened"),
+    [
+        (("psycopg", "psycopg2"), "postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        (("psycopg",), "postgres://u:pw@h:5432/db", "postgresql+psycopg://u:pw@h:5432/db"),
+        (("psycopg2",), "postgresql://u@h/db", "postgresql+psycopg2://u@h/db"),
+        ((), "postgresql://u@h/db", "postgresql://u@h/db"),  # nothing to name: SQLAlchemy's error, then the hint
+        (("psycopg",), "postgresql+pg8000://u@h/db", "postgresql+pg8000://u@h/db"),  # the user's own choice
+        (("psycopg",), "sqlite:////tmp/s.db", "sqlite:////tmp/s.db"),
+    ],
+    ids=["psycopg-first", "postgres-scheme", "psycopg2-only", "none", "named-driver", "sqlite"],
+)
+def test_a_postgresql_url_names_the_driver_that_is_installed(monkeypatch, installed, url, opened):
+    # SQLAlchemy 2.0 (the newest for Python 3.10) reads a driverless postgresql:// as psycopg2, 2.1 as psycopg: the
+    # driver the hint installs (psycopg) failed on every Python 3.10 until the URL named it
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name.startswith("psycopg"):
+            return object() if name in installed else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert storage.with_installed_driver(url) == opened
 
 
 @pytest.mark.parametrize(
