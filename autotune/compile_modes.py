@@ -16,8 +16,9 @@ Not offered, and why (docs/how-it-measures.md says the same):
 - ``max-autotune``: benchmarks kernel choices at compile time (minutes more per graph), and has crashed under DDP in
   recent torch releases; a tuner that runs short trials cannot pay or risk that per trial.
 
-Where a mode runs is read from this torch and machine, not assumed: torch.compile must exist and dynamo support this
-Python; inductor on a CPU needs a C++ compiler (torch._inductor's configured one on PATH), on CUDA it needs Triton.
+Where a mode runs is read from this torch and machine, not assumed: torch.compile must exist, dynamo support this
+Python and nn.Module.compile engage it (on torch 2.4-2.8 it did not: probed, not read from the version); inductor on
+a CPU needs a C++ compiler (torch._inductor's configured one on PATH), on CUDA it needs Triton.
 A mode this machine cannot run is left out of the search space with a note (space.py), never measured as a failed
 trial.
 
@@ -28,6 +29,7 @@ the result is for (trial/run_length.py); that compiled and eager training agree 
 
 from __future__ import annotations
 
+import functools
 import shutil
 from typing import Any
 
@@ -73,6 +75,28 @@ def _cpu_compiler() -> str | None:
     return next((name for name in candidates if shutil.which(name)), None)
 
 
+@functools.cache
+def _module_compile_engages() -> bool:
+    """Whether nn.Module.compile (how apply compiles) makes dynamo trace a module's call on this torch. On torch
+    2.4-2.8 (seen with Python 3.10) it compiles nothing: the module runs eagerly, its first call takes a millisecond,
+    and a trial would measure eager training under a compile label. Probed with dynamo's eager backend (a graph is
+    captured, no code is generated); dynamo's caches are cleared afterwards."""
+    import torch
+    from torch._dynamo import utils
+
+    before = utils.counters["stats"].get("unique_graphs", 0)
+    try:
+        probe = torch.nn.Linear(2, 2)
+        probe.compile(backend="eager")
+        with torch.no_grad():
+            probe(torch.zeros(1, 2))
+    except Exception:  # a torch whose Module.compile fails outright cannot compile the models either
+        return False
+    finally:
+        torch._dynamo.reset()
+    return utils.counters["stats"].get("unique_graphs", 0) > before
+
+
 def _has_triton() -> bool:
     """Whether the Triton package is installed. Not torch's has_triton(): that probes the GPU, and the parent, which
     loads the space, never touches CUDA (trials do). A GPU too old for Triton (compute capability below 7.0) fails
@@ -96,6 +120,8 @@ def unsupported_reason(mode: str, device_type: str) -> str | None:
 
     if not torch._dynamo.is_dynamo_supported():
         return f"torch {torch.__version__}'s dynamo does not support this Python"
+    if not _module_compile_engages():
+        return f"torch {torch.__version__}'s nn.Module.compile compiles nothing here (the model would run eagerly)"
     if device_type == "cpu" and _cpu_compiler() is None:
         return "inductor needs a C++ compiler on a CPU and none is on PATH (install g++, or set CXX)"
     if device_type == "cuda" and not _has_triton():

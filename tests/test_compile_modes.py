@@ -10,6 +10,7 @@ from torch import nn
 from autotune import compile_modes, space
 from autotune.errors import SpaceError
 from tests.conftest import make_cpu, make_cuda
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 
 _COMPILE = {"compile": {"type": "categorical", "choices": list(compile_modes.MODES)}}
 _BATCH = {"per_device_batch_size": {"type": "categorical", "choices": [4]}}
@@ -24,6 +25,7 @@ def test_each_mode_is_the_torch_compile_call_it_names() -> None:
         compile_modes.compile_kwargs("max-autotune")  # not offered: it crashes under DDP and autotunes for minutes
 
 
+@NEEDS_INDUCTOR  # where this torch compiles at all (on torch 2.4-2.8 nothing is offered)
 def test_this_machine_runs_inductor_on_its_cpu() -> None:
     """gcc/g++ are installed here (and in CI), so every mode is offered on the CPU."""
     assert compile_modes.unsupported_reason("default", "cpu") is None
@@ -40,6 +42,7 @@ def test_the_cpu_compiler_is_inductors_own_found_on_path(monkeypatch) -> None:
     assert compile_modes._cpu_compiler() is None
 
 
+@NEEDS_INDUCTOR
 def test_a_cpu_without_a_cxx_compiler_leaves_compiling_out_with_a_note(monkeypatch) -> None:
     monkeypatch.setattr(compile_modes.shutil, "which", lambda name: None)
     reason = compile_modes.unsupported_reason("dynamic", "cpu")
@@ -54,6 +57,7 @@ def test_a_cpu_without_a_cxx_compiler_leaves_compiling_out_with_a_note(monkeypat
     assert compile_modes.unsupported_reason("off", "cpu") is None  # eager needs no compiler
 
 
+@NEEDS_INDUCTOR
 def test_cuda_without_triton_leaves_compiling_out(monkeypatch) -> None:
     monkeypatch.setattr(compile_modes, "_has_triton", lambda: False)
     assert "Triton" in (compile_modes.unsupported_reason("default", "cuda") or "")
@@ -61,11 +65,31 @@ def test_cuda_without_triton_leaves_compiling_out(monkeypatch) -> None:
     assert len(loaded.space_notes) == 2 and all("needs Triton on CUDA" in note for note in loaded.space_notes)
 
 
+@NEEDS_INDUCTOR
 def test_a_fixed_mode_the_machine_cannot_run_is_a_one_line_error(monkeypatch) -> None:
     monkeypatch.setattr(compile_modes, "_cpu_compiler", lambda: None)
     with pytest.raises(SpaceError, match="fixed compile 'default' cannot run here: inductor needs a C") as error:
         space.from_dict({"params": _BATCH, "fixed": {"compile": "default"}}, make_cpu(2))
     assert "\n" not in str(error.value)
+
+
+@NEEDS_INDUCTOR
+def test_a_torch_whose_module_compile_compiles_nothing_leaves_compiling_out(monkeypatch) -> None:
+    """torch 2.4-2.8 (Python 3.10.13, CPU): nn.Module.compile left the module eager, so every compiled trial measured
+    eager training under a compile label. Probed for real: here with a Module.compile that does nothing, as there."""
+    assert compile_modes._module_compile_engages()  # this torch (2.9+) compiles through Module.compile
+    monkeypatch.setattr(nn.Module, "compile", lambda self, *args, **kwargs: None)
+    compile_modes._module_compile_engages.cache_clear()
+    try:
+        reason = compile_modes.unsupported_reason("default", "cpu")
+        assert reason is not None and "nn.Module.compile compiles nothing here" in reason
+        loaded = space.from_dict({"params": {**_BATCH, **_COMPILE}}, make_cpu(2))
+        (param,) = [param for param in loaded.params if param.name == "compile"]
+        assert list(param.distribution.choices) == ["off"]  # type: ignore[attr-defined]
+    finally:
+        monkeypatch.undo()
+        compile_modes._module_compile_engages.cache_clear()
+    assert compile_modes._module_compile_engages()
 
 
 def test_a_python_dynamo_does_not_support_leaves_compiling_out(monkeypatch) -> None:
