@@ -12,9 +12,11 @@ from autotune import space, space_files, yamlio
 from autotune.errors import SpaceError
 from tests.conftest import make_cpu, make_cuda
 from tests.faults.conftest import error_line, invoke
+from tests.fixtures.inductor import NEEDS_INDUCTOR
 from tests.fixtures.space_loads import BUILTINS, FIRST_RECORDED, RECORDED, load_everywhere
 
 
+@NEEDS_INDUCTOR  # recorded where the compile knob is offered; an older torch leaves it out, with its notes
 @pytest.mark.parametrize("name", BUILTINS)
 def test_every_builtin_space_loads_as_it_did_spelled_out(name):
     """Params (in order, with distributions and conditions), fixed values, baseline and its notes, seeds and the
