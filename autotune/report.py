@@ -18,7 +18,8 @@ from autotune.errors import UserError
 from autotune.measurements import Measurements
 from autotune.report_plots import GIB, Marks, hardware_line, make_plots
 from autotune.results import TunedConfig, load_config
-from autotune.storage import JOURNAL_PREFIX, open_storage, redact_url
+from autotune.storage import JOURNAL_PREFIX, open_storage
+from autotune.storage_urls import redact_url
 from autotune.yamlio import atomic_write_text
 
 __all__ = [

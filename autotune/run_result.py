@@ -10,7 +10,7 @@ from autotune import __version__
 from autotune.in_flight import placement_notes
 from autotune.measurements import NOT_MEASURED, Measurements, speedup_range, summarise_measurements
 from autotune.results import TunedConfig
-from autotune.storage import redact_url
+from autotune.storage_urls import redact_url
 from autotune.trial.dataloader import UNORDERED_NOTE
 
 if TYPE_CHECKING:

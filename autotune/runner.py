@@ -38,7 +38,7 @@ from autotune.reporting import Reporter
 from autotune.results import TunedConfig
 from autotune.run_output import check_writable, make_folders, remove_empty, write_result
 from autotune.run_plan import RunPlan, RunRequest
-from autotune.storage import redact_url
+from autotune.storage_urls import redact_url
 from autotune.trial import TrialConfig, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.trial.slurm_nodes import check_nodes, check_parallel

@@ -16,16 +16,15 @@ the next run that asks for a trial fails it and enqueues it once more:
   namespace: a neighbour's trial is never judged by a pid looked up here, only by its heartbeat or lease. The journal
   storage has no heartbeat, so there an owner from an earlier boot of the same host counts as dead too.
 
-Credentials never leave this module unredacted: every message names the storage through `redact_url`.
+Credentials never leave this module unredacted: every message names the storage through `redact_url`
+(storage_urls.py, with what else is read from a URL: the driver it needs).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -39,6 +38,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UserError
+from autotune.storage_urls import URL_FORMS, driver_hint, redact_url, with_installed_driver
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -46,7 +46,6 @@ __all__ = [
     "GRACE_PERIOD_S",
     "FOLDER_ATTR",
     "RESUME_ATTR",
-    "redact_url",
     "open_storage",
     "ask_trial",
     "heartbeat",
@@ -67,47 +66,6 @@ RESUME_ATTR = "resume_folder"  # on a dead run's trial enqueued again: the folde
 JOURNAL_PREFIX = "journal://"
 _SQLITE_TIMEOUT_S = 60
 _SCHEMA_ATTEMPTS = 4  # concurrent runs on one SQLite file wait for its lock instead of failing
-_URL_FORMS = "sqlite:///path/to/file.db, postgresql://user@host/db or journal:///path/to/file.log"
-
-
-def redact_url(url: str) -> str:
-    """A storage URL without its password, for anything printed or written: user:password@, or a query parameter
-    whose name ends in password (sslpassword too), passwd (MySQL drivers accept it) or pwd (ODBC)."""
-    url = re.sub(r"(//[^/:@]*):.*@", r"\1:***@", url)
-    return re.sub(r"(?i)([?&;][^=&;]*(?:password|passwd|pwd)=)[^&;]*", r"\1***", url)
-
-
-# SQLAlchemy's default driver per database, and how to install it (the URL's scheme names the database).
-_DRIVER_HINTS = {
-    "postgresql": "for PostgreSQL: pip install 'psycopg[binary]'",
-    "mysql": "for MySQL: pip install mysqlclient, or pip install pymysql and write mysql+pymysql://",
-    "mariadb": "for MariaDB: pip install mariadb, or pip install pymysql and write mariadb+pymysql://",
-    "oracle": "for Oracle: pip install oracledb",
-    "mssql": "for SQL Server: pip install pyodbc",
-}
-
-
-def with_installed_driver(url: str) -> str:
-    """A `postgresql://` URL with the PostgreSQL driver that is installed named in it: psycopg (3, the one the
-    hint installs) first, then psycopg2. SQLAlchemy's default for a driverless URL changed in 2.1 from psycopg2 to
-    psycopg, and 2.1 needs Python 3.11+: with SQLAlchemy 2.0 (every Python 3.10) a driverless URL fails on a machine
-    with only psycopg. Any other URL, or one that names its driver, is left as written."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in ("postgresql", "postgres"):
-        return url
-    for driver in ("psycopg", "psycopg2"):
-        if importlib.util.find_spec(driver) is not None:
-            return f"postgresql+{driver}://{rest}"
-    return url
-
-
-def _driver_hint(url: str) -> str:
-    scheme = url.split("://", 1)[0].lower()
-    database, _, driver = scheme.partition("+")
-    database = "postgresql" if database == "postgres" else database
-    if driver:
-        return f"install the Python package of the {driver!r} driver the URL names"
-    return _DRIVER_HINTS.get(database, "install the database driver SQLAlchemy uses for this URL")
 
 
 def open_storage(
@@ -144,10 +102,10 @@ def open_storage(
         raise
     except ImportError:
         raise UserError(
-            f"cannot open storage {redact_url(url)}: its database driver is not installed ({_driver_hint(url)})"
+            f"cannot open storage {redact_url(url)}: its database driver is not installed ({driver_hint(url)})"
         ) from None
     except Exception as error:  # SQLAlchemy raises many kinds for a bad URL; all mean the same to the user
-        raise UserError(f"cannot open storage {redact_url(url)} ({type(error).__name__}); use {_URL_FORMS}") from None
+        raise UserError(f"cannot open storage {redact_url(url)} ({type(error).__name__}); use {URL_FORMS}") from None
 
 
 def storage_failures() -> tuple[type[BaseException], ...]:
@@ -197,7 +155,7 @@ def _journal(url: str) -> BaseStorage:
 
     path = Path(url[len(JOURNAL_PREFIX) :]).expanduser()
     if not path.name or not path.parent.is_dir():
-        raise UserError(f"journal storage {url}: folder {path.parent} does not exist; create it or use {_URL_FORMS}")
+        raise UserError(f"journal storage {url}: folder {path.parent} does not exist; create it or use {URL_FORMS}")
     return JournalStorage(JournalFileBackend(str(path)))
 
 

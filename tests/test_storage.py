@@ -15,7 +15,7 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from autotune import storage
+from autotune import storage, storage_urls
 from autotune.cli import app
 from autotune.errors import UserError
 from tests.fixtures import postgres
@@ -42,7 +42,7 @@ def _study(url: str, **kwargs) -> optuna.Study:
     ids=["userinfo", "query", "sqlite", "journal"],
 )
 def test_redact_url_hides_passwords_only(url, shown):
-    assert storage.redact_url(url) == shown
+    assert storage_urls.redact_url(url) == shown
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_a_postgresql_url_names_the_driver_that_is_installed(monkeypatch, instal
         return real_find_spec(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    assert storage.with_installed_driver(url) == opened
+    assert storage_urls.with_installed_driver(url) == opened
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import schedule, schedule_request, storage
+from autotune import schedule, schedule_request, storage, storage_urls
 from autotune.errors import UserError
 from autotune.python_command import module_command_without_flag
 from tests.faults.conftest import error_line, invoke, python_env
@@ -81,7 +81,7 @@ def test_a_plugin_model_is_imported_from_where_it_was_found(tmp_path):
     ids=["passwd", "passwd-later", "pwd", "sslpassword"],
 )
 def test_every_password_parameter_is_redacted(url, shown):
-    assert storage.redact_url(url) == shown
+    assert storage_urls.redact_url(url) == shown
 
 
 def test_schedule_refuses_a_mysql_password_and_never_prints_it(tmp_path):
