@@ -6,8 +6,8 @@ __version__ = "0.1.0"
 
 from autotune.errors import UserError  # noqa: E402
 from autotune.exports import export  # noqa: E402
-from autotune.measurements import Measurements  # noqa: E402
-from autotune.results import TunedConfig, load_config  # noqa: E402
+from autotune.result.measurements import Measurements  # noqa: E402
+from autotune.result.tuned_config import TunedConfig, load_config  # noqa: E402
 from autotune.workloads import TrainingSetup, Workload, WorkloadContext  # noqa: E402
 
 # What users may import (docs/api.md; tests/test_public_api.py holds the two together). Everything else is internal:

@@ -6,19 +6,29 @@ import errno
 import json
 import os
 import secrets
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from autotune.errors import UserError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "read_mapping", "dump_yaml", "write_json", "read_json"]
+__all__ = [
+    "atomic_write_bytes",
+    "from_fields",
+    "atomic_write_text",
+    "read_mapping",
+    "dump_yaml",
+    "write_json",
+    "read_json",
+]
 
 # A YAML file may name one node many times through anchors and aliases; loaded, they share one object, but anything
 # that copies the data (plain(), a result that records it) expands them: 300 bytes of nested aliases become gigabytes.
 # No file autotune reads needs more than a few thousand nodes.
 MAX_EXPANDED_NODES = 200_000
+_T = TypeVar("_T")
 
 
 def read_mapping(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError) -> dict[str, Any]:
@@ -146,3 +156,20 @@ def write_json(path: str | os.PathLike[str], data: Any) -> Path:
 
 def read_json(path: str | os.PathLike[str]) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def from_fields(cls: type[_T], data: dict[str, Any]) -> _T:
+    """A dataclass from a dict of its fields; a key that is no field is an error naming it (a misspelled or stale
+    key must not vanish silently: what crosses a process or is read back is exactly what was written).
+
+    Raises:
+        ValueError: data has keys cls has no field for.
+    """
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = [key for key in data if key not in names]
+    if unknown:
+        raise ValueError(
+            f"{cls.__name__} has no field {', '.join(repr(key) for key in unknown)} "
+            f"(its fields: {', '.join(sorted(names))})"
+        )
+    return cls(**data)

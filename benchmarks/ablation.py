@@ -29,10 +29,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune import knobs, load_config, runner, yamlio  # noqa: E402
-from autotune.run_plan import RunRequest  # noqa: E402
-from autotune.trial import TrialConfig, launch  # noqa: E402
-from autotune.tuner import TunerSettings  # noqa: E402
+from autotune import load_config, yamlio
+from autotune.knobs import declarations as knobs
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.run import runner  # noqa: E402
+from autotune.run.plan import RunRequest  # noqa: E402
+from autotune.search.settings import TunerSettings  # noqa: E402
+from autotune.trial import launch
 
 # Knobs that only exist with DataLoader workers: no row for them when the winner has none (and with num_workers
 # flipped back to 0, TrialConfig itself unsets them).

@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 
 from autotune import yamlio  # noqa: E402
 from autotune.data import default_source  # noqa: E402
-from autotune.hardware import probe  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.machine.hardware import probe  # noqa: E402
+from autotune.trial import TimingSettings, TrialSpec
 from autotune.trial.amp_curves import AmpCheckSettings, CurveRunner, compare_curves  # noqa: E402
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 

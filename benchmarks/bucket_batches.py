@@ -12,10 +12,11 @@ import argparse
 import json
 from pathlib import Path
 
-from autotune import runner
 from autotune.data import generate_corpus
+from autotune.run import runner
+from autotune.run.plan import RunRequest
+from autotune.search.settings import TunerSettings
 from autotune.trial import TimingSettings
-from autotune.tuner import TunerSettings
 
 SPACE = """\
 params:
@@ -38,7 +39,7 @@ def main() -> None:
     )
     space = args.out / "space.yaml"
     space.write_text(SPACE)
-    request = runner.RunRequest(
+    request = RunRequest(
         model="conformer",
         data=str(corpus),
         space=str(space),

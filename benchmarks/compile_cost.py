@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from autotune import compile_modes
+from autotune.knobs import compile_modes
 
 
 def _networks() -> dict[str, Callable[[], torch.nn.Module]]:

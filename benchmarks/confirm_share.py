@@ -24,7 +24,10 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune import confirmation, tuner  # noqa: E402, F401  (tuner: imports every module that reads the share)
+from autotune.search import (
+    confirmation,
+    tuner,  # noqa: E402, F401  (tuner: imports every module that reads the share)
+)
 from benchmarks import simulate  # noqa: E402
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 
@@ -33,8 +36,8 @@ Job = tuple[str, float, float, bool, int]
 
 @contextlib.contextmanager
 def confirm_share(share: float) -> Iterator[None]:
-    """LONG_CONFIRM_SHARE set to share in every autotune module that holds the name (confirmation.py defines it;
-    room.py imports it): found, not listed, so that moving the code that reads it cannot leave this benchmark
+    """LONG_CONFIRM_SHARE set to share in every autotune module that holds the name (search/confirmation.py defines it;
+    search/room.py imports it): found, not listed, so that moving the code that reads it cannot leave this benchmark
     patching a module that no longer does, and measuring the shipped share under another label."""
     readers = [
         module

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 
 from autotune import workloads, yamlio  # noqa: E402
 from autotune.data import generate_corpus  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.trial import TimingSettings, TrialResult, TrialSpec, launch
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 
 # The recipe's architecture, smaller (a CPU step of a fraction of a second at batch 8)

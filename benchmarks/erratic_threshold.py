@@ -14,7 +14,8 @@ from pathlib import Path
 
 from autotune import yamlio
 from autotune.data import default_source
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec, launch
 
 data = default_source()
 out = Path(sys.argv[2])

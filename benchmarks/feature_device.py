@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 
 from ablation import baseline_config, measure  # noqa: E402
 
-from autotune import runner  # noqa: E402
-from autotune.run_plan import RunRequest  # noqa: E402
-from autotune.trial import TrialConfig  # noqa: E402
-from autotune.tuner import TunerSettings  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.run import runner  # noqa: E402
+from autotune.run.plan import RunRequest  # noqa: E402
+from autotune.search.settings import TunerSettings  # noqa: E402
 
 
 def pairs(plan: Any) -> dict[str, TrialConfig]:

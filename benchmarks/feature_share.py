@@ -1,5 +1,5 @@
-"""The share of a conformer step that its worker featurisation costs, side by side in one process (feature_device.py
---share conformer).
+"""The share of a conformer step that its worker featurisation costs, side by side in one process
+(knobs/feature_device.py --share conformer).
 
 Per round, on the same random batch of the model's default corpus: the workers' item path timed on one thread, as one
 DataLoader worker runs it, with the features (decode, resample, speed perturbation, fbank with dither, SpecAugment) and
@@ -7,8 +7,9 @@ without them (feature_device device: the waveform only), the difference being th
 then one training step (forward, backward, optimizer) of the full recipe model on the workers' batch, and one on the
 waveform batch whose step computes fbank and SpecAugment itself (the device placement's loss function, run on the same
 model and optimizer, so that only the placement differs). Rounds alternate which goes first, so a change of load shifts
-both alike. Real trials (feature_device.py's pairs) would measure the same thing with the DataLoader around it, but a
-46M-parameter conformer trial on a shared 2-core CPU takes minutes per configuration; this measures the part that moves.
+both alike. Real trials (knobs/feature_device.py's pairs) would measure the same thing with the DataLoader around it,
+but a 46M-parameter conformer trial on a shared 2-core CPU takes minutes per configuration; this measures the part that
+moves.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from autotune import workloads
-from autotune.trial import TrialConfig
+from autotune.knobs.config import TrialConfig
 from autotune.workloads.base import WorkloadContext
 
 

@@ -27,7 +27,7 @@ def report_path(gpu_name: str) -> Path:
 
 
 def _gpu_name() -> str:
-    from autotune import gpus
+    from autotune.machine import gpus
 
     physical, _, _ = gpus.nvml_gpus()
     return physical[0].gpu.name if physical else "none"

@@ -43,9 +43,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
 from autotune import space  # noqa: E402
-from autotune.gpus import GpuInfo  # noqa: E402
-from autotune.hardware import Hardware  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.machine.gpus import GpuInfo  # noqa: E402
+from autotune.machine.hardware import Hardware  # noqa: E402
+from autotune.trial import TimingSettings
 from autotune.trial.steady import window_target_s  # noqa: E402
 
 GIB = 2**30

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from autotune.machine_load import cpu_sample, others_fraction
+from autotune.machine.cpu_load import cpu_sample, others_fraction
 from autotune.models.campplus import CAMPPlus
 
 FRAMES_PER_SECOND = 100  # 10-ms fbank hop

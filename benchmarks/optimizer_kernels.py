@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from autotune import optimizer_kernels
+from autotune.knobs import optimizer_kernels
 
 Factory = Callable[[torch.nn.Module, str], torch.optim.Optimizer]
 

@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune.trial import TrialConfig  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
 from benchmarks.landscapes import Landscape, Machine  # noqa: E402
 
 # V100 has no TF32 or bf16 kernels: its space offers fp32 and fp16 only (Hardware.supported_precisions).

@@ -41,9 +41,12 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
 from autotune import space  # noqa: E402
-from autotune.hardware import Hardware  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec  # noqa: E402
-from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.machine.hardware import Hardware  # noqa: E402
+from autotune.search.samplers import make_sampler  # noqa: E402
+from autotune.search.settings import TunerSettings, TuningOutcome
+from autotune.search.tuner import Tuner
+from autotune.trial import TimingSettings, TrialResult, TrialSpec
 from benchmarks.search_efficiency import WITHIN, slice_space_text  # noqa: E402
 from benchmarks.tables import markdown_table  # noqa: E402
 

@@ -39,11 +39,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune import runner  # noqa: E402
 from autotune.data.synth import generate_corpus  # noqa: E402
-from autotune.space import space_path  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig  # noqa: E402
-from autotune.tuner import TrialRecord, TunerSettings  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.run import runner  # noqa: E402
+from autotune.run.plan import RunRequest
+from autotune.search.candidates import TrialRecord
+from autotune.search.settings import TunerSettings  # noqa: E402
+from autotune.space.search_space import space_path  # noqa: E402
+from autotune.trial import TimingSettings
 from benchmarks.tables import markdown_table  # noqa: E402
 
 SPACE = """\
@@ -69,7 +72,7 @@ def slice_space_text() -> str:
     users get, not a copy that can drift)."""
     import yaml
 
-    from autotune.space import read
+    from autotune.space.files import read
 
     shipped = read(SHIPPED_SPACE)  # its `extends` merged in
     knobs = set(yaml.safe_load(SPACE)["params"])
@@ -112,7 +115,7 @@ def _run(
         timing=timing,
         prune=prune,
     )
-    request = runner.RunRequest(
+    request = RunRequest(
         model="cam++",
         data=str(corpus),
         space=str(space_file),

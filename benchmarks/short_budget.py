@@ -27,7 +27,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune.cli_parsing import parse_duration  # noqa: E402
+from autotune.cli.parsing import parse_duration  # noqa: E402
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 
 TARGET_SPEEDUP = 1.5

@@ -46,8 +46,11 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
 from autotune import space  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec  # noqa: E402
-from autotune.tuner import Tuner, TunerSettings, TuningOutcome, make_sampler  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.search.samplers import make_sampler  # noqa: E402
+from autotune.search.settings import TunerSettings, TuningOutcome
+from autotune.search.tuner import Tuner
+from autotune.trial import TimingSettings, TrialSpec
 from benchmarks.landscapes import UNMODELLED_KNOBS, without_bucket_batches  # noqa: E402
 from benchmarks.published_landscapes import LANDSCAPES  # noqa: E402
 from benchmarks.simulated_trials import Simulator  # noqa: E402

@@ -14,8 +14,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune.candidates import config_key  # noqa: E402
-from autotune.trial import TrialConfig, TrialResult, TrialSpec  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.search.candidates import config_key  # noqa: E402
+from autotune.trial import TrialResult, TrialSpec
 from benchmarks.landscapes import GIB, Landscape  # noqa: E402
 
 __all__ = ["Simulator"]

@@ -9,7 +9,7 @@ machine that slows down slows both). Printed per configuration and rule set:
   warm-up, teardown as the parent sees it), the issue-18 target being <= 25% over a CPU run's trials;
 - the median trial wall time, warm-up and window;
 - the spread of the repeated trials' throughput ((max - min) / median) and its CV: shorter trials must not widen it;
-- other processes' share of the CPU during the windows (machine_load.py): a busy machine widens every spread.
+- other processes' share of the CPU during the windows (machine/cpu_load.py): a busy machine widens every spread.
 
     .venv/bin/python benchmarks/trial_cost.py --reps 4 --out benchmarks/results/trial_cost.md
 
@@ -28,10 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune import space, yamlio  # noqa: E402
+from autotune import (
+    space,  # noqa: E402
+    yamlio,
+)
 from autotune.data import default_source  # noqa: E402
-from autotune.hardware import probe  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.machine.hardware import probe  # noqa: E402
+from autotune.trial import TimingSettings, TrialResult, TrialSpec, launch
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 
 RULES = {

@@ -47,10 +47,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune import space, yamlio  # noqa: E402
+from autotune import (
+    space,  # noqa: E402
+    yamlio,
+)
 from autotune.data import default_source  # noqa: E402
-from autotune.hardware import probe  # noqa: E402
-from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch  # noqa: E402
+from autotune.knobs.config import TrialConfig  # noqa: E402
+from autotune.machine.hardware import probe  # noqa: E402
+from autotune.trial import TimingSettings, TrialResult, TrialSpec, launch
 from autotune.trial.window_record import MIN_STABILITY_PART_S  # noqa: E402
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 

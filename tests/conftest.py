@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from autotune.hardware import GpuInfo, Hardware
+from autotune.machine.gpus import GpuInfo
+from autotune.machine.hardware import Hardware
 from tests.fixtures.fake_nvml import install_nvml  # noqa: F401 - a fixture for test_hardware and test_gpus
 
 # Test modules that check our code against SpeechBrain's import it into this process, and its allow_tf32 quirk would
@@ -82,7 +83,7 @@ def _torch_backend_flags() -> Iterator[None]:
     apply_backend_flags) leaves the next test torch's flags as it found them (the doctor reads the untouched ones)."""
     import torch
 
-    from autotune.trial.precision import uses_new_tf32_api
+    from autotune.knobs.precision import uses_new_tf32_api
 
     backends = torch.backends
     settings = (

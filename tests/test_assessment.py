@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import assessment, space, workloads
-from autotune.measurements import Measurements
-from autotune.results import TunedConfig
-from autotune.trial import TrialConfig, TrialResult
-from autotune.trial.amp_check import AmpCheckResult, PrecisionVerdict
-from autotune.tuner import Candidate, TrialRecord, TunerSettings, TuningOutcome
+from autotune import space, workloads
+from autotune.knobs.config import TrialConfig
+from autotune.result.measurements import Measurements
+from autotune.result.tuned_config import TunedConfig
+from autotune.run import assessment
+from autotune.run.plan import RunRequest
+from autotune.search.candidates import Candidate, TrialRecord
+from autotune.search.settings import TunerSettings, TuningOutcome
+from autotune.trial import TrialResult
+from autotune.trial.amp_check import AmpCheckResult
+from autotune.trial.amp_curves import PrecisionVerdict
 from tests.conftest import make_cpu, make_cuda
 
 BF16 = TrialConfig(per_device_batch_size=64, num_workers=4, precision="bf16")
@@ -202,17 +207,18 @@ def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp
 
     from rich.console import Console
 
-    from autotune import load_config, runner
-    from autotune.cli_display import print_summary
+    from autotune import load_config
+    from autotune.cli.display import print_summary
+    from autotune.run import runner
     from autotune.trial import TimingSettings
-    from autotune.trial.amp_check import AmpCheckSettings
+    from autotune.trial.amp_curves import AmpCheckSettings
 
     space_file = tmp_path / "space.yaml"
     space_file.write_text(
         "params:\n  precision: {type: categorical, choices: [bf16, fp32]}\n"
         "fixed: {num_workers: 0, per_device_batch_size: 12}\nbaseline: {precision: fp32}\n"
     )
-    request = runner.RunRequest(
+    request = RunRequest(
         model="tests.fixtures.faulty_workload:workload",  # batch 12: its loss is 1.5x under bf16 autocast
         data=str(tiny_corpus),
         space=str(space_file),
@@ -246,7 +252,7 @@ def test_a_ceiling_that_would_end_past_the_budget_is_skipped_and_says_so(monkeyp
     def no_launch(*args, **kwargs):
         raise AssertionError("the ceiling must not be launched")
 
-    monkeypatch.setattr("autotune.assessment.launch", no_launch)
+    monkeypatch.setattr("autotune.run.assessment.launch", no_launch)
     winner = Candidate(config=BF16, records=[_record(3, status="ok", samples_per_second=9.0, wall_s=40.0)])
     outcome = TuningOutcome(records=winner.records, baseline=None, winner=winner, stopped_by="budget", elapsed_s=890.0)
     skipped = assessment.measure_ceiling(outcome, lambda config, path: None, None, 60.0, left_s=10.0)

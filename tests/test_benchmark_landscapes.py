@@ -178,9 +178,9 @@ def test_the_grid_leaves_out_knobs_no_landscape_models():
 
 def test_confirm_share_sets_the_share_where_the_tuner_reads_it():
     """benchmarks/confirm_share.py measures searches at other confirmation shares. The tuner reads the share in
-    room.py since session 13's refactor, and the benchmark patched tuner.py's name, which had gone: the share must
-    reach every module that holds it, and be restored after."""
-    from autotune import confirmation, room
+    search/room.py since session 13's refactor, and the benchmark patched search/tuner.py's name, which had gone: the
+    share must reach every module that holds it, and be restored after."""
+    from autotune.search import confirmation, room
 
     confirm_share = _load("confirm_share")
     shipped = confirmation.LONG_CONFIRM_SHARE
@@ -227,8 +227,8 @@ def test_white_window_noise_grows_as_a_shorter_window_s_rule_shortens_the_window
 
 def test_a_simulated_trial_asked_for_a_longer_window_measures_it_and_is_quieter_for_it():
     """A long run's confirmation asks its trials for longer windows (TimingSettings.window_at_least_s,
-    autotune/confirmation.py): the simulated trial measures that window, costs the difference, and draws the white
-    noise of its length."""
+    autotune/search/confirmation.py): the simulated trial measures that window, costs the difference, and draws the
+    white noise of its length."""
     simulate = _load("simulate")
     name = "conformer 1xRTX4090 short clips"
     landscape, config = _recipe(name)

@@ -83,7 +83,7 @@ def _recorded_run(path: Path, figure) -> Path:
     """A search_efficiency.py result file over its slice: one grid window per configuration (figure(config)), the
     top five re-measured five times with +-2% noise, 17 s a trial."""
     from autotune import space
-    from autotune.trial import TrialConfig
+    from autotune.knobs.config import TrialConfig
     from tests.conftest import make_cpu
 
     space_file = path.parent / "slice.yaml"
@@ -138,7 +138,7 @@ def test_replay_judges_a_pick_on_its_reference_figure(tmp_path):
 
 
 def test_ablation_flips_each_knob_the_winner_changed_back_to_the_recipe():
-    from autotune.trial import TrialConfig
+    from autotune.knobs.config import TrialConfig
 
     ablation = _load("ablation")
     recipe = TrialConfig(
@@ -156,7 +156,7 @@ def test_ablation_flips_each_knob_the_winner_changed_back_to_the_recipe():
 
 def test_ablation_flips_the_loader_order_and_checkpointing_back():
     """in_order and activation_checkpointing (issue 20) get their rows like any knob; the order only with workers."""
-    from autotune.trial import TrialConfig
+    from autotune.knobs.config import TrialConfig
 
     ablation = _load("ablation")
     recipe = TrialConfig(per_device_batch_size=256, num_workers=16, activation_checkpointing=True)
@@ -170,7 +170,7 @@ def test_ablation_flips_the_loader_order_and_checkpointing_back():
 
 
 def test_ablation_sends_worker_only_knobs_back_with_the_workers():
-    from autotune.trial import TrialConfig
+    from autotune.knobs.config import TrialConfig
 
     ablation = _load("ablation")
     recipe = TrialConfig(per_device_batch_size=32, num_workers=0, precision="fp32")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.budget import CONFIRM_SHARE, Budget, TrialCosts
-from autotune.candidates import Candidate, TrialRecord
-from autotune.trial import TimingSettings, TrialConfig, TrialResult
+from autotune.knobs.config import TrialConfig
+from autotune.search.budget import CONFIRM_SHARE, Budget, TrialCosts
+from autotune.search.candidates import Candidate, TrialRecord
+from autotune.search.settings import TunerSettings
+from autotune.trial import TimingSettings, TrialResult
 from autotune.trial.steady import expected_trial_s
-from autotune.tuner import TunerSettings
 from tests.fixtures.tuners import cam_tuner
 
 FP32_64 = TrialConfig(per_device_batch_size=64, num_workers=2, prefetch_factor=2, precision="fp32", intra_op_threads=2)
@@ -210,8 +211,8 @@ def test_a_rerun_whose_previous_winner_is_the_recipe_measures_it_once_and_the_bu
     measured the baseline, then the same configuration again as "previous" until the budget stopped it, skipped both
     bf16 neighbours, and ended with "no stable configuration" although the baseline had measured ok. Now the previous
     winner is the baseline's measurement (the drift check compares it), and the neighbour runs instead."""
-    from autotune import drift
-    from autotune.candidates import config_params
+    from autotune.run import drift
+    from autotune.search.candidates import config_params
 
     now, launched = [0.0], []
 
@@ -288,7 +289,7 @@ def test_a_budget_that_stops_every_trial_says_the_budget_was_too_short_not_that_
     so. The floor is lowered here so that a real CPU trial is stopped within seconds."""
     import dataclasses
 
-    from autotune import runner, validation
+    from autotune.run import runner, validation
     from tests.fixtures.runs import cam_grid_request
 
     monkeypatch.setattr(validation, "MIN_BUDGET_S", 0.5)

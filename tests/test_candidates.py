@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from autotune.candidates import Candidate, TrialRecord, leaders, pick_winner
-from autotune.trial import TrialConfig, TrialResult
+from autotune.knobs.config import TrialConfig
+from autotune.search.candidates import Candidate, TrialRecord, leaders, pick_winner
+from autotune.trial import TrialResult
 
 
 def _candidate(values, *, workers=2, precision="fp32", peak=2**30, capacity=None, batch=32):

@@ -13,10 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from autotune import checkpointing, space, workloads
+from autotune import space, workloads
 from autotune.errors import SpaceError
+from autotune.knobs import checkpointing
 from autotune.models.campplus import CAMPPlus
 from autotune.models.conformer import ConformerASR
+from autotune.search.seeds import checkpointed_instead
+from autotune.space.knob_checks import check_checkpointing
 from tests.conftest import make_cpu, make_cuda
 from tests.faults.conftest import error_line, invoke
 
@@ -119,7 +122,7 @@ def test_a_space_naming_it_for_another_workload_is_refused_in_one_line(model: st
     )
     loaded = space.load(space_file, make_cpu(2), workload_knobs=tuple(workloads.get(model).knobs))
     with pytest.raises(SpaceError, match=f"activation_checkpointing does not apply to {model}"):
-        checkpointing.check_space(workloads.get(model), loaded, str(space_file))
+        check_checkpointing(loaded, model, workloads.get(model).checkpointing is not None, str(space_file))
     result = invoke(["run", "--model", model, "--space", str(space_file), "--results-dir", str(tmp_path / "r")])
     assert result.exit_code == 2
     assert f"activation_checkpointing does not apply to {model}" in error_line(result.stderr)
@@ -131,7 +134,7 @@ def test_a_space_searching_it_must_say_the_recipes_value(tmp_path: Path) -> None
     space_file.write_text("extends: cam++\ncuda:\n  baseline: {activation_checkpointing: null}\n")
     loaded = space.load(space_file, make_cuda())
     with pytest.raises(SpaceError, match="its baseline does not say the recipe's value: add it under baseline"):
-        checkpointing.check_space(workloads.get("cam++"), loaded, str(space_file))
+        check_checkpointing(loaded, "cam++", workloads.get("cam++").checkpointing is not None, str(space_file))
 
 
 def test_the_builtin_spaces_search_it_on_cuda_from_the_recipes_value() -> None:
@@ -149,16 +152,16 @@ def test_the_builtin_spaces_search_it_on_cuda_from_the_recipes_value() -> None:
 def test_an_out_of_memory_point_without_checkpointing_is_retried_with_it_at_the_same_batch() -> None:
     cam = space.load(space.space_path("cam++"), make_cuda())
     point = {**cam.baseline, "per_device_batch_size": 512, checkpointing.KNOB: False}
-    assert checkpointing.checkpointed_instead(cam, point) == {**point, checkpointing.KNOB: True}
-    assert checkpointing.checkpointed_instead(cam, {**point, checkpointing.KNOB: True}) is None  # then: halve it
+    assert checkpointed_instead(cam, point) == {**point, checkpointing.KNOB: True}
+    assert checkpointed_instead(cam, {**point, checkpointing.KNOB: True}) is None  # then: halve it
     cpu = space.load(space.space_path("cam++"), make_cpu(2))
-    assert checkpointing.checkpointed_instead(cpu, {**cpu.baseline, checkpointing.KNOB: False}) is None  # unsearched
+    assert checkpointed_instead(cpu, {**cpu.baseline, checkpointing.KNOB: False}) is None  # unsearched
 
 
 def test_a_seed_that_does_not_fit_trades_recomputation_for_its_batch(tmp_path: Path, monkeypatch) -> None:
     """On a GPU where 512 fits only checkpointed, the tuner's back-off tries the seed checkpointed before halving."""
+    from autotune.search.settings import TunerSettings
     from autotune.trial import TrialResult, TrialSpec
-    from autotune.tuner import TunerSettings
     from tests.fixtures.tuners import cam_tuner
 
     def fake_launch(spec: TrialSpec, **kwargs: Any) -> TrialResult:
@@ -167,7 +170,7 @@ def test_a_seed_that_does_not_fit_trades_recomputation_for_its_batch(tmp_path: P
             return TrialResult(status="oom", reason="CUDA out of memory", wall_s=1.0)
         return TrialResult(status="ok", samples_per_second=float(spec.config.per_device_batch_size), wall_s=10.0)
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     seeds = ({"per_device_batch_size": 512, "precision": "fp16", checkpointing.KNOB: False},)
     outcome = cam_tuner(
         tmp_path, make_cuda(capability=(7, 0)), TunerSettings(trials=3, confirm_top_k=0), seeds=seeds
@@ -185,7 +188,9 @@ def test_a_real_run_measures_campplus_with_and_without_checkpointing(tmp_path: P
     word in the trial line, its column in the table, the winner's value in the result's memory section."""
     import yaml
 
-    from autotune import load_config, report, runner
+    from autotune import load_config
+    from autotune.result import report
+    from autotune.run import runner
     from tests.fixtures.runs import cam_grid_request
 
     text = (

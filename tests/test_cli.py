@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from autotune import load_config
 from autotune.cli import app
-from autotune.cli_parsing import parse_duration, parse_workload_options
+from autotune.cli.parsing import parse_duration, parse_workload_options
 
 runner = CliRunner()
 # The AMP check runs end to end in tests/test_assessment.py on a tiny model; here it would cost CAM++ steps.
@@ -93,7 +93,7 @@ def test_bad_input_is_one_line_and_exit_2(args, words, results_dir):
 
 def test_the_erratic_gate_default_of_the_cli_is_the_libraries():
     # A literal in the CLI (so that --help imports nothing heavy), kept equal to the library's.
-    from autotune.cli import ERRATIC_THROUGHPUT_CV as cli_default
+    from autotune.cli.run import ERRATIC_THROUGHPUT_CV as cli_default
     from autotune.trial.spec import ERRATIC_THROUGHPUT_CV, TimingSettings
 
     assert cli_default == ERRATIC_THROUGHPUT_CV == TimingSettings().max_throughput_cv
@@ -257,7 +257,7 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
     assert again.exit_code == 0, again.output
     assert load_config(out).search["study_name"] == tuned.search["study_name"]
     # Both accepted results are in the history, and `autotune history` shows it.
-    from autotune import history
+    from autotune.result import history
 
     frame = history.load(results_dir, "cam++")
     assert len(frame) == 2 and list(frame["config"].str.startswith("bs=")) == [True, True]
@@ -270,8 +270,8 @@ def test_end_to_end_run_writes_yaml_that_loads_back(tiny_corpus, results_dir):
 
 
 def test_export_command_prints_the_framework_override_and_rejects_unknown_targets(tmp_path):
-    from autotune.results import TunedConfig, write_config
-    from autotune.trial import TrialConfig
+    from autotune.knobs.config import TrialConfig
+    from autotune.result.tuned_config import TunedConfig, write_config
 
     tuned = TunedConfig(
         workload={"name": "cam++", "model": "cam++", "task": "speaker-verification", "options": {}},

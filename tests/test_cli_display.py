@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from autotune.cli_display import _print_assessment, _stopped_line
+from autotune.cli.display import _print_assessment, _stopped_line
 
 
 def _shown(metrics: dict) -> str:
@@ -38,8 +38,8 @@ def test_the_budget_plan_is_drawn_live_above_the_trial_bar():
     from rich.console import Group
     from rich.progress import TextColumn
 
-    from autotune.budget import BudgetPlan, Stage
-    from autotune.cli_display import _PlanProgress
+    from autotune.cli.display import _PlanProgress
+    from autotune.search.budget import BudgetPlan, Stage
 
     plan = BudgetPlan(
         budget_s=300.0,
@@ -70,8 +70,8 @@ def test_the_summary_reads_the_typed_measurements_and_says_why_a_baseline_has_no
     import dataclasses
     from types import SimpleNamespace
 
-    from autotune.cli_display import print_summary
-    from autotune.tuner import TuningOutcome
+    from autotune.cli.display import print_summary
+    from autotune.search.settings import TuningOutcome
     from tests.test_results import make_tuned
 
     winner = {"status": "ok", "samples_per_second": 123.456, "measurements": 3, "setup_s": 2.0, "trial_wall_s": 20.0}
@@ -115,7 +115,7 @@ def test_the_closing_line_gives_the_whole_run_beside_the_search():
 
 
 def test_a_trial_whose_epochs_mix_moved_its_figure_shows_the_windows_own_rate_beside_it():
-    from autotune.cli_display import _mix_text
+    from autotune.cli.display import _mix_text
     from autotune.trial import TrialResult
 
     moved = TrialResult(status="ok", samples_per_second=27.64, window_samples_per_second=29.25, epoch_mix_factor=0.945)

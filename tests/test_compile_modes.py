@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from autotune import compile_modes, space
+from autotune import space
 from autotune.errors import SpaceError
+from autotune.knobs import compile_modes
 from tests.conftest import make_cpu, make_cuda
 from tests.fixtures.inductor import NEEDS_INDUCTOR
 

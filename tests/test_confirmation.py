@@ -6,8 +6,9 @@ import collections
 
 import pytest
 
-from autotune.candidates import Candidate, TrialRecord, config_key, group_by_config, pick_winner
-from autotune.confirmation import (
+from autotune.knobs.config import TrialConfig
+from autotune.search.candidates import Candidate, TrialRecord, config_key, group_by_config, pick_winner
+from autotune.search.confirmation import (
     LONG_CONFIRM_SHARE,
     LONG_LEADERS,
     LONG_RUN_TRIALS,
@@ -16,9 +17,9 @@ from autotune.confirmation import (
     is_long,
     keep_better_half,
 )
-from autotune.reporting import SilentReporter
-from autotune.trial import TrialConfig, TrialResult
-from autotune.tuner import TunerSettings
+from autotune.search.reporting import SilentReporter
+from autotune.search.settings import TunerSettings
+from autotune.trial import TrialResult
 from tests.fixtures.tuners import cam_tuner
 
 
@@ -225,8 +226,9 @@ def test_a_run_whose_confirmation_the_budget_cuts_under_load_keeps_the_fastest_a
     """The real Tuner on a clock: from the first re-measurement on, someone else's job makes every trial three times
     longer and five times slower, so the budget ends confirmation part-way through its first pass. The winner is the
     fastest as measured quiet, and the result says which windows were not compared."""
-    from autotune import run_result, runner
-    from autotune.run_plan import RunRequest
+    from autotune.run import conclusion as run_result
+    from autotune.run import runner
+    from autotune.run.plan import RunRequest
 
     now, seen, loaded = [0.0], set(), [False]
 

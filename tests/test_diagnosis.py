@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from autotune.diagnosis import LargerBatches, decoded_audio_bytes, diagnose
-from autotune.measurements import Measurements
-from autotune.trial import TrialConfig
+from autotune.knobs.config import TrialConfig
+from autotune.result.diagnosis import LargerBatches, decoded_audio_bytes, diagnose
+from autotune.result.measurements import Measurements
 from tests.conftest import make_cpu, make_cuda
 
 SMALL_CORPUS = {"total_audio_hours": 2.76, "sample_rates": [16000], "n_utterances": 2000, "n_utterances_total": 2000}

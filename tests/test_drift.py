@@ -8,14 +8,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune import history, yamlio
+from autotune import yamlio
 from autotune.cli import app
-from autotune.cli_exit import EXIT_REGRESSION
-from autotune.drift import REGRESSION_EXIT_CODE, environment_diff, judge
-from autotune.results import TunedConfig, load_config, write_config
-from autotune.trial import TrialConfig, TrialResult
-from autotune.tuner import Candidate, TrialRecord
-from autotune.warmstart import PreviousResult
+from autotune.cli.exit import EXIT_REGRESSION
+from autotune.knobs.config import TrialConfig
+from autotune.result import history
+from autotune.result.tuned_config import TunedConfig, load_config, write_config
+from autotune.run.drift import REGRESSION_EXIT_CODE, environment_diff, judge
+from autotune.search.candidates import Candidate, TrialRecord
+from autotune.search.warmstart import PreviousResult
+from autotune.trial import TrialResult
 from tests.conftest import make_cuda
 from tests.fixtures.runs import run_args
 

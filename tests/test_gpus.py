@@ -1,4 +1,4 @@
-"""Which GPUs the trials will see (autotune/gpus.py) through a fake NVML: CUDA_VISIBLE_DEVICES as CUDA reads it,
+"""Which GPUs the trials will see (autotune/machine/gpus.py) through a fake NVML: CUDA_VISIBLE_DEVICES as CUDA reads it,
 MIG slices, and the torch build's architectures."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import logging
 import pytest
 import torch
 
-from autotune import gpus, hardware
-from autotune.hardware import GpuInfo, Hardware
+from autotune.machine import gpus, hardware
+from autotune.machine.gpus import GpuInfo
+from autotune.machine.hardware import Hardware
 from tests.conftest import make_cuda
 from tests.fixtures.fake_nvml import (
     A100,
@@ -31,7 +32,7 @@ def _probe_two_gpus_with(visible: str, install_nvml, monkeypatch, caplog) -> Har
     install_nvml([A100, H100])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    with caplog.at_level(logging.WARNING, logger="autotune.gpus"):
+    with caplog.at_level(logging.WARNING, logger="autotune.machine.gpus"):
         return hardware.probe("auto")
 
 
@@ -159,7 +160,7 @@ def test_index_order_warning_on_mixed_models(install_nvml, monkeypatch, caplog, 
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     if order is not None:
         monkeypatch.setenv("CUDA_DEVICE_ORDER", order)
-    with caplog.at_level(logging.WARNING, logger="autotune.gpus"):
+    with caplog.at_level(logging.WARNING, logger="autotune.machine.gpus"):
         hardware.probe("auto")
     assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in record.getMessage() for record in caplog.records) == warned
 
@@ -242,7 +243,7 @@ def test_a_failing_mig_query_is_an_nvml_failure(install_nvml, monkeypatch, caplo
         raise FakeNVMLError(NVML_ERROR_GPU_IS_LOST)
 
     monkeypatch.setattr(nvml, "nvmlDeviceGetMigMode", lost)
-    with caplog.at_level(logging.WARNING, logger="autotune.gpus"):
+    with caplog.at_level(logging.WARNING, logger="autotune.machine.gpus"):
         assert hardware.probe("auto").device_type == "cpu"
     assert "NVML failed while listing GPUs: GPU is lost" in probe_error("cuda")
 

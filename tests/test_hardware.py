@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-from autotune import hardware
-from autotune.hardware import GpuInfo, Hardware
+from autotune.machine import hardware
+from autotune.machine.gpus import GpuInfo
+from autotune.machine.hardware import Hardware
 from tests.conftest import make_cpu, make_cuda
 from tests.fixtures.fake_nvml import A100, A100_UUID, H100, H100_UUID, FakeGpu, probe_error
 
@@ -46,7 +47,7 @@ def test_nvml_error_at_init_means_cpu(install_nvml) -> None:
 
 def test_nvml_error_while_listing_means_cpu_with_warning(install_nvml, caplog) -> None:
     nvml = install_nvml([A100, H100], lost_index=1)
-    with caplog.at_level(logging.WARNING, logger="autotune.gpus"):
+    with caplog.at_level(logging.WARNING, logger="autotune.machine.gpus"):
         probed = hardware.probe("auto")
     assert probed.device_type == "cpu"
     assert probed.gpus == ()
@@ -95,7 +96,7 @@ def test_probe_cuda_with_every_gpu_hidden_says_so(install_nvml, monkeypatch, vis
 def test_auto_with_cpu_only_torch_is_cpu_with_a_warning(install_nvml, monkeypatch, caplog) -> None:
     install_nvml([A100])
     monkeypatch.setattr(torch.version, "cuda", None)
-    with caplog.at_level(logging.WARNING, logger="autotune.hardware"):
+    with caplog.at_level(logging.WARNING, logger="autotune.machine.hardware"):
         assert hardware.probe("auto").device_type == "cpu"
     assert any("CPU-only build" in record.getMessage() for record in caplog.records)
 

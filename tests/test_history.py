@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from autotune import history
-from autotune.results import TunedConfig
-from autotune.trial.spec import TrialConfig
+from autotune.knobs.config import TrialConfig
+from autotune.result import history
+from autotune.result.tuned_config import TunedConfig
 from tests.conftest import make_cpu, make_cuda
 
 CONFIG = TrialConfig(per_device_batch_size=64, num_workers=4, prefetch_factor=2, pin_memory=True, precision="bf16")
@@ -77,7 +77,7 @@ def test_corrupt_lines_are_skipped_with_a_warning(tmp_path: Path, caplog: pytest
     with path.open("ab") as file:
         file.write(b'{"created": "2025-03-03T02:30:00+00:00", "samp')  # torn by a crash, no newline
     history.record(make_tuned("2025-03-04T02:30:00+00:00", 190.0), result_path(tmp_path, tuned), tmp_path / "results")
-    with caplog.at_level(logging.WARNING, logger="autotune.history"):
+    with caplog.at_level(logging.WARNING, logger="autotune.result.history"):
         frame = history.load(tmp_path / "results", "cam++")
     assert list(frame["samples_per_second"]) == [200.0, 190.0]
     assert len([r for r in caplog.records if "not a history record" in r.getMessage()]) == 4

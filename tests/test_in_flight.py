@@ -1,5 +1,5 @@
-"""Search trials in flight at once (autotune/in_flight.py) through the Tuner, with a launcher that stands in for the
-SLURM executor's wait (no cluster needed; tests/slurm/test_parallel.py runs the same on the test cluster)."""
+"""Search trials in flight at once (autotune/search/in_flight.py) through the Tuner, with a launcher that stands in for
+the SLURM executor's wait (no cluster needed; tests/slurm/test_parallel.py runs the same on the test cluster)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import optuna
 import pytest
 
+from autotune.search.settings import TunerSettings
 from autotune.trial import TrialResult, TrialSpec
-from autotune.tuner import TunerSettings
 from tests.fixtures.tuners import cam_tuner
 
 

@@ -1,7 +1,7 @@
 """The knob declarations: everything a knob needs is there, and what derives from them is what was written by hand.
 
-Adding a knob to autotune/knobs.py without its TrialConfig field fails here; the result file, the trial table and
-the export targets have their own checks below (docs/adding-a-knob.md lists them).
+Adding a knob to autotune/knobs/declarations.py without its TrialConfig field fails here; the result file, the trial
+table and the export targets have their own checks below (docs/adding-a-knob.md lists them).
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ import optuna
 import pandas as pd
 import pytest
 
-from autotune import knobs, report, report_plots, space
+from autotune import space
 from autotune.exports import TARGETS, ExportContext, export
 from autotune.exports.base import TARGET_KNOBS
-from autotune.results import TunedConfig
-from autotune.trial.spec import TrialConfig
+from autotune.knobs import declarations as knobs
+from autotune.knobs.config import TrialConfig
+from autotune.result import plots as report_plots
+from autotune.result import report
+from autotune.result.tuned_config import TunedConfig
 from tests.exports.common import MODEL_FOR
 
 WORKLOAD_FIELD = "workload_knobs"

@@ -10,10 +10,18 @@ import time
 
 import pytest
 
-from autotune import machine_load
-from autotune.machine_load import CpuSample, MachineLoad, adapt, calibrate, cpu_sample, others_fraction, process_tree
+from autotune.machine import cpu_load as machine_load
+from autotune.machine.cpu_load import (
+    CpuSample,
+    MachineLoad,
+    calibrate,
+    cpu_sample,
+    others_fraction,
+    process_tree,
+)
+from autotune.run.preflight import adapt
+from autotune.search.settings import TunerSettings
 from autotune.trial import TimingSettings
-from autotune.tuner import TunerSettings
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -71,7 +79,7 @@ def test_a_busy_machine_gets_longer_windows():
 
 
 def test_the_load_is_recorded_in_a_new_result_and_the_frozen_one_is_left_as_it_was():
-    from autotune import preflight
+    from autotune.run import preflight
     from tests.test_results import make_tuned
 
     busy = MachineLoad(cores=2, load_average=3.1, others_cpu_fraction=0.45, kernel_spread_fraction=0.2, seconds=1.5)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import UserError
-from autotune.measurements import NOT_MEASURED, Measurements, summarise_measurements
-from autotune.results import load_config, write_config
+from autotune.result.measurements import NOT_MEASURED, Measurements, summarise_measurements
+from autotune.result.tuned_config import load_config, write_config
 from autotune.trial.spec import TrialResult
 from tests.test_results import make_tuned
 

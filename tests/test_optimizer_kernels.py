@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 
-from autotune import optimizer_kernels, space
+from autotune import space
 from autotune.errors import SpaceError
+from autotune.knobs import optimizer_kernels
 from tests.conftest import make_cpu, make_cuda
 
 IMPLEMENTATIONS = optimizer_kernels.IMPLEMENTATIONS
@@ -226,7 +227,9 @@ def test_unscaling_leaves_an_optimizer_without_a_scale_alone() -> None:
 
 @pytest.mark.slow
 def test_a_real_run_measures_each_implementation_and_the_result_names_the_winners(tmp_path, tiny_corpus) -> None:
-    from autotune import load_config, report, runner
+    from autotune import load_config
+    from autotune.result import report
+    from autotune.run import runner
     from tests.fixtures.runs import cam_grid_request
 
     space = (

@@ -1,4 +1,4 @@
-"""Pooled estimates: a leader's throughput from its own windows and its neighbours' (autotune/pooling.py)."""
+"""Pooled estimates: a leader's throughput from its own windows and its neighbours' (autotune/search/pooling.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,18 @@ import random
 
 import pytest
 
-from autotune.candidates import Candidate, TrialRecord, config_key, group_by_config, pick_winner, weighted_logs
-from autotune.pooling import MIN_REPEAT_DF, knob_values, noise_variance, pooled_estimates
-from autotune.trial import TrialConfig, TrialResult
+from autotune.knobs.config import TrialConfig
+from autotune.search.candidates import (
+    Candidate,
+    TrialRecord,
+    config_key,
+    group_by_config,
+    noise_variance,
+    pick_winner,
+    weighted_logs,
+)
+from autotune.search.pooling import MIN_REPEAT_DF, knob_values, pooled_estimates
+from autotune.trial import TrialResult
 
 
 def _config(workers: int, prefetch: int = 2, precision: str = "bf16") -> TrialConfig:
@@ -43,8 +52,9 @@ def test_the_noise_is_pooled_over_repeated_windows_only():
 
 
 def test_a_window_counts_by_its_length():
-    """A long run's confirmation measures longer windows than its search (confirmation.py): a window's noise is white
-    (an H200's fell as 1/sqrt(length)), so a 160-s window weighs four 40-s ones, in the noise and in the estimates."""
+    """A long run's confirmation measures longer windows than its search (search/confirmation.py): a window's noise is
+    white (an H200's fell as 1/sqrt(length)), so a 160-s window weighs four 40-s ones, in the noise and in the
+    estimates."""
     config = _config(1)
     records = _records(config, [100.0, 110.0])
     records[0].result.window_s, records[1].result.window_s = 40.0, 160.0

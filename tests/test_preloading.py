@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.diagnosis import DiagnosisSettings
-from autotune.preloading import preload_probe, preload_report
-from autotune.trial.spec import TrialConfig, TrialResult
-from autotune.tuner import Candidate, TrialRecord, TuningOutcome
+from autotune.knobs.config import TrialConfig
+from autotune.result.diagnosis import DiagnosisSettings
+from autotune.run.plan import RunRequest
+from autotune.run.preload_probe import preload_probe, preload_report
+from autotune.search.candidates import Candidate, TrialRecord
+from autotune.search.settings import TuningOutcome
+from autotune.trial.spec import TrialResult
 
 GIB = 2**30
 
@@ -68,9 +71,11 @@ def test_a_failed_or_absent_probe_is_reported_as_such():
 @pytest.mark.slow
 def test_a_real_run_measures_its_best_config_preloaded_and_reports_it(tmp_path, tiny_corpus, monkeypatch):
     """cam++ for real: the baseline, then (the probe told to find any wait worth it) the same config preloaded."""
-    from autotune import load_config, preloading, runner
+    from autotune import load_config
+    from autotune.run import preload_probe as preloading
+    from autotune.run import runner
+    from autotune.search.settings import TunerSettings
     from autotune.trial import TimingSettings
-    from autotune.tuner import TunerSettings
 
     real_probe = preloading.preload_probe
     monkeypatch.setattr(
@@ -83,7 +88,7 @@ def test_a_real_run_measures_its_best_config_preloaded_and_reports_it(tmp_path, 
         "params:\n  num_workers: {type: int, low: 0, high: 1}\n"
         "fixed: {per_device_batch_size: 4, precision: fp32, intra_op_threads: 1}\nbaseline: {num_workers: 1}\n"
     )
-    request = runner.RunRequest(
+    request = RunRequest(
         model="cam++",
         data=str(tiny_corpus),
         space=str(space_file),

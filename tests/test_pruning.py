@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from autotune.candidates import TrialRecord
-from autotune.pruning import Pruner
-from autotune.trial import TimingSettings, TrialConfig, TrialResult
-from autotune.tuner import TunerSettings
+from autotune.knobs.config import TrialConfig
+from autotune.search.candidates import TrialRecord
+from autotune.search.pruning import Pruner
+from autotune.search.settings import TunerSettings
+from autotune.trial import TimingSettings, TrialResult
 
 
 def test_pruner_compares_running_rate_with_the_best_so_far():

@@ -11,11 +11,12 @@ import optuna
 import pandas as pd
 import pytest
 
-from autotune import report
 from autotune.errors import UserError
-from autotune.report import TRIAL_COLUMNS, ReportFiles, build_report, load_study, trials_frame
-from autotune.results import TunedConfig, load_config, write_config
-from autotune.trial.spec import TrialConfig, TrialResult
+from autotune.knobs.config import TrialConfig
+from autotune.result.plots import make_plots
+from autotune.result.report import TRIAL_COLUMNS, ReportFiles, build_report, load_study, trials_frame
+from autotune.result.tuned_config import TunedConfig, load_config, write_config
+from autotune.trial.spec import TrialResult
 from tests.conftest import make_cuda
 
 GIB = 2**30
@@ -218,5 +219,5 @@ def test_missing_matplotlib_is_a_user_error(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     frame = trials_frame(study_setup[2])
     with pytest.raises(UserError, match="pip install matplotlib"):
-        report.make_plots(frame, load_config(study_setup[0]), tmp_path)
+        make_plots(frame, load_config(study_setup[0]), tmp_path)
     assert not any(tmp_path.iterdir())

@@ -9,10 +9,13 @@ import pytest
 import torch
 import yaml
 
-from autotune import results, yamlio
+from autotune import yamlio
 from autotune.errors import UserError
-from autotune.results import TunedConfig, load_config, summarise_measurements, write_config
-from autotune.trial.spec import TrialConfig, TrialResult
+from autotune.knobs.config import TrialConfig
+from autotune.result import tuned_config as results
+from autotune.result.measurements import speedup_range, summarise_measurements
+from autotune.result.tuned_config import TunedConfig, load_config, write_config
+from autotune.trial.spec import TrialResult
 from tests.conftest import make_cpu
 
 WITH_WORKERS = TrialConfig(
@@ -311,14 +314,14 @@ def test_a_preloading_winner_says_so_outside_the_dataloader_kwargs() -> None:
 def test_the_speedup_comes_with_the_range_its_measurements_allow() -> None:
     winner = summarise_measurements([_ok(200.0), _ok(220.0), _ok(240.0)])
     baseline = summarise_measurements([_ok(100.0), _ok(110.0)])
-    assert results.speedup_range(winner, baseline) == {
+    assert speedup_range(winner, baseline) == {
         "low": round(200 / 110, 3),
         "high": 2.4,
         "winner_measurements": 3,
         "baseline_measurements": 2,
     }
     failed = summarise_measurements([TrialResult(status="oom", reason="out of memory")])
-    assert results.speedup_range(winner, failed) is None
+    assert speedup_range(winner, failed) is None
 
 
 @pytest.mark.parametrize(

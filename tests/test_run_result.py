@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from autotune.measurements import NOT_MEASURED, Measurements
-from autotune.run_result import learning_rate_advice, predict_epoch
-from autotune.trial import TrialConfig
+from autotune.knobs.config import TrialConfig
+from autotune.result.measurements import NOT_MEASURED, Measurements
+from autotune.run.conclusion import learning_rate_advice, predict_epoch
 
 WINNER = Measurements(status="ok", samples_per_second=100.0, audio_seconds_per_second=400.0, measurements=3)
 BASELINE = Measurements(status="ok", samples_per_second=50.0, audio_seconds_per_second=200.0, measurements=1)
@@ -38,8 +38,8 @@ def test_a_changed_global_batch_comes_with_the_linear_scaling_rule():
 
 
 def test_a_new_epoch_that_weighs_on_a_small_corpus_is_said_and_a_light_one_is_not():
-    from autotune.candidates import TrialRecord
-    from autotune.run_result import epoch_start_note
+    from autotune.run.conclusion import epoch_start_note
+    from autotune.search.candidates import TrialRecord
     from autotune.trial import TrialResult
 
     def record(boundary_s):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import UserError
-from autotune.schedule import cron_line, enable_command, install, systemd_units
-from autotune.schedule_request import ScheduleRequest, unit_name_for
+from autotune.nightly.request import ScheduleRequest, unit_name_for
+from autotune.nightly.schedule import cron_line, enable_command, install, systemd_units
 
 PYTHON = "/opt/venv/bin/python"
 RUN_ARGS = ("--data", "/d/my data/train.csv", "--budget", "30m")

@@ -197,7 +197,7 @@ def test_seeds_become_points_of_this_machines_space():
 
 
 def test_smaller_batch_halves_the_knob_that_sizes_the_batch():
-    from autotune.space_fit import smaller_batch
+    from autotune.space.fit import smaller_batch
 
     cam = space.load(CAM, make_cuda())
     seed = cam.seeds[0]

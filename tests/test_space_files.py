@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import space, space_files, yamlio
+from autotune import space, yamlio
 from autotune.errors import SpaceError
+from autotune.space import files as space_files
 from tests.conftest import make_cpu, make_cuda
 from tests.faults.conftest import error_line, invoke
 from tests.fixtures.inductor import NEEDS_INDUCTOR

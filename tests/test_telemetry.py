@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from autotune.telemetry import GpuTelemetry, nvml_uuid
+from autotune.machine.telemetry import GpuTelemetry, nvml_uuid
 
 
 class _NVMLError(Exception):
@@ -103,7 +103,7 @@ def test_a_gpu_nvml_cannot_find_still_shuts_nvml_down():
 
 
 def test_missing_pynvml_module(monkeypatch):
-    monkeypatch.setattr("autotune.telemetry._import_nvml", lambda: None)
+    monkeypatch.setattr("autotune.machine.telemetry._import_nvml", lambda: None)
     telemetry = GpuTelemetry("GPU-1234")
     telemetry.start()
     assert telemetry.stop()["gpu_utilization_percent"] is None

@@ -7,9 +7,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import load_config, runner
+from autotune import load_config
+from autotune.run import runner
+from autotune.run.plan import RunRequest
+from autotune.search.settings import TunerSettings
 from autotune.trial import TimingSettings
-from autotune.tuner import TunerSettings
 from tests.fixtures.tuners import cam_tuner as _cam_tuner
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -28,7 +30,7 @@ def test_study_survives_every_kind_of_failure(tmp_path, tiny_corpus):
         # even on a loaded machine whose calibration doubles the windows.
         timing=TimingSettings(warmup_steps=1, window_s=0.5, min_window_steps=2, min_timed_share=0.0),
     )
-    request = runner.RunRequest(
+    request = RunRequest(
         model="tests.fixtures.faulty_workload:workload",
         data=str(tiny_corpus),
         space=str(FIXTURES / "faulty_space.yaml"),
@@ -97,7 +99,7 @@ def test_a_cold_study_measures_the_seeds_right_after_the_baseline_and_a_rerun_do
         settings = TunerSettings(
             trials=trials, prune=False, confirm_top_k=0, timing=TimingSettings(warmup_steps=1, window_s=0.2)
         )
-        request = runner.RunRequest(
+        request = RunRequest(
             model="tests.fixtures.faulty_workload:workload",
             data=str(tiny_corpus),
             space=str(space_file),
@@ -125,7 +127,7 @@ def _record_launches(monkeypatch) -> list:
         launched.append(spec.config)
         return TrialResult(status="ok", samples_per_second=10.0)
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     return launched
 
 
@@ -163,7 +165,7 @@ def test_a_seed_that_runs_out_of_memory_is_tried_next_at_half_its_batch(tmp_path
             return TrialResult(status="oom", reason="CUDA out of memory", wall_s=1.0)
         return TrialResult(status="ok", samples_per_second=float(spec.config.per_device_batch_size), wall_s=10.0)
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     settings = TunerSettings(trials=7, confirm_top_k=0)
     outcome = _cam_tuner(tmp_path, make_cuda(capability=(7, 0)), settings).run()  # a V100: fp16, no bf16
     seeds = [(r.config.per_device_batch_size, r.config.precision, r.result.status) for r in outcome.records[1:6]]
@@ -181,8 +183,9 @@ def test_a_seed_that_runs_out_of_memory_is_tried_next_at_half_its_batch(tmp_path
 def test_a_grid_over_a_conditional_space_measures_each_configuration_once(tmp_path, monkeypatch, cpu_hardware):
     """CAM++'s CPU space has prefetch and persistence only with workers. The grid once walked the plain product of
     every knob, so each configuration without workers came up 16 times, carrying a prefetch depth it cannot use."""
-    from autotune.candidates import config_key
-    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+    from autotune.knobs.config import TrialConfig
+    from autotune.search.candidates import config_key
+    from autotune.trial import TrialResult, TrialSpec
 
     launched: list[TrialConfig] = []
 
@@ -190,7 +193,7 @@ def test_a_grid_over_a_conditional_space_measures_each_configuration_once(tmp_pa
         launched.append(spec.config)
         return TrialResult(status="ok", samples_per_second=10.0)
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     settings = TunerSettings(trials=1000, sampler="grid", confirm_top_k=0, prune=False)
     # The optimizer kernel (issue 20) is pinned: an unconditional knob would only triple the grid and this test's time.
     outcome = _cam_tuner(tmp_path, cpu_hardware, settings, pinned={"optimizer_impl": "default"}).run()
@@ -205,8 +208,9 @@ def test_trials_with_a_rejected_precision_do_not_use_up_the_trial_count_and_seed
     tmp_path, monkeypatch, cpu_hardware
 ):
     from autotune import space
-    from autotune.trial import TrialConfig, TrialResult, TrialSpec
-    from autotune.tuner import Tuner
+    from autotune.knobs.config import TrialConfig
+    from autotune.search.tuner import Tuner
+    from autotune.trial import TrialResult, TrialSpec
 
     launched: list[TrialConfig] = []
 
@@ -214,7 +218,7 @@ def test_trials_with_a_rejected_precision_do_not_use_up_the_trial_count_and_seed
         launched.append(spec.config)
         return TrialResult(status="ok", samples_per_second=10.0 + len(launched))
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     cam = space.load(space.space_path("cam++"), cpu_hardware)
     assert any(seed.get("precision") == "bf16" for seed in cam.seeds)
 
@@ -232,9 +236,10 @@ def test_trials_with_a_rejected_precision_do_not_use_up_the_trial_count_and_seed
 def test_a_trial_another_run_failed_meanwhile_keeps_the_studys_verdict_and_this_runs_measurement(caplog, tmp_path):
     """If a run's heartbeat went unheard (database unreachable), another run may fail its trial as stale; telling
     Optuna the result must not crash the measuring run."""
-    from autotune.in_flight import Started, tell
-    from autotune.trial import TrialConfig, TrialResult
-    from autotune.tuner import TrialRecord
+    from autotune.knobs.config import TrialConfig
+    from autotune.search.candidates import TrialRecord
+    from autotune.search.in_flight import Started, tell
+    from autotune.trial import TrialResult
 
     study = optuna.create_study(direction="maximize")
     trial = study.ask()
@@ -264,7 +269,7 @@ def test_an_erratic_window_is_measured_once_more_and_only_a_second_one_condemns(
             return TrialResult(status="erratic", reason=f"CV {cv:.2f} > 0.25", throughput_cv=cv, wall_s=10.0)
         return TrialResult(status="ok", samples_per_second=10.0, throughput_cv=cv, wall_s=10.0)
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     tuner = _cam_tuner(tmp_path, cpu_hardware)
     record = tuner._run_one("search", {"per_device_batch_size": 16, "num_workers": 0, "precision": "fp32"})
     assert record.result.status == status and record.result.wall_s == 20.0
@@ -286,13 +291,14 @@ def test_a_window_other_processes_disturbed_is_kept_and_not_retried_into_the_sam
             status="ok", samples_per_second=9.0, throughput_cv=0.5, others_cpu_fraction=0.6, disturbed=True, wall_s=10.0
         )
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     record = _cam_tuner(tmp_path, cpu_hardware)._run_one("seed", {"per_device_batch_size": 32, "num_workers": 0})
     assert record.result.feasible and record.result.disturbed and len(launched) == 1
 
 
 def test_the_last_search_trial_measures_the_best_so_far_with_its_audio_preloaded(tmp_path, monkeypatch, cpu_hardware):
-    from autotune.trial import TrialConfig, TrialResult, TrialSpec
+    from autotune.knobs.config import TrialConfig
+    from autotune.trial import TrialResult, TrialSpec
 
     launched: list[TrialConfig] = []
 
@@ -301,7 +307,7 @@ def test_the_last_search_trial_measures_the_best_so_far_with_its_audio_preloaded
         rate = 20.0 if spec.config.preload_audio else 10.0 + len(launched)
         return TrialResult(status="ok", samples_per_second=rate, data_wait_fraction=0.4, wall_s=1.0)
 
-    monkeypatch.setattr("autotune.tuner.launch", fake_launch)
+    monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     asked: list[float] = []
 
     def probe(record) -> bool:

@@ -8,10 +8,10 @@ import optuna
 import pytest
 
 from autotune import space as space_module
-from autotune.results import TunedConfig, write_config
-from autotune.trial import TrialConfig
-from autotune.tuner import TunerSettings
-from autotune.warmstart import plan_warm_start
+from autotune.knobs.config import TrialConfig
+from autotune.result.tuned_config import TunedConfig, write_config
+from autotune.search.settings import TunerSettings
+from autotune.search.warmstart import plan_warm_start
 from tests.conftest import make_cpu
 
 SPACE = space_module.from_dict(

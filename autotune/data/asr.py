@@ -29,15 +29,7 @@ from autotune.data.audio import AudioReader, read_segment
 from autotune.data.features import FbankConfig
 from autotune.data.sources import Utterance
 
-__all__ = [
-    "WENET_FBANK",
-    "AsrDataset",
-    "CharVocabulary",
-    "FilterConfig",
-    "SpecAugmentConfig",
-    "collate_asr_batch",
-    "split_characters",
-]
+__all__ = ["WENET_FBANK", "AsrDataset", "CharVocabulary", "FilterConfig", "collate_asr_batch", "split_characters"]
 
 WENET_FBANK = FbankConfig(num_mel_bins=80, sample_rate=16000, frame_length_ms=25.0, frame_shift_ms=10.0, dither=0.1)
 WENET_SPEEDS = (0.9, 1.0, 1.1)

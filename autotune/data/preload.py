@@ -2,7 +2,7 @@
 
 When a trial waits for data because storage is slow (a remote mount) or decoding is costly, reading each item from
 disk in the workers is the bottleneck; preloading moves that cost to set-up, once per trial, and the workers only
-slice memory. The corpus is held as mono 16-bit PCM (`autotune.pcm`, half of float32; lossless for 16-bit files),
+slice memory. The corpus is held as mono 16-bit PCM (`autotune.data.pcm`, half of float32; lossless for 16-bit files),
 the size the diagnosis estimates, in ONE flat tensor in shared memory: forked DataLoader workers map the same pages,
 and spawned ones receive a handle through torch's pickler instead of a copy. Small numpy arrays hold each
 utterance's offset, length and rate (no per-item Python objects for workers to touch and copy).
@@ -25,8 +25,8 @@ import soundfile as sf
 import torch
 
 from autotune.data.audio import AUDIO_READ_ERRORS, crop_window, unreadable_audio
+from autotune.data.pcm import PCM_FULL_SCALE, pcm_bytes
 from autotune.data.sources import Utterance
-from autotune.pcm import PCM_FULL_SCALE, pcm_bytes
 
 __all__ = ["PreloadedAudio", "default_preload_threads"]
 

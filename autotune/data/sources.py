@@ -25,10 +25,10 @@ from typing import Any
 
 import soundfile as sf
 
-from autotune.data.lists import ACCEPTED, AUDIO_EXTENSIONS, CSV_HEADER, Row, read_rows
+from autotune.data.lists import ACCEPTED, Row, read_rows
 from autotune.data.lists import one_line_error as _error
 
-__all__ = ["AUDIO_EXTENSIONS", "CSV_HEADER", "DataSource", "Utterance", "default_source", "load_source"]
+__all__ = ["DataSource", "Utterance", "default_source", "load_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def default_source(cache_dir: str | os.PathLike[str] | None = None) -> DataSourc
     """The embedded synthetic corpus, generated into the cache on first use.
 
     Args:
-        cache_dir: cache root; defaults to `autotune.data.synth.default_cache_dir()`.
+        cache_dir: cache root; defaults to `autotune.data.cache.default_cache_dir()`.
 
     Returns:
         A DataSource of kind "synthetic" with synthetic=True, whose path is the corpus folder.

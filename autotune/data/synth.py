@@ -36,7 +36,7 @@ from autotune.data.cache import (
     read_manifest,
 )
 
-__all__ = ["CORPUS_VERSION", "VOWELS", "default_cache_dir", "ensure_corpus", "generate_corpus"]
+__all__ = ["CORPUS_VERSION", "VOWELS", "ensure_corpus", "generate_corpus"]
 
 logger = logging.getLogger(__name__)
 

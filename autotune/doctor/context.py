@@ -10,11 +10,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from autotune import gpus
 from autotune.errors import DataError, UserError
+from autotune.knobs import declarations as knobs
+from autotune.machine import gpus
 
 if TYPE_CHECKING:
-    from autotune.results import TunedConfig
+    from autotune.result.tuned_config import TunedConfig
     from autotune.workloads import Workload
 
 __all__ = ["DoctorContext", "DoctorRequest", "GpuHandle", "NvmlView", "nvml_read", "open_nvml", "prepare"]
@@ -149,7 +150,7 @@ def _check_request(request: DoctorRequest) -> None:
     }
     for name, option in options.items():
         value = getattr(request, name)
-        least = 0 if name == "num_workers" else 1
+        least = knobs.get(name).minimum
         if value is not None and value < least:
             raise UserError(f"{option} must be at least {least}, got {value}")
     if request.read_budget_s <= 0 or request.read_files < 1:
@@ -168,7 +169,7 @@ def prepare(request: DoctorRequest) -> DoctorContext:
     _check_request(request)
     tuned = None
     if request.result is not None:
-        from autotune.results import load_config
+        from autotune.result.tuned_config import load_config
 
         tuned = load_config(request.result)
     workload = None

@@ -14,7 +14,7 @@ from pathlib import Path
 from autotune.doctor.context import DoctorContext, nvml_read
 from autotune.doctor.findings import Finding, Verdict
 from autotune.doctor.registry import check, info, ok, warn
-from autotune.hardware import available_cores, cpu_model
+from autotune.machine.hardware import available_cores, cpu_model
 
 __all__ = ["cgroup_cpu_quota", "parse_cpulist", "ENV_RULES"]
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.doctor.context import DoctorContext
+from autotune.knobs.declarations import TORCH_DEFAULTS
 
 if TYPE_CHECKING:
     from autotune.data import DataSource
-    from autotune.trial.spec import TrialConfig
+    from autotune.knobs.config import TrialConfig
     from autotune.workloads import Workload
 
 __all__ = ["LoaderEstimate", "batch_size_of", "estimate_loader", "loader_config"]
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 SAMPLE_UTTERANCES = 64  # of --data: enough for a batch's worth of real lengths, cheap to validate
 SAMPLE_ITEMS = 4  # items decoded and collated to measure a fixed-size batch, then scaled to the batch size
-DEFAULT_PREFETCH_FACTOR = 2  # torch.utils.data.DataLoader's default with workers
+DEFAULT_PREFETCH_FACTOR = TORCH_DEFAULTS["prefetch_factor"]  # DataLoader's own, with workers
 SYNTHETIC_SECONDS = 8.0  # the longest file of the embedded corpus (synth.generate_corpus's max_duration_s)
 
 
@@ -91,7 +92,7 @@ def batch_size_of(batch: Any) -> tuple[int, int]:
 def loader_config(context: DoctorContext, workload: Workload) -> tuple[TrialConfig, str]:
     """The loader to size: the --result's winner or the recipe's baseline as `autotune run` measures it on this
     machine, with --batch-size, --workers and --prefetch-factor laid over it."""
-    from autotune.trial.spec import TrialConfig
+    from autotune.knobs.config import TrialConfig
 
     request = context.request
     if context.tuned is not None:
@@ -117,9 +118,10 @@ def loader_config(context: DoctorContext, workload: Workload) -> tuple[TrialConf
 
 
 def _baseline(context: DoctorContext, workload: Workload) -> TrialConfig:
-    from autotune import hardware, space
+    from autotune import space
     from autotune.errors import UserError
-    from autotune.trial.spec import TrialConfig
+    from autotune.knobs.config import TrialConfig
+    from autotune.machine import hardware
 
     try:
         machine = hardware.probe("auto")
@@ -166,7 +168,7 @@ def _measure(setup: Any, config: TrialConfig) -> tuple[int, int, str]:
 
 def _preload_bytes(context: DoctorContext, source: DataSource) -> int:
     """16-bit PCM of the whole data list: the --result's recorded hours, else --data's sample scaled to its list."""
-    from autotune.pcm import pcm_bytes_of_seconds
+    from autotune.data.pcm import pcm_bytes_of_seconds
 
     if context.tuned is not None and context.tuned.data.get("total_audio_hours"):
         rates = context.tuned.data.get("sample_rates") or [16000]

@@ -11,11 +11,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from autotune import gpus
 from autotune.doctor.context import DoctorContext
 from autotune.doctor.findings import Finding
 from autotune.doctor.registry import check, fail, info, ok, warn
 from autotune.errors import UserError
+from autotune.machine import gpus
 
 __all__ = ["cudnn_version_text", "split_message", "tf32_defaults"]
 
@@ -160,7 +160,7 @@ def tf32_defaults(torch_module: Any = None) -> dict[str, Any]:
     the per-backend fp32_precision settings ("none" follows the generic setting, which "none" leaves at IEEE)."""
     if torch_module is None:
         import torch as torch_module
-    from autotune.trial.precision import uses_new_tf32_api
+    from autotune.knobs.precision import uses_new_tf32_api
 
     backends = torch_module.backends
     state: dict[str, Any] = {}

@@ -7,12 +7,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune import knobs
 from autotune.errors import UserError
-from autotune.optimizer_kernels import constructor_kwargs
-from autotune.results import TunedConfig
-from autotune.trial.precision import PRECISIONS, TORCH_DEFAULT_FP32
-from autotune.trial.spec import TrialConfig
+from autotune.knobs import declarations as knobs
+from autotune.knobs import length_batching
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.dataloader import dataloader_kwargs
+from autotune.knobs.declarations import WORKER_KNOBS
+from autotune.knobs.optimizer_kernels import constructor_kwargs
+from autotune.knobs.precision import PRECISIONS, TORCH_DEFAULT_FP32
+from autotune.result.tuned_config import TunedConfig
 
 if TYPE_CHECKING:
     from autotune.data.buckets import BucketPlan
@@ -113,10 +116,10 @@ class ExportContext:
     @property
     def max_frames_in_batch(self) -> int | None:
         """The dynamic-batching budget (frames per device batch) when the result was tuned with one."""
-        if self.config.workload_knobs.get("batch_type", "dynamic") != "dynamic":  # a static winner of a space with both
-            return None
-        frames = self.config.workload_knobs.get("max_frames_in_batch")
-        return int(frames) if frames else None
+        knobs = self.config.workload_knobs
+        if knobs.get(length_batching.TYPE_KNOB, length_batching.DYNAMIC) != length_batching.DYNAMIC:
+            return None  # a static winner of a space with both
+        return length_batching.frame_budget(knobs)
 
     @property
     def bucket_plan(self) -> BucketPlan | None:
@@ -159,14 +162,10 @@ class ExportContext:
     def loader_extras(self) -> dict[str, Any]:
         """prefetch_factor / persistent_workers / in_order: DataLoader accepts them only with workers; unset means its
         default."""
-        if self.config.num_workers == 0:
-            return {}
-        extras: dict[str, Any] = {}
-        if self.config.prefetch_factor is not None:
-            extras["prefetch_factor"] = self.config.prefetch_factor
-        extras["persistent_workers"] = self.config.persistent_workers
-        if not self.config.in_order:  # DataLoader's default (True) is left out, as dataloader_kwargs does
-            extras["in_order"] = False
+        kwargs = dataloader_kwargs(self.config)
+        extras = {name: kwargs[name] for name in WORKER_KNOBS if name in kwargs}
+        if extras.get("in_order") is True:  # DataLoader's default: a snippet leaves it out
+            del extras["in_order"]
         return extras
 
     def optimizer_flag(self) -> dict[str, bool]:
@@ -239,7 +238,10 @@ class ExportContext:
                 f"Measured with world_size={measured}; exported for {self.world_size} device(s) with the per-device "
                 f"settings kept ({kept}): throughput on {self.world_size} device(s) was not measured"
             )
-        if self.config.workload_knobs.get("batch_type") == "bucket" and self.bucket_plan is None:
+        if (
+            length_batching.batch_type(self.config.workload_knobs) == length_batching.BUCKET
+            and self.bucket_plan is None
+        ):
             notes.append(
                 "Tuned with bucket batches, but no trial recorded its buckets (metrics.winner.epoch_accounting): the "
                 "batch settings below are not what was measured; re-run autotune"
@@ -283,8 +285,8 @@ TARGETS: dict[str, Exporter] = {}
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KnobExport:
-    """How one export target takes one knob (knobs.py): what carries the tuned value (a flag, a config key, an
-    argument; "" when nothing can), and the notes that say where the target cannot run what was measured."""
+    """How one export target takes one knob (knobs/declarations.py): what carries the tuned value (a flag, a config key,
+    an argument; "" when nothing can), and the notes that say where the target cannot run what was measured."""
 
     how: str
     notes: KnobNotes | None = None
@@ -303,8 +305,8 @@ def cannot(notes: KnobNotes) -> KnobExport:
     return KnobExport(how="", notes=notes)
 
 
-# Each target's table: every knob of knobs.py, how the target takes it (tests/test_knobs.py checks that none is
-# missing). Their notes follow the target's own in an export, in declaration order.
+# Each target's table: every knob of knobs/declarations.py, how the target takes it (tests/test_knobs.py checks that
+# none is missing). Their notes follow the target's own in an export, in declaration order.
 TARGET_KNOBS: dict[str, dict[str, KnobExport]] = {}
 
 

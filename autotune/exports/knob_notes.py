@@ -9,6 +9,7 @@ __all__ = [
     "THREADS",
     "checkpointing_note",
     "compile_note",
+    "cudnn_benchmark_note",
     "feature_note",
     "optimizer_note",
     "preload_note",
@@ -28,6 +29,22 @@ def _threads_note(context: ExportContext) -> list[str]:
 
 # Every command-line target carries the thread count in the command's environment (ExportContext.env_prefix).
 THREADS = takes("OMP_NUM_THREADS in the command's environment", notes=_threads_note)
+
+
+def cudnn_benchmark_note(lacks: str, fix: str) -> KnobNotes:
+    """The note for a target that has no cudnn.benchmark option, for a winner measured with it on (on CUDA).
+
+    Args:
+        lacks: what has no option for it, e.g. "wenet/bin/train.py has no flag for it".
+        fix: the edit that matches the measurement, e.g. "add torch.backends.cudnn.benchmark = True".
+    """
+
+    def note(context: ExportContext) -> list[str]:
+        if not (context.config.cudnn_benchmark and context.on_cuda):
+            return []
+        return [f"The tuned run used cudnn.benchmark=True; {lacks}: {fix} to match"]
+
+    return note
 
 
 def preload_note(framework: str) -> KnobNotes:
@@ -144,7 +161,7 @@ def feature_note(framework: str, runs: str, where: str, change: str) -> KnobNote
 
     Args:
         framework: the target's name in the note.
-        runs: where it computes the features: "workers" or "device" (autotune/feature_device.py).
+        runs: where it computes the features: "workers" or "device" (autotune/knobs/feature_device.py).
         where: where that is in its code, naming the file.
         change: what to change to train as measured.
     """

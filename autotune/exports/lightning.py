@@ -28,7 +28,7 @@ from autotune.exports.knob_notes import (
     preload_note,
     unordered_note,
 )
-from autotune.trial.precision import TORCH_DEFAULT_FP32
+from autotune.knobs.precision import TORCH_DEFAULT_FP32
 
 _PRECISION = {
     "fp32": "32-true",

@@ -28,12 +28,13 @@ from autotune.exports.base import (
 from autotune.exports.knob_notes import (
     THREADS,
     checkpointing_note,
+    cudnn_benchmark_note,
     feature_note,
     optimizer_note,
     preload_note,
     unordered_note,
 )
-from autotune.trial.precision import TORCH_DEFAULT_FP32
+from autotune.knobs.precision import TORCH_DEFAULT_FP32
 
 # recipes/VoxCeleb/SpeakerRec: the script and hparams file, run from that folder.
 RECIPE_SCRIPT = "train_speaker_embeddings.py"
@@ -138,15 +139,6 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def _cudnn_notes(context: ExportContext) -> list[str]:
-    if not (context.config.cudnn_benchmark and context.on_cuda):
-        return []
-    return [
-        "The tuned run used cudnn.benchmark=True; SpeechBrain has no option for it and leaves torch's default "
-        "(off on CUDA): set torch.backends.cudnn.benchmark = True in the training script to match"
-    ]
-
-
 def _precision_notes(context: ExportContext) -> list[str]:
     precision = context.precision
     if not context.on_cuda:
@@ -225,7 +217,12 @@ KNOB_TABLE = knob_table(
             )
         ),
         "intra_op_threads": THREADS,
-        "cudnn_benchmark": cannot(_cudnn_notes),
+        "cudnn_benchmark": cannot(
+            cudnn_benchmark_note(
+                "SpeechBrain has no option for it and leaves torch's default (off on CUDA)",
+                "set torch.backends.cudnn.benchmark = True in the training script",
+            )
+        ),
         "world_size": takes("torchrun --nproc_per_node (python for one process)"),
         "grad_accum_steps": takes("--grad_accumulation_factor"),
         "preload_audio": cannot(preload_note("SpeechBrain")),

@@ -25,13 +25,16 @@ from autotune.exports.base import (
 from autotune.exports.knob_notes import (
     THREADS,
     compile_note,
+    cudnn_benchmark_note,
     feature_note,
     optimizer_note,
     preload_note,
     unordered_note,
 )
+from autotune.knobs.declarations import TORCH_DEFAULTS
 
-_TORCH_DEFAULT_PREFETCH = 2  # what an unset prefetch_factor measured; WeNet's own --prefetch default is 100
+# What an unset prefetch_factor measured (torch's default); WeNet's own --prefetch default is 100.
+_TORCH_DEFAULT_PREFETCH = TORCH_DEFAULTS["prefetch_factor"]
 RECIPE_CONFIG = "conf/train_conformer.yaml"
 MODEL_DIR = "exp/conformer"  # run.sh: dir=exp/conformer
 # conf/train_conformer.yaml's optim_conf (optim: adam); init_optimizer_and_scheduler passes it whole to
@@ -165,15 +168,6 @@ def _checkpointing_notes(context: ExportContext) -> list[str]:
     ]
 
 
-def _cudnn_notes(context: ExportContext) -> list[str]:
-    if not (context.config.cudnn_benchmark and context.on_cuda):
-        return []
-    return [
-        "The tuned run used cudnn.benchmark=True; wenet/bin/train.py has no flag for it: add "
-        "torch.backends.cudnn.benchmark = True to match"
-    ]
-
-
 def _precision_notes(context: ExportContext) -> list[str]:
     precision = context.precision
     if not context.on_cuda:
@@ -220,7 +214,9 @@ KNOB_TABLE = knob_table(
             notes=_checkpointing_notes,
         ),
         "intra_op_threads": THREADS,
-        "cudnn_benchmark": cannot(_cudnn_notes),
+        "cudnn_benchmark": cannot(
+            cudnn_benchmark_note("wenet/bin/train.py has no flag for it", "add torch.backends.cudnn.benchmark = True")
+        ),
         "world_size": takes("torchrun --nproc_per_node"),
         "grad_accum_steps": takes('--override_config "accum_grad N"'),
         "preload_audio": cannot(preload_note("WeNet")),

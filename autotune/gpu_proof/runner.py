@@ -71,7 +71,7 @@ def _device() -> tuple[str, bool]:
     """(the GPU the proof runs on, as NVML names it, with the driver; or why there is none) and whether one is."""
     import torch
 
-    from autotune import gpus
+    from autotune.machine import gpus
 
     physical, driver, problem = gpus.nvml_gpus()
     if not torch.version.cuda:

@@ -26,7 +26,7 @@ def _gpu_name(device: Any) -> str:
 def _telemetry(device: Any) -> Any:
     import torch
 
-    from autotune.telemetry import GpuTelemetry, nvml_uuid
+    from autotune.machine.telemetry import GpuTelemetry, nvml_uuid
 
     uuid = nvml_uuid(torch.cuda.get_device_properties(device).uuid) if torch.device(device).type == "cuda" else "none"
     return GpuTelemetry(uuid, interval_s=0.1)
@@ -91,7 +91,7 @@ def _nvml_used(device: Any) -> tuple[int | None, int | None]:
     """(device memory used, this process's memory) from NVML; None where it does not say."""
     import torch
 
-    from autotune.telemetry import nvml_uuid
+    from autotune.machine.telemetry import nvml_uuid
 
     try:
         import pynvml as nvml

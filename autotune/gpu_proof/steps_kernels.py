@@ -31,7 +31,7 @@ def tf32(context: StepContext) -> Proven:
     import torch
     import torch.nn.functional as F
 
-    from autotune.trial.precision import apply_backend_flags
+    from autotune.knobs.precision import apply_backend_flags
 
     device = torch.device(context.device)
     size = context.sized(MATMUL_SIZE, 256)
@@ -72,7 +72,7 @@ def _train(context: StepContext, precision: str, steps: int, *, overflow: bool =
     do; `overflow` multiplies the loss by 1e30 in the window so that fp16 gradients overflow for real."""
     import torch
 
-    from autotune.trial.precision import PrecisionSettings
+    from autotune.knobs.precision import PrecisionSettings
     from autotune.trial.scaler import SkipCountingScaler, skip_gate_reason
 
     device = context.device
@@ -153,7 +153,7 @@ def cudnn_first_steps(device_name: str, benchmark: bool, batch: int, frames: int
     allocator reserved for it and how often it freed its cache to retry, then the steady step."""
     import torch
 
-    from autotune.trial.precision import apply_backend_flags
+    from autotune.knobs.precision import apply_backend_flags
 
     device = torch.device(device_name)
     apply_backend_flags(tf32=True, cudnn_benchmark=benchmark)

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from autotune.trial.launch import launch
-from autotune.trial.spec import FEASIBLE_STATUSES, STATUSES, TimingSettings, TrialConfig, TrialResult, TrialSpec
+from autotune.trial.spec import FEASIBLE_STATUSES, STATUSES, TimingSettings, TrialResult, TrialSpec
 
-__all__ = ["FEASIBLE_STATUSES", "STATUSES", "TimingSettings", "TrialConfig", "TrialResult", "TrialSpec", "launch"]
+__all__ = ["FEASIBLE_STATUSES", "STATUSES", "TimingSettings", "TrialResult", "TrialSpec", "launch"]

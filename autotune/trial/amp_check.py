@@ -38,30 +38,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import yamlio
+from autotune.knobs.compile_modes import OFF as COMPILE_OFF
 from autotune.trial.amp_curves import (
     AmpCheckSettings,
     CurveRunner,
     PrecisionVerdict,
-    calibrate_scaler,
     compare_curves,
     judge,
 )
-from autotune.trial.spec import TrialSpec, from_fields
+from autotune.trial.spec import TrialSpec
+from autotune.yamlio import from_fields
 
 if TYPE_CHECKING:
-    from autotune.space import SearchSpace
+    from autotune.space.search_space import SearchSpace
 
 __all__ = [
-    "AmpCheckSettings",
     "AmpCheckSpec",
     "AmpCheckResult",
-    "PrecisionVerdict",
     "amp_precisions",
     "space_compile_modes",
     "space_precisions",
-    "compare_curves",
-    "calibrate_scaler",
-    "judge",
     "run_check",
     "run_amp_check",
 ]
@@ -77,7 +73,7 @@ class AmpCheckSpec:
     trial: TrialSpec
     precisions: tuple[str, ...]
     settings: AmpCheckSettings = field(default_factory=AmpCheckSettings)
-    # torch.compile modes to train in fp32 against eager fp32 (compile_modes.py): a compiler that changes what the
+    # torch.compile modes to train in fp32 against eager fp32 (knobs/compile_modes.py): a compiler that changes what the
     # model computes beyond rounding is caught here, as a precision that does not train like fp32 is.
     compile_modes: tuple[str, ...] = ()
 
@@ -91,7 +87,7 @@ class AmpCheckSpec:
 
     def labels(self) -> list[str]:
         """What the check judges: each precision, then each compile mode's label (compile_modes.check_label)."""
-        from autotune.compile_modes import check_label
+        from autotune.knobs.compile_modes import check_label
 
         return [*self.precisions, *(check_label(mode) for mode in self.compile_modes)]
 
@@ -195,7 +191,7 @@ def space_precisions(space: SearchSpace) -> tuple[str, ...]:
 
 def space_compile_modes(space: SearchSpace) -> tuple[str, ...]:
     """The torch.compile modes a search space may try (compile off needs no check)."""
-    return tuple(mode for mode in _space_choices(space, "compile") if mode != "off")
+    return tuple(mode for mode in _space_choices(space, "compile") if mode != COMPILE_OFF)
 
 
 def amp_precisions(space: SearchSpace) -> tuple[str, ...]:
@@ -300,7 +296,7 @@ def _compiled_verdict(
     runner: CurveRunner, mode: str, reference: list[float], settings: AmpCheckSettings
 ) -> PrecisionVerdict:
     """fp32 trained through torch.compile(mode) against eager fp32, from the same weights on the same batches."""
-    from autotune.compile_modes import check_label
+    from autotune.knobs.compile_modes import check_label
 
     label = check_label(mode)
     try:

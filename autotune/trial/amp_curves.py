@@ -10,8 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autotune.knobs.compile_modes import OFF as COMPILE_OFF
+
 if TYPE_CHECKING:
-    from autotune.trial.precision import PrecisionSettings
+    from autotune.knobs.precision import PrecisionSettings
     from autotune.trial.spec import TrialSpec
     from autotune.workloads.base import TrainingSetup
 
@@ -49,7 +51,7 @@ class AmpCheckSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AmpCheckSettings:
-        from autotune.trial.spec import from_fields
+        from autotune.yamlio import from_fields
 
         return from_fields(cls, data)
 
@@ -184,7 +186,7 @@ class CurveRunner:
     the same few batches (collated once, already on the device)."""
 
     def __init__(self, trial: TrialSpec, settings: AmpCheckSettings) -> None:
-        from autotune.trial.dataloader import build_loader
+        from autotune.trial.loader import build_loader
         from autotune.trial.process import TrialProcess
 
         self.settings = settings
@@ -201,7 +203,7 @@ class CurveRunner:
         self.batches = [reference.batch_to_device(b, self.device, False) for b in itertools.islice(loader, count)]
 
     def _build(self, precision: str) -> tuple[TrainingSetup, PrecisionSettings]:
-        from autotune.trial.process import apply_process_settings
+        from autotune.knobs.process import apply_process_settings
 
         config = dataclasses.replace(self.config, precision=precision)
         # cudnn.benchmark off and TF32 off: the reference is strict IEEE fp32, the others are autocast only.
@@ -209,13 +211,15 @@ class CurveRunner:
         apply_process_settings(config, settings)
         return self.process.build(config), settings
 
-    def curve(self, precision: str, perturbation: float = 0.0, compile_mode: str = "off", draw: int = 0) -> list[float]:
+    def curve(
+        self, precision: str, perturbation: float = 0.0, compile_mode: str = COMPILE_OFF, draw: int = 0
+    ) -> list[float]:
         """Losses of `steps` training steps; `perturbation` scales relative Gaussian noise on the initial weights (its
         `draw`-th draw: each a different noise); `compile_mode` compiles the network as a trial does
         (compile_modes.apply)."""
         import torch
 
-        from autotune import compile_modes
+        from autotune.knobs import compile_modes
 
         setup, settings = self._build(precision)
         compile_modes.apply(setup.model, compile_mode)

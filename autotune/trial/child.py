@@ -9,7 +9,7 @@ import time
 import traceback
 from typing import Any
 
-from autotune.machine_load import BUSY_OTHERS_FRACTION
+from autotune.machine.cpu_load import BUSY_OTHERS_FRACTION
 from autotune.trial.distributed import RankInfo
 from autotune.trial.scaler import skip_gate_reason
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec
@@ -50,15 +50,16 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
 
 
 def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
-    from autotune import compile_modes
+    from autotune.knobs import compile_modes
+    from autotune.knobs.precision import fp32_math
+    from autotune.knobs.process import apply_process_settings
     from autotune.trial import distributed, interconnect
     from autotune.trial.compute_only import in_memory_batches
-    from autotune.trial.dataloader import build_loader
     from autotune.trial.flops import count_flops_per_sample
+    from autotune.trial.loader import build_loader
     from autotune.trial.loop import measure
     from autotune.trial.memory import PeakMemory
-    from autotune.trial.precision import fp32_math
-    from autotune.trial.process import TrialProcess, apply_process_settings
+    from autotune.trial.process import TrialProcess
     from autotune.trial.steady import planned_batches
     from autotune.trial.worst_case import WorstCaseScan, scan_worst_case
 
@@ -271,7 +272,7 @@ def _telemetry_for(device: Any) -> Any:
         return None
     import torch
 
-    from autotune.telemetry import GpuTelemetry, nvml_uuid
+    from autotune.machine.telemetry import GpuTelemetry, nvml_uuid
 
     uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
     return GpuTelemetry(nvml_uuid(uuid)) if uuid is not None else None

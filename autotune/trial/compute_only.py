@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from autotune.knobs.config import TrialConfig
     from autotune.trial.distributed import RankInfo
-    from autotune.trial.spec import TrialConfig
     from autotune.workloads.base import TrainingSetup
 
 __all__ = ["in_memory_batches", "IN_MEMORY_BATCHES"]
@@ -35,7 +35,7 @@ def in_memory_batches(
     count: int = IN_MEMORY_BATCHES,
 ) -> Iterator[Any]:
     """`count` batches collated here (workers 0), moved to the device once, then repeated for ever."""
-    from autotune.trial.dataloader import build_loader
+    from autotune.trial.loader import build_loader
 
     host_config = dataclasses.replace(config, num_workers=0, pin_memory=False)
     loader = build_loader(setup, host_config, total_batches=count, seed=seed, rank=rank)

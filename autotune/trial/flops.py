@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from autotune.trial.precision import TORCH_DEFAULT_FP32
+from autotune.knobs.precision import TORCH_DEFAULT_FP32
 
 if TYPE_CHECKING:
     import torch
 
-    from autotune.trial.precision import PrecisionSettings
+    from autotune.knobs.precision import PrecisionSettings
     from autotune.workloads.base import TrainingSetup
 
 __all__ = ["count_flops_per_sample", "peak_tflops", "achieved_tflops"]

@@ -19,11 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from autotune import yamlio
-from autotune.hardware import available_cores
+from autotune.machine.hardware import available_cores
 from autotune.trial.signals import describe_signal, describe_signal_name
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
 
-__all__ = ["launch", "child_environment", "free_port", "kill_group", "run_child", "start_child"]
+__all__ = [
+    "launch",
+    "child_environment",
+    "free_port",
+    "kill_group",
+    "log_tail_of",
+    "rank_result",
+    "run_child",
+    "start_child",
+]
 
 logger = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
@@ -121,7 +130,7 @@ def describe_exit(returncode: int) -> str:
     return f"killed by {describe_signal(-returncode)}" if returncode < 0 else f"exited with code {returncode}"
 
 
-def _tail(log_path: Path) -> str:
+def log_tail_of(log_path: Path) -> str:
     try:
         with open(log_path, "rb") as log:
             log.seek(max(0, log_path.stat().st_size - LOG_TAIL_CHARS))
@@ -250,17 +259,17 @@ def launch(spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: Sh
         result = TrialResult(
             status="timeout",
             reason=f"no result within {timeout_s:.0f} s (hang or far too slow)",
-            log_tail=_tail(ranks.logs[0]),
+            log_tail=log_tail_of(ranks.logs[0]),
         )
     else:
         rank = failed or 0
-        result = _result(spec, rank, ranks.processes[rank].returncode, ranks.logs[rank])
+        result = rank_result(spec, rank, ranks.processes[rank].returncode, ranks.logs[rank])
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def _result(spec: TrialSpec, rank: int, returncode: int, log_path: Path) -> TrialResult:
-    tail = _tail(log_path)
+def rank_result(spec: TrialSpec, rank: int, returncode: int, log_path: Path) -> TrialResult:
+    tail = log_tail_of(log_path)
     where = f"rank {rank} of {spec.config.world_size}: " if spec.config.world_size > 1 else ""
     result_path = Path(rank_result_path(spec.result_path, rank))
     if result_path.exists():  # written last thing: whatever ended the process afterwards (we may have) is moot

@@ -13,18 +13,20 @@ from typing import Any
 
 import torch
 
-from autotune.machine_load import CpuSample, cpu_sample
+from autotune.knobs import compile_modes
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.precision import PrecisionSettings
+from autotune.machine.cpu_load import CpuSample, cpu_sample
 from autotune.trial import distributed, steady
 from autotune.trial.compile_watch import CompileWatch
 from autotune.trial.distributed import Forward
 from autotune.trial.memory import PeakMemory
-from autotune.trial.precision import PrecisionSettings
 from autotune.trial.scaler import SkipCountingScaler
-from autotune.trial.spec import TimingSettings, TrialConfig
+from autotune.trial.spec import TimingSettings
 from autotune.trial.window_record import WindowMeasurement, step_work
 from autotune.workloads.base import TrainingSetup
 
-__all__ = ["NonFiniteLossError", "measure"]
+__all__ = ["NonFiniteLossError", "Stepper", "check_finite", "measure", "synchronize"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +38,12 @@ class NonFiniteLossError(RuntimeError):
 FIRST_STEPS_KEPT = 4  # warm-up steps whose times a result keeps: where a trial's start-up went
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-class _Stepper:
+class Stepper:
     """Training steps as the user's loop runs them: autocast forward, scaled backward, and an optimiser step every
     grad_accum_steps micro-batches (gradients all-reduced only on that last micro-batch under DDP)."""
 
@@ -78,7 +80,7 @@ class _Stepper:
         self.losses.append(loss.detach())
 
 
-def _check_finite(losses: list[torch.Tensor], phase: str) -> None:
+def check_finite(losses: list[torch.Tensor], phase: str) -> None:
     # One sync for many steps: checking every step would add a device round trip to each.
     if losses and not bool(torch.isfinite(torch.stack([loss.float() for loss in losses])).all()):
         raise NonFiniteLossError(f"loss became non-finite during {phase}")
@@ -194,8 +196,8 @@ def measure(
     """
     forward = forward or Forward(setup.model, setup.loss_fn, device)
     non_blocking = config.pin_memory and device.type == "cuda"
-    step = _Stepper(setup, forward, precision, config.grad_accum_steps, non_blocking=non_blocking)
-    watch = CompileWatch(compiling=config.compile != "off")
+    step = Stepper(setup, forward, precision, config.grad_accum_steps, non_blocking=non_blocking)
+    watch = CompileWatch(compiling=config.compile != compile_modes.OFF)
     result = WindowMeasurement(compile=watch.cost)
     # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front.
     hindsight = timing.trim_transient and device.type == "cpu" and distributed.world_size() == 1
@@ -212,7 +214,7 @@ def measure(
         watch=watch,
         memory=memory,
     )
-    _check_finite(step.losses, "warm-up")
+    check_finite(step.losses, "warm-up")
     result.warmup_first_steps_s = warmup_times[:FIRST_STEPS_KEPT]
     window_steps = _agreed_window_steps(
         warmup_times, spent_before_s + result.warmup_s, timing, step.accum_steps, device
@@ -231,7 +233,7 @@ def measure(
         step(setup.batch_to_device(batch, device, non_blocking))
         memory.step_done()
         if watch.compiling:  # a compiling step's time must be its own (CUDA runs asynchronously)
-            _synchronize(device)
+            synchronize(device)
         now = time.perf_counter()
         if watch.step_compiled(now - last):  # a new shape compiled: its cost is compile time, not the window's
             steps.add_compiled(now - last)
@@ -252,11 +254,11 @@ def measure(
             window_done = step.at_step_boundary and steps.done()
         if window_done:
             break
-    _synchronize(device)
+    synchronize(device)
     distributed.barrier(device)
     elapsed_s = time.perf_counter() - window_start
     steps.fill(result, elapsed_s, (cpu_before, cpu_sample()))
-    _check_finite(step.losses, "the timed window")
+    check_finite(step.losses, "the timed window")
     result.scaler_skip_fraction = step.scaler.window_skip_fraction()
     memory.sample()
     return result
@@ -265,7 +267,7 @@ def measure(
 def _warm_up(
     setup: TrainingSetup,
     batches: Iterator[Any],
-    step: _Stepper,
+    step: Stepper,
     device: torch.device,
     result: WindowMeasurement,
     on_progress: Callable[[str, float, float], None],
@@ -289,7 +291,7 @@ def _warm_up(
             result.loader_start_s = time.perf_counter() - started
         step(setup.batch_to_device(batch, device, non_blocking))
         memory.step_done()
-        _synchronize(device)
+        synchronize(device)
         warmup_times.append(time.perf_counter() - step_started)
         compiled = watch.step_compiled(warmup_times[-1])
         if len(warmup_times) > 1 and not compiled:  # the first step carries start-up costs; later ones project it

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.machine_load import process_tree
+from autotune.machine.cpu_load import process_tree
 
 __all__ = ["PeakMemory", "process_tree_rss_bytes", "available_memory_bytes"]
 

@@ -41,7 +41,7 @@ from typing import Any
 from autotune import yamlio
 from autotune.python_command import module_command
 from autotune.trial.interconnect import rank_host
-from autotune.trial.launch import _result, _tail, child_environment, kill_group, start_child
+from autotune.trial.launch import child_environment, kill_group, log_tail_of, rank_result, start_child
 from autotune.trial.slurm_state import slurm_command
 from autotune.trial.spec import PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
 
@@ -257,10 +257,12 @@ def _judge(spec: TrialSpec, workdir: Path, task: NodeTask, outcome: str, timeout
     log = workdir / "trial.log"
     if outcome == "timeout":
         return TrialResult(
-            status="timeout", reason=f"no result within {timeout_s:.0f} s (hang or far too slow)", log_tail=_tail(log)
+            status="timeout",
+            reason=f"no result within {timeout_s:.0f} s (hang or far too slow)",
+            log_tail=log_tail_of(log),
         )
     if outcome == "done":
-        return _result(spec, 0, 0, log)
+        return rank_result(spec, 0, 0, log)
     time.sleep(POLL_S)  # the launchers just stopped: their reports are renamed into place
     reports = {index: report for index, report in _reports_after(spec, workdir, task).items()}
     crashed = [
@@ -271,20 +273,22 @@ def _judge(spec: TrialSpec, workdir: Path, task: NodeTask, outcome: str, timeout
     ]
     if crashed:
         _, rank, code, index = min(crashed)
-        result = _result(spec, rank, code, _node_log(workdir, index))
+        result = rank_result(spec, rank, code, _node_log(workdir, index))
         result.reason += f" (on node {reports[index].get('node', index)})"
         return result
     failed = sorted((at_ns, rank) for rank, (at_ns, status) in _written(spec).items() if status != "ok")
     if failed:
-        return _result(spec, failed[0][1], 0, log)
+        return rank_result(spec, failed[0][1], 0, log)
     for index, report in sorted(reports.items()):
         said = report.get("error") or (report.get("failures") or {}).get("agent", {}).get("error")
         if said:
             node = report.get("node", index)
-            return TrialResult(status="error", reason=f"node {node}: {said}", log_tail=_tail(_node_log(workdir, index)))
+            return TrialResult(
+                status="error", reason=f"node {node}: {said}", log_tail=log_tail_of(_node_log(workdir, index))
+            )
     missing = [str(index) for index in range(spec.nodes) if index not in reports]
     where = f"; no report from node(s) {', '.join(missing)}" if missing else ""
-    result = _result(spec, 0, int(reports.get(0, {}).get("exit_code") or 1), log)
+    result = rank_result(spec, 0, int(reports.get(0, {}).get("exit_code") or 1), log)
     result.reason += where
     return result
 

@@ -1,10 +1,9 @@
-"""One process and model setup for everything that trains in a run's children, and for the user's own training.
+"""One process and model setup for everything that trains in a run's children: device, workload, data, model.
 
 A trial (trial/child.py), the compute-only ceiling (a trial too) and the AMP check's curves (trial/amp_curves.py)
 set up their process and build their model here: the device (the rank's GPU, made current), intra-op threads and
 the precision's backend flags, the workload built from its data with a seed, the model on the device in train mode.
-`apply_process_settings` is also what a user's load_config(...).apply_backend_flags() runs, so the threads and
-flags a trial measured with are the ones handed over.
+The threads and flags are set by knobs/process.py, which a user's load_config(...).apply_backend_flags() runs too.
 """
 
 from __future__ import annotations
@@ -16,23 +15,13 @@ if TYPE_CHECKING:
     import torch
 
     from autotune.data import DataSource
+    from autotune.knobs.config import TrialConfig
+    from autotune.knobs.precision import PrecisionSettings
     from autotune.trial.distributed import RankInfo
-    from autotune.trial.precision import PrecisionSettings
-    from autotune.trial.spec import TrialConfig, TrialSpec
+    from autotune.trial.spec import TrialSpec
     from autotune.workloads.base import TrainingSetup, Workload
 
-__all__ = ["TrialProcess", "apply_process_settings"]
-
-
-def apply_process_settings(config: TrialConfig, precision: PrecisionSettings) -> str:
-    """Set this process's intra-op threads (where the configuration fixes them) and the precision's backend flags
-    (TF32 through both of torch's APIs where it has two, cudnn.benchmark); returns the TF32 API used
-    (trial/precision.py apply_backend_flags)."""
-    if config.intra_op_threads is not None:
-        import torch
-
-        torch.set_num_threads(config.intra_op_threads)
-    return precision.apply_backend_flags()
+__all__ = ["TrialProcess"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,7 +57,7 @@ class TrialProcess:
 
     def precision(self, config: TrialConfig, **overrides: Any) -> PrecisionSettings:
         """The configuration's precision settings on this device (a field overridden: the AMP check's precisions)."""
-        from autotune.trial.precision import PrecisionSettings
+        from autotune.knobs.precision import PrecisionSettings
 
         fields = {"precision": config.precision, "cudnn_benchmark": config.cudnn_benchmark, **overrides}
         return PrecisionSettings(device_type=self.device.type, **fields)

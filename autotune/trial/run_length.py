@@ -1,6 +1,6 @@
 """The training run a result is for, and a trial's throughput over it with its one-off costs paid.
 
-A configuration that compiles its model (compile_modes.py) pays minutes once and then steps faster; one without
+A configuration that compiles its model (knobs/compile_modes.py) pays minutes once and then steps faster; one without
 persistent workers pays the workers' start-up every epoch. Which is faster depends on how long the user trains: a
 compile that costs 8 minutes and saves 8% pays off after 100 minutes of training, not in a 10-minute fine-tune
 (pytorch issue 93468: OpenNMT's first 100 steps took 734 s compiled against 212 s eager, for +8% afterwards). So the
@@ -20,11 +20,12 @@ the window's steady-state rate stays beside it (window_samples_per_second), and 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RunLength", "parse_run_length", "run_rate"]
+from autotune.yamlio import from_fields
+
+__all__ = ["RunLength", "run_rate"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,31 +52,7 @@ class RunLength:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunLength:
-        from autotune.trial.spec import from_fields
-
         return from_fields(cls, data)
-
-
-def parse_run_length(text: str) -> RunLength:
-    """--run-length: '3ep' / '3 epochs' / '3' (epochs of the data) or a duration '12h', '90m', '1h30m' (hours).
-
-    Raises:
-        UserError: anything else, or a length that is not positive.
-    """
-    from autotune.cli_parsing import parse_duration
-    from autotune.errors import UserError
-
-    cleaned = text.strip().lower()
-    epochs = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(?:ep|epoch|epochs)?", cleaned)
-    try:
-        if epochs is not None:
-            return RunLength(epochs=float(epochs.group(1)))
-        return RunLength(epochs=None, hours=parse_duration(cleaned) / 3600.0)
-    except (UserError, ValueError):
-        raise UserError(
-            f"cannot read --run-length {text!r}; write epochs like 3ep (the default is 1ep, one epoch of the data) "
-            "or a training time like 12h or 90m, greater than zero"
-        ) from None
 
 
 def run_rate(window_rate: float, epoch_samples: int, restart_s: float, compile_s: float, run: RunLength) -> float:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from autotune.trial.spec import TrialConfig
+    from autotune.knobs.config import TrialConfig
     from autotune.workloads.base import TrainingSetup
 
 __all__ = ["EpochAccounting", "CycledEpochs", "rank_indices", "epoch_batches", "count_epoch"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from autotune.trial.precision import NullScaler
+from autotune.knobs.precision import NullScaler
 
 __all__ = ["SkipCountingScaler", "skip_gate_reason"]
 

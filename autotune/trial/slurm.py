@@ -166,8 +166,8 @@ class SlurmLauncher:
     poll_s: float = POLL_S
     state_poll_s: float = STATE_POLL_S
     fingerprint: str | None = None  # the study's hardware fingerprint: each job checks its node's (run_on_node)
-    # Set by the controller (in_flight.py) when Ctrl-C reaches it: every trial waiting in another thread cancels its
-    # job and raises KeyboardInterrupt there (a signal reaches only the main thread).
+    # Set by the controller (search/in_flight.py) when Ctrl-C reaches it: every trial waiting in another thread cancels
+    # its job and raises KeyboardInterrupt there (a signal reaches only the main thread).
     stop: threading.Event = field(default_factory=threading.Event)
     # The node the next jobs ask for (a leader's confirmations, where it was measured first: in_flight.on_node);
     # None: any node of the partition.

@@ -32,8 +32,9 @@ def run_on_node(
     submitit's warning signal (USR2, trial/slurm.py WARNING_SIGNAL_S before the time limit) raises in here:
     trial.launch then kills its ranks, and the result says the time limit came first (or the job was preempted).
 
-    fingerprint: the study's hardware fingerprint (hardware.py); a node whose own differs measures nothing and the
-    result is an error naming both, so that unlike nodes of a partition never mix their measurements into a study."""
+    fingerprint: the study's hardware fingerprint (machine/hardware.py); a node whose own differs measures nothing and
+    the result is an error naming both, so that unlike nodes of a partition never mix their measurements into a
+    study."""
     from submitit.core.utils import UncompletedJobError
 
     folder, spec = Path(workdir), TrialSpec.from_dict(spec_data)
@@ -72,7 +73,7 @@ def _unlike_node(spec: TrialSpec, node: str, fingerprint: str | None) -> TrialRe
     """The error result for a node whose hardware is not the study's (None where it is, or nothing was asked)."""
     if fingerprint is None:
         return None
-    from autotune.hardware import probe
+    from autotune.machine.hardware import probe
 
     own = probe(spec.device_type).fingerprint()
     if own == fingerprint:

@@ -14,7 +14,7 @@ ran trials side by side. Run elsewhere, a confirmation adds one window from a no
 (the study's, checked on every node): it moves the leader's median by at most the difference between two like nodes,
 which the comparison between leaders first measured on different nodes already carries. Skipped, the leader keeps
 fewer windows, at worst the single search window confirmation is there to check (5-7% off on a noisy landscape:
-confirmation.py), and one lucky window could crown it. The mixed median is the smaller error, and it is said.
+search/confirmation.py), and one lucky window could crown it. The mixed median is the smaller error, and it is said.
 """
 
 from __future__ import annotations

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from autotune import knobs
+from autotune.knobs.config import TrialConfig
 from autotune.trial.run_length import RunLength
+from autotune.yamlio import from_fields
 
 __all__ = [
     "LAUNCHED_AT_ENV",
     "PROGRESS_SUFFIX",
-    "TrialConfig",
     "TimingSettings",
     "TrialSpec",
     "TrialResult",
     "STATUSES",
     "FEASIBLE_STATUSES",
     "NEUTRAL_STATUSES",
-    "from_fields",
     "rank_result_path",
 ]
 
@@ -52,99 +51,11 @@ NEUTRAL_STATUSES = ("stopped", "pruned")
 ERRATIC_THROUGHPUT_CV = 0.3  # trials not competing for cores measured 0.001-0.07; see benchmarks/README.md
 LAUNCHED_AT_ENV = "AUTOTUNE_LAUNCHED_AT"  # the parent's time.time() when it started the child (for start_s)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
-_T = TypeVar("_T")
 
 
 def rank_result_path(result_path: str, rank: int) -> str:
     """Where a rank writes its result: rank 0 (the whole trial's result) at result_path, others beside it."""
     return result_path if rank == 0 else f"{result_path}.rank{rank}"
-
-
-def from_fields(cls: type[_T], data: dict[str, Any]) -> _T:
-    """A dataclass from a dict of its fields; a key that is no field is an error naming it (a misspelled or stale
-    key must not vanish silently: what crosses a process or is read back is exactly what was written).
-
-    Raises:
-        ValueError: data has keys cls has no field for.
-    """
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    unknown = [key for key in data if key not in names]
-    if unknown:
-        raise ValueError(
-            f"{cls.__name__} has no field {', '.join(repr(key) for key in unknown)} "
-            f"(its fields: {', '.join(sorted(names))})"
-        )
-    return cls(**data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrialConfig:
-    """One point of the search: DataLoader, precision and thread settings for one training device.
-
-    One field per knob declared in autotune/knobs.py (tests/test_knobs.py holds them equal), plus the workload's own.
-    """
-
-    per_device_batch_size: int
-    num_workers: int = 0
-    prefetch_factor: int | None = None
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    in_order: bool = True  # DataLoader's own default; False hands over whichever worker's batch is ready (torch 2.6+)
-    precision: str = "fp32"  # one of autotune.trial.precision.PRECISIONS
-    optimizer_impl: str = "default"  # the recipe's optimizer as torch builds it (autotune/optimizer_kernels.py)
-    activation_checkpointing: bool | None = None  # None: the recipe's own (autotune/checkpointing.py)
-    cudnn_benchmark: bool = True
-    intra_op_threads: int | None = None
-    world_size: int = 1
-    grad_accum_steps: int = 1
-    preload_audio: bool = False  # decode the corpus into RAM once, before the DataLoader starts (data/preload.py)
-    feature_device: str | None = None  # workers | device; None: where the recipe computes them (feature_device.py)
-    compile: str = "off"  # torch.compile of the model's modules (autotune/compile_modes.py); off: eager
-    workload_knobs: dict[str, Any] = field(default_factory=dict)  # the workload's own knobs (Workload.knobs)
-
-    def __post_init__(self) -> None:
-        # DataLoader rejects these without workers; normalising here keeps equal configs equal.
-        if self.num_workers == 0:
-            object.__setattr__(self, "prefetch_factor", None)
-            object.__setattr__(self, "persistent_workers", False)
-            object.__setattr__(self, "in_order", True)
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.per_device_batch_size * self.world_size * self.grad_accum_steps
-
-    @classmethod
-    def from_params(
-        cls, params: dict[str, Any], *, world_size: int = 1, workload_knobs: tuple[str, ...] = ()
-    ) -> TrialConfig:
-        """Build from the flat parameter dict a search space suggests; `workload_knobs` names the workload's own."""
-        core = {key: value for key, value in params.items() if key not in workload_knobs}
-        own = {key: value for key, value in params.items() if key in workload_knobs}
-        return from_fields(cls, {**core, "world_size": world_size, "workload_knobs": own})
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        """The workload's knobs under their earlier name, for code written against older results (load_config)."""
-        return self.workload_knobs
-
-    def knob_values(self) -> dict[str, Any]:
-        """The declared knobs' values by name (knobs.NAMES; the workload's own are in `workload_knobs`)."""
-        return {name: getattr(self, name) for name in knobs.NAMES}
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
-        if "extra" in data:  # a configuration stored before the workload's knobs had their name (a trial's attribute)
-            data = {**{key: value for key, value in data.items() if key != "extra"}, "workload_knobs": data["extra"]}
-        return from_fields(cls, data)
-
-    def short(self) -> str:
-        """A compact human description, e.g. 'bs=64 w=4 pf=2 pin bf16': each knob's word (knobs.py), then the
-        workload's knobs."""
-        words = knobs.trial_words(self.knob_values())
-        return " ".join(words + [f"{key}={value}" for key, value in self.workload_knobs.items()])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,7 +82,7 @@ class TimingSettings:
     min_timed_share: float = 0.8
     max_window_factor: float = 4.0  # ...up to this many window_s
     # A window at least this long, whatever the share rule: a long run's confirmation trials measure the time its
-    # round holds in one window rather than in several trials each paying start-up (confirmation.py); warm-up
+    # round holds in one window rather than in several trials each paying start-up (search/confirmation.py); warm-up
     # keeps window_s's scale. 0: the rules above alone.
     window_at_least_s: float = 0.0
     memory_headroom_fraction: float = 0.10

@@ -8,11 +8,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.machine_load import CpuSample, others_fraction
+from autotune.knobs import compile_modes
+from autotune.knobs.config import TrialConfig
+from autotune.machine.cpu_load import CpuSample, others_fraction
 from autotune.trial.compile_watch import CompileCost
 from autotune.trial.epoch_mix import EpochMix, epoch_mix_factor
 from autotune.trial.run_length import RunLength, run_rate
-from autotune.trial.spec import TrialConfig
 
 __all__ = ["MIN_STABILITY_PART_S", "WindowMeasurement", "cpu_share", "step_work", "throughput_cv"]
 
@@ -57,7 +58,7 @@ class WindowMeasurement:
         restart_s = self.epoch_boundary_s
         if restart_s is None:
             restart_s = self.loader_start_s if config.num_workers > 0 and not config.persistent_workers else 0.0
-        compiled = self.compile.summary(self.step_times_s) if config.compile != "off" else {}
+        compiled = self.compile.summary(self.step_times_s) if config.compile != compile_modes.OFF else {}
         compile_s = float(compiled.get("compile_s", 0.0))
         mixed_rate = window_rate * (mix_factor or 1.0)
         epoch_rate = run_rate(mixed_rate, dataset_size, restart_s, compile_s, run or RunLength())

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from autotune.knobs.config import TrialConfig
+    from autotune.knobs.precision import PrecisionSettings
     from autotune.trial.distributed import Forward
-    from autotune.trial.precision import PrecisionSettings
     from autotune.trial.scaler import SkipCountingScaler
-    from autotune.trial.spec import TrialConfig
     from autotune.workloads.base import TrainingSetup
 
 __all__ = ["MAX_SCALE_SEARCH_STEPS", "WorstCaseScan", "WorstCaseOutOfMemoryError", "scan_worst_case"]
@@ -90,7 +90,7 @@ def scan_worst_case(
         WorstCaseOutOfMemoryError: a worst batch does not fit.
         NonFiniteLossError: the loss of a worst batch is NaN or infinite.
     """
-    from autotune.trial.loop import _check_finite, _Stepper, _synchronize
+    from autotune.trial.loop import Stepper, check_finite, synchronize
     from autotune.trial.memory import PeakMemory
 
     if setup.worst_case_batches is None:
@@ -100,7 +100,7 @@ def scan_worst_case(
         return WorstCaseScan()
     scan = WorstCaseScan(batches=len(batches), largest_batch_samples=max(setup.samples_in(b) for b in batches))
     fresh = not setup.optimizer.state  # the state a fresh optimiser allocates must be there for a worst step too
-    step = _Stepper(setup, forward, precision, 1)
+    step = Stepper(setup, forward, precision, 1)
 
     def run(batch: Any) -> None:
         step(setup.batch_to_device(batch, device, False))
@@ -121,7 +121,7 @@ def scan_worst_case(
             for batch in batches:
                 run(batch)
             scan.second_pass = True
-        _synchronize(device)
+        synchronize(device)
     except torch.OutOfMemoryError as error:
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
         raise WorstCaseOutOfMemoryError(
@@ -132,7 +132,7 @@ def scan_worst_case(
         scan.peak_memory_bytes = memory.sample()
         memory.stop()
     scan.seconds = time.perf_counter() - started
-    _check_finite(step.losses, "the worst-case scan")
+    check_finite(step.losses, "the worst-case scan")
     setup.optimizer.zero_grad(set_to_none=True)
     if not scan.optimizer_state_held:
         logger.warning(

@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.checkpointing import enabled
 from autotune.errors import DataError
-from autotune.feature_device import DEVICE, WORKERS
-from autotune.optimizer_kernels import build as build_optimizer
+from autotune.knobs import length_batching
+from autotune.knobs.checkpointing import enabled
+from autotune.knobs.feature_device import DEVICE, WORKERS
+from autotune.knobs.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
 from autotune.workloads.registry import register
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from autotune.data import DataSource
     from autotune.data.buckets import BucketPlan
     from autotune.data.offline import Preparation
-    from autotune.trial.spec import TrialConfig
+    from autotune.knobs.config import TrialConfig
 
 __all__ = ["PUBLISHED_VOCAB_SIZE", "load_asr_data", "recipe_optimizer", "warmup_lr"]
 
@@ -50,11 +51,10 @@ RECIPE_LR = 0.002
 RECIPE_WARMUP_STEPS = 25000
 RECIPE_GRAD_CLIP = 5.0
 PUBLISHED_VOCAB_SIZE = 4233  # aishell's character dictionary, which the published 46.2M parameters count
-BATCH_TYPES = ("static", "dynamic", "bucket")
 DEFAULT_MAX_FRAMES_IN_BATCH = 12000  # WeNet's default for batch_type dynamic
 DEFAULT_NUM_BUCKETS = 8
 DEFAULT_BUCKET_SCALING = 1.0  # WeNet's dynamic budget in every bucket
-FEATURE_DEVICES = (WORKERS, DEVICE)  # the recipe's placement first (autotune/feature_device.py)
+FEATURE_DEVICES = (WORKERS, DEVICE)  # the recipe's placement first (autotune/knobs/feature_device.py)
 
 
 def load_asr_data(path: str | None) -> DataSource:
@@ -87,13 +87,13 @@ def _batch_sampler_factory(frames: tuple[int, ...], sort_size: int) -> Any:
         """One epoch of WeNet-style batches over one rank's share of the list; bucket batches are dealt whole, so
         that every rank gets as many: the sampler takes every item and this rank's batches (torch.distributed's
         rank, as lhotse's samplers read it), from the same generator on every rank."""
-        batch_type = config.workload_knobs.get("batch_type", "static")
-        if batch_type not in BATCH_TYPES:
-            raise ValueError(f"batch_type {batch_type!r} is not one of {', '.join(BATCH_TYPES)}")
-        if batch_type == "bucket":
+        batch_type = length_batching.batch_type(config.workload_knobs)
+        if batch_type not in length_batching.BATCH_TYPES:
+            raise ValueError(f"batch_type {batch_type!r} is not one of {', '.join(length_batching.BATCH_TYPES)}")
+        if batch_type == length_batching.BUCKET:
             return BucketBatchSampler(frames, bucket_plan(frames, config), generator=generator)
         size: dict[str, int] = {"batch_size": config.per_device_batch_size}
-        if batch_type == "dynamic":
+        if batch_type == length_batching.DYNAMIC:
             frames_in_batch = config.workload_knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH)
             size = {"max_frames_in_batch": int(frames_in_batch)}
         return LengthSortedBatchSampler(
@@ -114,8 +114,9 @@ def _recipe_step_hook(model: torch.nn.Module) -> Any:
 
 
 def recipe_optimizer(model: torch.nn.Module, implementation: str) -> torch.optim.Optimizer:
-    """WeNet's Adam over the model, stepping with `implementation` (optimizer_kernels.py), with the recipe's warm-up
-    and clipping in a step pre-hook (GradScaler unscales first, so the hook clips true gradients, as WeNet does)."""
+    """WeNet's Adam over the model, stepping with `implementation` (knobs/optimizer_kernels.py), with the recipe's
+    warm-up and clipping in a step pre-hook (GradScaler unscales first, so the hook clips true gradients, as WeNet
+    does)."""
     import torch
 
     optimizer = build_optimizer(torch.optim.Adam, model.parameters(), implementation, lr=warmup_lr(1))
@@ -126,7 +127,8 @@ def recipe_optimizer(model: torch.nn.Module, implementation: str) -> torch.optim
 def _build_conformer(context: WorkloadContext) -> TrainingSetup:
     from torch import nn
 
-    from autotune.data.asr import WENET_SPEEDS, AsrDataset, CharVocabulary, SpecAugmentConfig
+    from autotune.data.asr import WENET_SPEEDS, AsrDataset, CharVocabulary
+    from autotune.data.asr_features import SpecAugmentConfig
     from autotune.data.cmvn import global_cmvn
     from autotune.models.conformer import MIN_INPUT_FRAMES, ConformerASR
 
@@ -205,7 +207,7 @@ def _worst_case_batches(dataset: Any, collate_fn: Any) -> Any:
     slowest.speeds = (min(dataset.speeds),)
 
     def worst(config: TrialConfig) -> list[Any]:
-        if config.workload_knobs.get("batch_type") == "bucket":
+        if length_batching.batch_type(config.workload_knobs) == length_batching.BUCKET:
             from autotune.data.buckets import worst_batches
 
             return [
@@ -213,7 +215,7 @@ def _worst_case_batches(dataset: Any, collate_fn: Any) -> Any:
                 for batch in worst_batches(frames, bucket_plan(frames, config))
             ]
         count = config.per_device_batch_size
-        if config.workload_knobs.get("batch_type", "static") == "dynamic":
+        if length_batching.batch_type(config.workload_knobs) == length_batching.DYNAMIC:
             budget = int(config.workload_knobs.get("max_frames_in_batch", DEFAULT_MAX_FRAMES_IN_BATCH))
             count = max(1, budget // max(frames))
         return [longest_batch(slowest, collate_fn, count, frames)]
@@ -247,7 +249,7 @@ def conformer() -> Workload:
         published_parameters=46_197_266,
         space_file="conformer.yaml",
         options={"speed_perturb": True, "spec_aug": True, "sort_size": 500, "model": {}},
-        knobs=("batch_type", "max_frames_in_batch", "num_buckets", "bucket_scaling"),
+        knobs=length_batching.KNOBS,
         feature_devices=FEATURE_DEVICES,
         checkpointing="WeNet's gradient_checkpointing: every encoder and decoder layer recomputed in backward",
         prepare_data=_prepare_conformer,

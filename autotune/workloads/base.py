@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from autotune.data import DataSource
     from autotune.data.offline import Preparation
-    from autotune.trial.spec import TrialConfig
+    from autotune.knobs.config import TrialConfig
 
 __all__ = ["Workload", "WorkloadContext", "TrainingSetup", "move_to_device"]
 
@@ -103,11 +103,12 @@ class Workload:
         published_parameters: the figure the model's authors publish, asserted by tests.
         space_file: the search-space YAML used when the user gives none.
         options: workload options and their defaults (e.g. crop_s), overridable per run.
-        knobs: the workload's own knobs (search parameters beyond those of autotune/knobs.py, e.g. WeNet's
+        knobs: the workload's own knobs (search parameters beyond those of autotune/knobs/declarations.py, e.g. WeNet's
             max_frames_in_batch): a trial gets their values in TrialConfig.workload_knobs, and the result writes them
             in its `workload_knobs` section.
         checkpointing: what the activation_checkpointing knob recomputes in this workload, as its framework's own
-            switch does (autotune/checkpointing.py); None: the knob does not apply, and a space naming it is refused.
+            switch does (autotune/knobs/checkpointing.py); None: the knob does not apply, and a space naming it is
+            refused.
         check_options: (the run's options, its data) -> notes for the result; runs once in the parent before any
             trial, raises a UserError for an option the user got wrong (one line, exit code 2) and prepares what
             trials will read (e.g. generates the synthetic noise set), so that a bad path never costs a trial.
@@ -116,7 +117,7 @@ class Workload:
             trial and cached (`autotune.data.offline`), so that trials measure the training pipeline the recipe
             runs and not its preprocessing. Raises a UserError for bad data or options. None: nothing to prepare.
         feature_devices: where its pipeline can compute the input features, the recipe's placement first (workers,
-            device: the feature_device knob, autotune/feature_device.py); empty: nothing to choose (the recipe's
+            device: the feature_device knob, autotune/knobs/feature_device.py); empty: nothing to choose (the recipe's
             placement is the only one), and a space naming the knob is refused before any trial.
     """
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from autotune.checkpointing import enabled
 from autotune.errors import UserError
-from autotune.feature_device import DEVICE, WORKERS
-from autotune.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
-from autotune.optimizer_kernels import build as build_optimizer
+from autotune.knobs.checkpointing import enabled
+from autotune.knobs.feature_device import DEVICE, WORKERS
+from autotune.knobs.optimizer_kernels import DEFAULT as DEFAULT_OPTIMIZER
+from autotune.knobs.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import preload_if_asked
 from autotune.workloads.registry import register
@@ -36,14 +36,14 @@ ERES2NET_RECIPE = {**THREED_SPEAKER_PIPELINE, "lr": 0.2, "margin": 0.3, "aug_pro
 # margin 0.2 scale 30, and in compute_forward, on the device, the original batch plus 4 augmented copies
 # (augment_copies; 0 = none, features then computed in the workers) and Fbank: see autotune/data/augment.py.
 SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2, "augment_copies": 4}
-# Where each pipeline can compute its fbank (autotune/feature_device.py), the recipe's placement first: 3D-Speaker's
-# WavSVDataset featurises in the workers, and the same Kaldi fbank can run batch-wise in the step; SpeechBrain's
-# Fbank follows its on-device augmentation in compute_forward, so it has no choice to make.
+# Where each pipeline can compute its fbank (autotune/knobs/feature_device.py), the recipe's placement first:
+# 3D-Speaker's WavSVDataset featurises in the workers, and the same Kaldi fbank can run batch-wise in the step;
+# SpeechBrain's Fbank follows its on-device augmentation in compute_forward, so it has no choice to make.
 FEATURE_DEVICES: dict[str, tuple[str, ...]] = {"3d-speaker": (WORKERS, DEVICE), "speechbrain": ()}
 
 
 def speaker_optimizer(name: str, lr: float, parameters: Any, implementation: str = DEFAULT_OPTIMIZER) -> Any:
-    """The recipe's optimizer (`name`: sgd or adam) stepping with `implementation` (optimizer_kernels.py)."""
+    """The recipe's optimizer (`name`: sgd or adam) stepping with `implementation` (knobs/optimizer_kernels.py)."""
     import torch
 
     if name == "sgd":

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import DataError, WorkloadError
-from autotune.optimizer_kernels import build as build_optimizer
+from autotune.knobs.optimizer_kernels import build as build_optimizer
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext
 from autotune.workloads.common import load_transcribed_data, longest_batch, preload_if_asked, scheduled_step_hook
 from autotune.workloads.registry import register
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from autotune.data import DataSource
     from autotune.data.offline import Preparation
-    from autotune.trial.spec import TrialConfig
+    from autotune.knobs.config import TrialConfig
 
 __all__ = ["load_tts_data", "noam_lr", "recipe_optimizer"]
 
@@ -128,7 +128,7 @@ def _dataset(context: WorkloadContext) -> tuple[Any, dict[str, Any], float]:
 
 
 def recipe_optimizer(model: torch.nn.Module, d_model: int, implementation: str) -> torch.optim.Optimizer:
-    """ming024's Adam over the model, stepping with `implementation` (optimizer_kernels.py), with ScheduledOptim's
+    """ming024's Adam over the model, stepping with `implementation` (knobs/optimizer_kernels.py), with ScheduledOptim's
     learning rate and the recipe's clipping in a step pre-hook."""
     import torch
 

@@ -20,11 +20,11 @@ from autotune.data.asr import (
     AsrDataset,
     CharVocabulary,
     FilterConfig,
-    SpecAugmentConfig,
     collate_asr_batch,
     spec_augment,
     split_characters,
 )
+from autotune.data.asr_features import SpecAugmentConfig
 from autotune.data.audio import read_segment
 from autotune.data.batching import LengthSortedBatchSampler
 from autotune.errors import DataError

@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader
 
 from autotune.data import SpeakerCropDataset, Utterance, collate_speaker_batch, load_source
 from autotune.data.audio import read_segment
+from autotune.data.pcm import PCM_FULL_SCALE, pcm_bytes
 from autotune.data.preload import PreloadedAudio
 from autotune.errors import DataError
-from autotune.pcm import PCM_FULL_SCALE, pcm_bytes
 
 ONE_LSB = 1 / PCM_FULL_SCALE
 

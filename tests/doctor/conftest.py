@@ -9,8 +9,8 @@ import pytest
 from autotune import workloads
 from autotune.doctor import DoctorReport, DoctorRequest, Finding, examine
 from autotune.doctor.context import prepare
-from autotune.results import TunedConfig, write_config
-from autotune.trial.spec import TrialConfig
+from autotune.knobs.config import TrialConfig
+from autotune.result.tuned_config import TunedConfig, write_config
 from tests.conftest import make_cpu
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.doctor import DoctorRequest, Verdict
 from autotune.doctor.data_checks import read_sample
-from autotune.trial.spec import TrialConfig
+from autotune.knobs.config import TrialConfig
 from tests.doctor.conftest import one, write_result
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.doctor import DoctorRequest, Verdict, loader_checks
 from autotune.doctor.loader import batch_size_of
-from autotune.trial.spec import TrialConfig
+from autotune.knobs.config import TrialConfig
 from tests.doctor.conftest import one, run_checks, write_result
 
 # 3D-Speaker's fbank of a 3 s crop: 1 + (48000 - 400) // 160 = 298 frames x 80 bins, float32; an int64 label.

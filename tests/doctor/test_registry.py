@@ -7,7 +7,7 @@ import pytest
 from autotune.doctor import CHECKS, Verdict, check, examine
 from autotune.doctor.context import DoctorContext, DoctorRequest, GpuHandle, NvmlView
 from autotune.doctor.registry import Check, ok
-from autotune.hardware import GpuInfo
+from autotune.machine.gpus import GpuInfo
 
 
 def _context(gpu_count: int = 0) -> DoctorContext:

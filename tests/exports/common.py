@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from autotune.exports import Export
-from autotune.results import TunedConfig
-from autotune.trial.spec import TrialConfig
+from autotune.knobs.config import TrialConfig
+from autotune.result.tuned_config import TunedConfig
 
 RECIPES = Path(__file__).parent / "recipes"
 NAMES = ("3d-speaker", "wenet", "speechbrain", "espnet", "lightning")

@@ -11,8 +11,8 @@ import pytest
 from autotune.errors import UserError
 from autotune.exports import TARGETS, export
 from autotune.exports.base import TF32_OFF_ENV, TF32_ON_ENV
-from autotune.results import TunedConfig
-from autotune.trial.precision import PRECISIONS as TRIAL_PRECISIONS
+from autotune.knobs.precision import PRECISIONS as TRIAL_PRECISIONS
+from autotune.result.tuned_config import TunedConfig
 from tests.exports.common import MODEL_FOR, NAMES, PRECISIONS, TASKS, bash_words, for_target, make_tuned, notes_text
 
 MATRIX = list(itertools.product(PRECISIONS, (0, 4), (1, 4), (False, True), ("cuda", "cpu")))
@@ -24,7 +24,7 @@ def test_registry_holds_every_target() -> None:
 
 
 def test_exports_know_every_trial_precision() -> None:
-    assert PRECISIONS == TRIAL_PRECISIONS  # one home: autotune.trial.precision
+    assert PRECISIONS == TRIAL_PRECISIONS  # one home: autotune.knobs.precision
 
 
 @pytest.mark.parametrize("target", NAMES, ids=NAMES)
@@ -135,11 +135,11 @@ def test_frameworks_without_a_tf32_switch_get_it_from_the_environment(
 @pytest.mark.slow  # two fresh interpreters importing torch
 def test_tf32_environment_is_what_torch_reads() -> None:
     """TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, as the tf32 commands set it, makes torch report TF32 matmuls; the cuDNN
-    convolution default is TF32 already (autotune.trial.precision.fp32_math reads both)."""
+    convolution default is TF32 already (autotune.knobs.precision.fp32_math reads both)."""
     import subprocess
     import sys
 
-    code = "from autotune.trial.precision import fp32_math; print(fp32_math())"
+    code = "from autotune.knobs.precision import fp32_math; print(fp32_math())"
     variable, value = TF32_ON_ENV.split("=")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(__import__("pathlib").Path.cwd()), variable: value}
     output = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune.exports import export
-from autotune.results import TunedConfig
+from autotune.result.tuned_config import TunedConfig
 from tests.exports.common import RECIPES, bash_words, call_kwargs, for_target, make_tuned, notes_text
 
 # Inside an sbatch job of two nodes: srun starts its command once per node (here: once, after its options), scontrol

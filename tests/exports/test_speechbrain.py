@@ -77,7 +77,7 @@ def test_models_without_a_speechbrain_recipe_say_so(model: str) -> None:
 
 
 def _quirk_state(environment: dict[str, str]) -> str:
-    code = "import speechbrain; from autotune.trial.precision import fp32_math; print(fp32_math())"
+    code = "import speechbrain; from autotune.knobs.precision import fp32_math; print(fp32_math())"
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path.cwd()), **environment}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 

@@ -11,7 +11,7 @@ import time
 
 import optuna
 
-from autotune import storage
+from autotune.storage import studies as storage
 
 
 def main(url: str, interval_s: str) -> None:

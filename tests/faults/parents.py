@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 from autotune import yamlio
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec
-from autotune.trial.amp_check import AmpCheckSettings, AmpCheckSpec, run_amp_check
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec
+from autotune.trial.amp_check import AmpCheckSpec, run_amp_check
+from autotune.trial.amp_curves import AmpCheckSettings
 from autotune.trial.launch import child_environment
 from autotune.trial.lifeline import child_command
 from tests.fixtures.faulty_workload import workload

@@ -17,8 +17,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import history, load_config, run_output, storage, yamlio
+from autotune import load_config, yamlio
 from autotune.errors import MachineFailure, OutputError
+from autotune.result import history
+from autotune.run import output as run_output
+from autotune.storage import studies as storage
 from autotune.trial import TrialResult
 from tests.faults.conftest import error_line, fill, invoke, processes_with
 from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, wait_for
@@ -118,7 +121,7 @@ def test_a_disk_that_fills_under_the_study_mid_run_writes_the_best_so_far(tiny_c
 def test_a_storage_that_fails_mid_run_injected(tiny_corpus, tmp_path, monkeypatch):
     """The twin, in this process: trials are canned results (no subprocess) and the storage fails at the second
     trial's first write after its measurement, as SQLite does on a full disk."""
-    from autotune import tuner
+    from autotune.search import tuner
 
     monkeypatch.setattr(tuner, "launch", lambda spec, **kwargs: TrialResult(status="ok", samples_per_second=50.0))
     real_set = optuna.trial.Trial.set_user_attr

@@ -14,7 +14,7 @@ import optuna
 import pytest
 import typer
 
-from autotune import cli_exit
+from autotune.cli import exit as cli_exit
 from tests.faults.conftest import error_line, invoke
 from tests.fixtures.runs import run_args, start
 

@@ -18,7 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import storage
+from autotune.storage import studies as storage
 from tests.faults.conftest import (
     NAMESPACE,
     kill_session,
@@ -109,7 +109,7 @@ def test_a_process_that_sees_another_namespaces_proc_records_no_namespace(tmp_pa
     """`unshare --pid --fork` without --mount-proc: getpid() is this namespace's pid, /proc is the host's. Nobody
     may then judge the owner by pid (and it may judge nobody)."""
     require_namespaces()
-    code = "from autotune import storage; print(storage._owner()['pid_ns'], storage._pid_namespace())"
+    code = "from autotune.storage import studies; print(studies._owner()['pid_ns'], studies._pid_namespace())"
     done = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c", code],
         capture_output=True,

@@ -18,11 +18,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import space, storage, warmstart, yamlio
+from autotune import space, yamlio
 from autotune.data import load_source
 from autotune.errors import DataError
-from autotune.trial import TrialConfig
-from autotune.tuner import TunerSettings
+from autotune.knobs.config import TrialConfig
+from autotune.search import warmstart
+from autotune.search.settings import TunerSettings
+from autotune.storage import studies as storage
 from tests.conftest import make_cpu
 from tests.faults.conftest import error_line, invoke
 from tests.fixtures.runs import FIXTURES, run_args

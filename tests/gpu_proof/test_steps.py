@@ -14,8 +14,8 @@ from autotune.gpu_proof.steps_runs import (
     result_figures,
     study_verdict,
 )
-from autotune.results import TunedConfig, write_config
-from autotune.trial.spec import TrialConfig
+from autotune.knobs.config import TrialConfig
+from autotune.result.tuned_config import TunedConfig, write_config
 from tests.conftest import make_cpu, make_cuda
 
 

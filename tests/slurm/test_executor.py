@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from autotune import workloads, yamlio
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec
 from autotune.trial.slurm import JOB_FILE, SlurmLauncher, SlurmSettings, read_state
 from tests.fixtures import slurm
 from tests.fixtures.slurm import PARTITION

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from autotune.cli_parsing import parse_slurm_options
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+from autotune.cli.parsing import parse_slurm_options
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec
 from autotune.trial.slurm import JobState, SlurmSettings, classify, job_parameters, same_trial
 
 SPEC = TrialSpec(
@@ -133,7 +134,7 @@ def test_a_node_unlike_the_study_s_measures_nothing_and_says_why(tmp_path, monke
     naming the node and both fingerprints, written where the controller reads it, and no trial is launched."""
     pytest.importorskip("submitit")
     from autotune import yamlio
-    from autotune.hardware import probe
+    from autotune.machine.hardware import probe
     from autotune.trial import slurm_on_node
 
     monkeypatch.setenv("SLURMD_NODENAME", "node7")

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from autotune import load_config, workloads, yamlio
 from autotune.cli import app
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, SlurmSettings
 from tests.fixtures.runs import error_line, run_args
 from tests.fixtures.slurm import NODES, PARTITION

@@ -1,5 +1,6 @@
 """--parallel N on the test cluster: search trials in flight at once, each a job on a node of its own; bad input is
-one line and exit code 2 before any trial; Ctrl-C cancels every job in flight (docs/cluster.md, autotune/in_flight.py).
+one line and exit code 2 before any trial; Ctrl-C cancels every job in flight (docs/cluster.md,
+autotune/search/in_flight.py).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.candidates import Candidate, TrialRecord
-from autotune.in_flight import placement_notes
-from autotune.trial import TrialConfig, TrialResult, slurm_pinning
+from autotune.knobs.config import TrialConfig
+from autotune.search.candidates import Candidate, TrialRecord
+from autotune.search.in_flight import placement_notes
+from autotune.trial import TrialResult, slurm_pinning
 from autotune.trial.slurm import SlurmLauncher, SlurmSettings, read_state
 from autotune.trial.slurm_pinning import NodeNotFree, default_pin_wait_s
 from tests.fixtures.slurm import NODES, PARTITION

@@ -10,17 +10,8 @@ import torch
 from torch import nn
 
 from autotune import space
-from autotune.trial.amp_check import (
-    AmpCheckResult,
-    AmpCheckSettings,
-    AmpCheckSpec,
-    PrecisionVerdict,
-    amp_precisions,
-    calibrate_scaler,
-    compare_curves,
-    judge,
-    run_amp_check,
-)
+from autotune.trial.amp_check import AmpCheckResult, AmpCheckSpec, amp_precisions, run_amp_check
+from autotune.trial.amp_curves import AmpCheckSettings, PrecisionVerdict, calibrate_scaler, compare_curves, judge
 from tests.conftest import make_cpu, make_cuda
 from tests.fixtures.inductor import NEEDS_INDUCTOR
 from tests.fixtures.runs import command_lines
@@ -214,9 +205,10 @@ def test_the_check_says_it_trained_under_the_recipes_warm_up_where_it_did(tmp_pa
     recipe's 0.002: its curves compare rounding more than training at speed, and the summary says so instead of
     letting "strays up to 0.0%" read as a verdict on bf16 training. The speaker fixture's constant rate reads as one."""
     from autotune import workloads, yamlio
-    from autotune.cli_display import _amp_learning_rate
+    from autotune.cli.display import _amp_learning_rate
     from autotune.data import generate_corpus
-    from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+    from autotune.knobs.config import TrialConfig
+    from autotune.trial import TimingSettings, TrialSpec
     from autotune.workloads.asr import warmup_lr
 
     corpus = generate_corpus(

@@ -32,7 +32,8 @@ def test_other_runtime_errors_stay_errors():
 def test_an_erratic_window_is_disturbed_not_erratic_when_other_processes_took_the_cpu(others, status, disturbed):
     """Someone else's job taking 45% of the CPU made the window vary: the configuration is kept, flagged; on a quiet
     machine the same variation condemns it."""
-    from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec
+    from autotune.knobs.config import TrialConfig
+    from autotune.trial import TimingSettings, TrialResult, TrialSpec
     from autotune.trial.child import _gate
 
     spec = TrialSpec(

@@ -12,11 +12,12 @@ import statistics
 import pytest
 import torch
 
-from autotune import compile_modes
-from autotune.trial import TimingSettings, TrialConfig, launch
+from autotune.knobs import compile_modes
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.precision import PrecisionSettings
+from autotune.trial import TimingSettings, launch
 from autotune.trial.loop import measure
 from autotune.trial.memory import PeakMemory
-from autotune.trial.precision import PrecisionSettings
 from autotune.trial.run_length import RunLength
 from tests.fixtures.inductor import NEEDS_INDUCTOR
 from tests.trial.tiny_setups import faulty_spec, linear_setup

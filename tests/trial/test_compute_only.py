@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from autotune.trial import TrialConfig, launch
+from autotune.knobs.config import TrialConfig
+from autotune.trial import launch
 from autotune.trial.compute_only import in_memory_batches
 from tests.trial.tiny_setups import faulty_spec, linear_setup
 

@@ -12,17 +12,12 @@ import torch
 
 from autotune import space
 from autotune.errors import SpaceError
-from autotune.results import load_config, write_config
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.dataloader import BATCHING_KWARGS, UNORDERED_NOTE, dataloader_kwargs, in_order_unsupported
+from autotune.result.tuned_config import load_config, write_config
 from autotune.trial.child import run_trial
-from autotune.trial.dataloader import (
-    BATCHING_KWARGS,
-    UNORDERED_NOTE,
-    build_loader,
-    dataloader_kwargs,
-    in_order_unsupported,
-)
+from autotune.trial.loader import build_loader
 from autotune.trial.sampling import CycledEpochs
-from autotune.trial.spec import TrialConfig
 from tests.conftest import make_cuda
 from tests.fixtures.runs import cam_grid_request
 from tests.test_results import make_tuned
@@ -162,7 +157,8 @@ def test_a_real_run_measures_both_orders_and_the_result_hands_over_the_winners(t
     with a worker, its word in the trial line and the table, the winner's in the result's dataloader section."""
     import yaml
 
-    from autotune import report, runner
+    from autotune.result import report
+    from autotune.run import runner
 
     space = (
         "params:\n  in_order: {type: categorical, choices: [true, false]}\n"

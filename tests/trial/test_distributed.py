@@ -9,7 +9,8 @@ import pytest
 
 from autotune import yamlio
 from autotune.data import load_source
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec, launch
 from autotune.trial.child import combine_rank_summaries
 from tests.fixtures.inductor import NEEDS_INDUCTOR
 

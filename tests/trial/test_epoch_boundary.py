@@ -15,12 +15,14 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.trial.dataloader import build_loader, dataloader_kwargs
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.dataloader import dataloader_kwargs
+from autotune.knobs.precision import PrecisionSettings
 from autotune.trial.epoch_boundary import epoch_boundary_s, worth_measuring
+from autotune.trial.loader import build_loader
 from autotune.trial.loop import measure
 from autotune.trial.memory import PeakMemory
-from autotune.trial.precision import PrecisionSettings
-from autotune.trial.spec import TimingSettings, TrialConfig
+from autotune.trial.spec import TimingSettings
 from autotune.workloads.base import TrainingSetup
 
 ITEM_S = 0.02  # a worker prepares a batch of 8 in 0.16 s

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autotune.data.batching import LengthSortedBatchSampler
+from autotune.knobs.config import TrialConfig
 from autotune.trial.epoch_mix import EpochMix, epoch_mix_factor
-from autotune.trial.spec import TrialConfig
 from autotune.trial.window_record import WindowMeasurement
 
 _RNG = random.Random(0)

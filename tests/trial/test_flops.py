@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotune.knobs.precision import PrecisionSettings
 from autotune.trial.flops import achieved_tflops, count_flops_per_sample, peak_tflops
-from autotune.trial.precision import PrecisionSettings
 from tests.trial.tiny_setups import linear_setup
 
 

@@ -81,8 +81,9 @@ def test_a_trial_is_over_when_its_result_is_written_not_when_its_interpreter_exi
 
 def test_a_trial_asked_for_a_longer_window_measures_it(tmp_path, tiny_corpus):
     """A long run's confirmation asks its trials for longer windows (TimingSettings.window_at_least_s,
-    confirmation.py): the real child measures that long (its steps' times add up to 3 s; the wall clock's window, less
-    a trimmed front, within a step's timer of it), where its own rules give 0.5 s, and says how long it measured."""
+    search/confirmation.py): the real child measures that long (its steps' times add up to 3 s; the wall clock's window,
+    less a trimmed front, within a step's timer of it), where its own rules give 0.5 s, and says how long it
+    measured."""
     spec = faulty_spec(tmp_path, tiny_corpus, 5, timing=replace(TIMING, window_at_least_s=3.0))
     result = launch(spec, workdir=tmp_path / "trial", timeout_s=120)
     assert result.status == "ok" and result.window_s is not None and result.window_s >= 0.95 * 3.0

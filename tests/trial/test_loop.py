@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.trial.dataloader import build_loader
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.precision import PrecisionSettings
+from autotune.trial.loader import build_loader
 from autotune.trial.loop import measure
 from autotune.trial.memory import PeakMemory
-from autotune.trial.precision import PrecisionSettings
-from autotune.trial.spec import TimingSettings, TrialConfig
+from autotune.trial.spec import TimingSettings
 from autotune.trial.steady import planned_batches
 from autotune.trial.window_record import WindowMeasurement
 from autotune.workloads.base import TrainingSetup

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from autotune import yamlio
+from autotune.knobs.config import TrialConfig
 from autotune.python_command import module_command
-from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec
+from autotune.trial import TimingSettings, TrialResult, TrialSpec
 from autotune.trial.multinode import AGENT_FILE, NODE_FILE, NodeTask, _judge, torchrun_arguments
 from autotune.trial.slurm import SlurmSettings, job_parameters
 

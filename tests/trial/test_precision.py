@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from autotune.trial.precision import (
+from autotune.knobs.precision import (
     NullScaler,
     PrecisionSettings,
     apply_backend_flags,
@@ -134,7 +134,7 @@ def test_fp32_math_resolves_inherited_values_and_the_legacy_flags() -> None:
 
 
 _FP32_MATH_OF_EACH_PRECISION = """
-from autotune.trial.precision import PrecisionSettings, fp32_math
+from autotune.knobs.precision import PrecisionSettings, fp32_math
 for precision in ("fp32-default", "fp32", "tf32"):
     PrecisionSettings(precision=precision, device_type="cuda").apply_backend_flags()
     math = fp32_math()
@@ -158,7 +158,7 @@ def test_real_torch_defaults_run_convolutions_in_tf32_and_matmuls_in_ieee() -> N
 _READ_EVERY_TF32_GETTER = """
 import warnings
 import torch
-from autotune.trial.precision import PrecisionSettings
+from autotune.knobs.precision import PrecisionSettings
 with warnings.catch_warnings():
     warnings.simplefilter("error")  # the legacy setters' deprecation notice must not reach the user
     for precision in ("fp32", "tf32", "fp32"):

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
-from autotune.results import TunedConfig
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.process import apply_process_settings
+from autotune.result.tuned_config import TunedConfig
 from autotune.trial.amp_curves import AmpCheckSettings, CurveRunner
-from autotune.trial.process import TrialProcess, apply_process_settings
-from autotune.trial.spec import TrialConfig
+from autotune.trial.process import TrialProcess
 from tests.test_results import make_tuned
 from tests.trial.tiny_setups import faulty_spec
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.cli.parsing import parse_run_length
 from autotune.errors import UserError
-from autotune.trial.run_length import RunLength, parse_run_length, run_rate
+from autotune.trial.run_length import RunLength, run_rate
 
 
 def test_one_epoch_without_compiling_is_the_objective_as_it_was() -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from autotune.trial.precision import NullScaler
+from autotune.knobs.precision import NullScaler
 from autotune.trial.scaler import SkipCountingScaler, skip_gate_reason
 
 
@@ -171,12 +171,13 @@ def test_a_real_grad_scaler_is_counted_without_a_read_of_its_own_per_step():
 
 @FAKES
 def test_the_timed_loop_reports_skips_and_the_gate_rejects_them(monkeypatch, fake):
+    from autotune.knobs.config import TrialConfig
+    from autotune.knobs.precision import PrecisionSettings
     from autotune.trial.child import _gate
-    from autotune.trial.dataloader import build_loader
+    from autotune.trial.loader import build_loader
     from autotune.trial.loop import measure
     from autotune.trial.memory import PeakMemory
-    from autotune.trial.precision import PrecisionSettings
-    from autotune.trial.spec import TimingSettings, TrialConfig, TrialResult, TrialSpec
+    from autotune.trial.spec import TimingSettings, TrialResult, TrialSpec
     from tests.trial.tiny_setups import linear_setup
 
     # 3 calibration skips, then every fourth step overflows: 25% of the window's steps are skipped.

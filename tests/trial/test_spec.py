@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import autotune
+from autotune.knobs.config import TrialConfig
 from autotune.trial.amp_curves import AmpCheckSettings
-from autotune.trial.spec import STATUSES, TimingSettings, TrialConfig, TrialResult, TrialSpec
+from autotune.trial.spec import STATUSES, TimingSettings, TrialResult, TrialSpec
 
 SPEC = TrialSpec(
     workload="cam++",

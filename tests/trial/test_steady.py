@@ -47,7 +47,7 @@ def test_the_window_is_worth_three_times_the_trials_cost_before_it_within_bounds
     assert window_target_s(8.0, timing) == pytest.approx(24.0)
     assert window_target_s(100.0, timing) == 60.0  # a long setup (preloading) does not buy a 5-min window
     assert window_target_s(100.0, TimingSettings(window_s=10.0, min_timed_share=0.0)) == 10.0
-    # a long run's confirmation trial asks for a longer window (confirmation.py); warm-up keeps window_s's scale
+    # a long run's confirmation trial asks for a longer window (search/confirmation.py); warm-up keeps window_s's scale
     longer = TimingSettings(window_s=10.0, min_timed_share=0.75, max_window_factor=6.0, window_at_least_s=150.0)
     assert window_target_s(8.0, longer) == 150.0 and longer.min_warmup_s == timing.min_warmup_s
     assert expected_trial_s(0.1, 5.0, longer) == pytest.approx(5.0 + 10.5 * 0.1 + 150.0)  # start, warm-up, window

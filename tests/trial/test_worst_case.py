@@ -9,10 +9,11 @@ import torch
 from torch import nn
 
 from autotune import workloads
-from autotune.trial import TrialConfig, launch
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.precision import PrecisionSettings
+from autotune.trial import launch
 from autotune.trial.child import classify_exception
 from autotune.trial.distributed import Forward
-from autotune.trial.precision import PrecisionSettings
 from autotune.trial.worst_case import MAX_SCALE_SEARCH_STEPS, WorstCaseOutOfMemoryError, scan_worst_case
 from autotune.workloads.base import TrainingSetup, WorkloadContext
 from tests.trial.tiny_setups import faulty_spec, linear_setup

@@ -10,7 +10,8 @@ from torch import nn
 
 from autotune import yamlio
 from autotune.data import load_source
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec
 from autotune.workloads.base import TrainingSetup
 
 FAULTY = "tests.fixtures.faulty_workload:workload"

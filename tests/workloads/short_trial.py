@@ -7,7 +7,8 @@ from typing import Any
 
 from autotune import yamlio
 from autotune.data import DataSource
-from autotune.trial import TimingSettings, TrialConfig, TrialResult, TrialSpec, launch
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialResult, TrialSpec, launch
 
 
 def run_two_steps(

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from autotune import workloads
-from autotune.trial import TrialConfig
+from autotune.knobs.config import TrialConfig
 from autotune.workloads.base import WorkloadContext
 
 # Narrow models: the pipelines are under test, not the networks' widths.

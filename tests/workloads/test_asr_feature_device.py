@@ -11,10 +11,11 @@ import torch
 
 from autotune import space, workloads
 from autotune.data.asr_features import frame_lengths
-from autotune.feature_device import check_space, space_values
-from autotune.hardware import probe
-from autotune.trial import TrialConfig
-from autotune.trial.dataloader import build_loader
+from autotune.knobs.config import TrialConfig
+from autotune.machine.hardware import probe
+from autotune.space.knob_checks import check_feature_device as check_space
+from autotune.space.knob_checks import feature_device_values as space_values
+from autotune.trial.loader import build_loader
 from tests.workloads.short_trial import run_two_steps
 from tests.workloads.test_asr_workload import SMALL_MODEL, _setup, conformer, corpus  # noqa: F401 - fixtures
 

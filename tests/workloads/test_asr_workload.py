@@ -15,8 +15,10 @@ import torch
 from autotune import workloads, yamlio
 from autotune.data import generate_corpus
 from autotune.errors import DataError
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
-from autotune.trial.dataloader import build_loader, dataloader_kwargs
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.dataloader import dataloader_kwargs
+from autotune.trial import TimingSettings, TrialSpec, launch
+from autotune.trial.loader import build_loader
 from autotune.workloads.asr import warmup_lr
 from autotune.workloads.base import WorkloadContext
 from tests.workloads.short_trial import run_two_steps

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from autotune import workloads
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.precision import PrecisionSettings
 from autotune.trial.distributed import Forward
-from autotune.trial.precision import PrecisionSettings
-from autotune.trial.spec import TrialConfig
 from autotune.trial.worst_case import WorstCaseOutOfMemoryError, scan_worst_case
 from autotune.workloads.asr import bucket_plan
 from autotune.workloads.base import WorkloadContext

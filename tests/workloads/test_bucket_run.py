@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotune.run.plan import RunRequest
 from tests.workloads.test_asr_workload import SMALL_MODEL
 
 
 @pytest.mark.slow
 def test_a_real_run_with_bucket_batches_writes_the_buckets(tmp_path: Path, tiny_corpus: Path) -> None:
-    from autotune import load_config, runner
+    from autotune import load_config
     from autotune.data.buckets import BucketBatchSampler
+    from autotune.run import runner
+    from autotune.search.settings import TunerSettings
     from autotune.trial import TimingSettings
-    from autotune.tuner import TunerSettings
 
     space_file = tmp_path / "space.yaml"
     space_file.write_text(
@@ -24,7 +26,7 @@ def test_a_real_run_with_bucket_batches_writes_the_buckets(tmp_path: Path, tiny_
         "fixed: {batch_type: bucket, max_frames_in_batch: 600, num_buckets: 3, per_device_batch_size: 4,\n"
         "        num_workers: 0, precision: fp32, intra_op_threads: 1}\n"
     )
-    request = runner.RunRequest(
+    request = RunRequest(
         model="conformer",
         data=str(tiny_corpus),
         space=str(space_file),
@@ -66,7 +68,8 @@ def test_two_gloo_ranks_get_as_many_bucket_batches_and_each_item_once(tmp_path: 
     """DDP on 2 gloo ranks: each reads its rank from torch.distributed, takes its share of whole bucket batches,
     and the epoch accounting gathered from both counts every utterance once with as many batches on each rank."""
     from autotune import workloads, yamlio
-    from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
+    from autotune.knobs.config import TrialConfig
+    from autotune.trial import TimingSettings, TrialSpec, launch
 
     data_file = yamlio.write_json(
         tmp_path / "data.json", workloads.get("conformer").load_data(str(tiny_corpus)).to_dict()

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from autotune import space, workloads, yamlio
-from autotune.hardware import probe
-from autotune.trial import TimingSettings, TrialConfig, TrialSpec, launch
+from autotune.knobs.config import TrialConfig
+from autotune.machine.hardware import probe
+from autotune.trial import TimingSettings, TrialSpec, launch
 
 EXAMPLE_PLUGIN = "examples.xvector_workload:workload"  # the README's bring-your-own-model example
 ALL = [*workloads.names(), EXAMPLE_PLUGIN]

@@ -12,9 +12,11 @@ import torch
 from autotune import space, workloads
 from autotune.data import collate_speaker_batch
 from autotune.errors import SpaceError
-from autotune.feature_device import KNOB, check_space, space_values
-from autotune.hardware import probe
-from autotune.trial import TrialConfig
+from autotune.knobs.config import TrialConfig
+from autotune.knobs.feature_device import KNOB
+from autotune.machine.hardware import probe
+from autotune.space.knob_checks import check_feature_device as check_space
+from autotune.space.knob_checks import feature_device_values as space_values
 from tests.conftest import make_cpu, make_cuda
 from tests.workloads.short_trial import run_two_steps
 from tests.workloads.speaker_setup import build

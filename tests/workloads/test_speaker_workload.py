@@ -17,7 +17,7 @@ import torch
 
 from autotune import space, workloads
 from autotune.errors import UserError
-from autotune.trial import TrialConfig
+from autotune.knobs.config import TrialConfig
 from tests.workloads.short_trial import run_two_steps
 from tests.workloads.speaker_setup import build
 

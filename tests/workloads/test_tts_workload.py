@@ -13,7 +13,7 @@ import torch
 
 from autotune import workloads
 from autotune.errors import DataError, WorkloadError
-from autotune.trial import TrialConfig
+from autotune.knobs.config import TrialConfig
 from autotune.workloads.base import WorkloadContext
 from autotune.workloads.tts import noam_lr
 from tests.workloads.short_trial import run_two_steps

@@ -1,0 +1,29 @@
+"""Where every `autotune` command writes: results on stdout, progress and errors on stderr.
+
+One place for the consoles and the error line, shared by every command module.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from autotune.errors import USER_ERROR_EXIT_CODE
+
+__all__ = ["fail", "plain", "stderr_console", "stdout_console"]
+
+stderr_console = Console(stderr=True)
+stdout_console = Console()
+
+
+def plain(value: object) -> str:
+    """Text from outside (a model name, a path, an error message) made safe to put into rich markup: a '[/x]' in a
+    file name is shown as typed, never read as a closing tag (a MarkupError) nor eaten ('psycopg[binary]')."""
+    return escape(str(value))
+
+
+def fail(message: str, code: int = USER_ERROR_EXIT_CODE) -> typer.Exit:
+    """Print one 'error:' line on stderr and return the exit to raise, so a caller writes `raise fail(...)`."""
+    stderr_console.print(f"[bold red]error:[/bold red] {plain(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)

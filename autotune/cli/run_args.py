@@ -1,0 +1,114 @@
+"""What `autotune run`'s options make: the RunRequest the runner is handed.
+
+`autotune run` builds its request here, and `autotune schedule` builds its job's the same way (cli/schedule.py), so
+that a nightly job's typo fails when it is scheduled. Nothing heavy is imported at module level (`autotune --help`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune.cli.parsing import (
+    parse_budget,
+    parse_duration,
+    parse_executor,
+    parse_run_length,
+    parse_workload_options,
+)
+
+if TYPE_CHECKING:
+    from autotune.run.plan import RunRequest
+
+__all__ = ["run_request"]
+
+
+def run_request(
+    *,
+    model: str,
+    data: str | None,
+    trials: int,
+    budget: str | None,
+    storage: str | None,
+    out: Path | None,
+    results_dir: Path,
+    space: Path | None,
+    device: str,
+    devices: int | None,
+    global_batch: int | None,
+    sampler: str,
+    window: float,
+    warmup_steps: int,
+    trial_timeout: str,
+    confirm: int,
+    headroom: float,
+    max_throughput_cv: float,
+    crop_seconds: float | None,
+    option: list[str] | None,
+    epoch_samples: int | None,
+    epoch_hours: float | None,
+    run_length: str | None,
+    prune: bool,
+    amp_check: bool,
+    ceiling: bool,
+    seed: int,
+    warm_start: bool,
+    warm_fraction: float,
+    drift_threshold: float,
+    executor: str,
+    slurm_partition: str | None,
+    slurm_option: list[str] | None,
+    slurm_pin_wait: str | None,
+    parallel: int,
+    nodes: int,
+) -> RunRequest:
+    """The RunRequest `autotune run` makes of its options (what `autotune schedule` checks its run arguments with).
+
+    Raises:
+        UserError: a value that cannot be read (a duration, an option, an executor).
+    """
+    from autotune.run.plan import RunRequest
+    from autotune.search.settings import TunerSettings
+    from autotune.trial import TimingSettings
+    from autotune.trial.amp_curves import AmpCheckSettings
+
+    timing = TimingSettings(
+        warmup_steps=warmup_steps,
+        window_s=window,
+        memory_headroom_fraction=headroom,
+        max_throughput_cv=max_throughput_cv or None,
+    )
+    settings = TunerSettings(
+        trials=trials,
+        budget_s=parse_budget(budget),
+        sampler=sampler,
+        seed=seed,
+        confirm_top_k=confirm,
+        prune=prune,
+        parallel=parallel,
+        trial_timeout_s=parse_duration(trial_timeout),
+        timing=timing,
+    )
+    return RunRequest(
+        model=model,
+        data=data,
+        space=str(space) if space else None,
+        storage=storage,
+        out=str(out) if out else None,
+        results_dir=str(results_dir),
+        device=device,
+        settings=settings,
+        workload_options=parse_workload_options(option, crop_seconds),
+        epoch_samples=epoch_samples,
+        epoch_hours=epoch_hours,
+        run_length=parse_run_length(run_length),
+        devices=devices,
+        global_batch=global_batch,
+        warm_start=warm_start,
+        warm_fraction=warm_fraction,
+        drift_threshold=drift_threshold,
+        amp_check=AmpCheckSettings() if amp_check else None,
+        compute_ceiling=ceiling,
+        slurm=parse_executor(executor, slurm_partition, slurm_option, slurm_pin_wait),
+        nodes=nodes,
+    )

@@ -1,0 +1,63 @@
+"""Where a run writes, and what happens when the machine refuses: checked before any trial, created only once
+every input passed (a refused run leaves nothing behind), and the result written atomically with a one-line error
+that says what survives when the disk is full."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+from autotune.errors import MachineFailure, OutputError, describe_os_error
+from autotune.result.tuned_config import TunedConfig, write_config
+
+__all__ = ["check_writable", "make_folders", "remove_empty", "write_result"]
+
+
+def check_writable(path: Path) -> None:
+    """Fail now, with one line, if a file could not be created where it must be written later. Creates nothing: a
+    refused run must leave no empty folders behind (folders are made by `make_folders` once every input passed)."""
+    existing = next(folder for folder in (path.parent.absolute(), *path.parent.absolute().parents) if folder.exists())
+    if path.is_dir():
+        problem = "a folder of that name is in the way"
+    elif not existing.is_dir():
+        problem = f"{existing} is a file, not a folder"
+    else:
+        try:
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".autotune-check-"):
+                return
+        except OSError as error:
+            problem = f"{describe_os_error(error)}: {existing}"
+    raise OutputError(f"cannot write {path} ({problem}); choose a writable --out or --results-dir")
+
+
+def make_folders(paths: list[Path]) -> list[Path]:
+    """Create the folders a run writes into; returns the ones this call created, outermost first."""
+    created: list[Path] = []
+    for folder in paths:
+        missing = [p for p in (folder.absolute(), *folder.absolute().parents) if not p.exists()][::-1]
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise OutputError(f"cannot create {folder} ({describe_os_error(error)}); choose another path") from None
+        created += [p for p in missing if p not in created]
+    return created
+
+
+def remove_empty(folders: list[Path]) -> None:
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only if still empty
+
+
+def write_result(tuned: TunedConfig, path: Path) -> Path:
+    """The result YAML; a machine that refuses it (a full disk) is one line saying what survives: the measured
+    trials stay in the study, whose best configuration a rerun re-measures first."""
+    try:
+        return write_config(tuned, path)
+    except OutputError as error:
+        raise MachineFailure(
+            f"{error}; the winner was {tuned.config.short()} at {tuned.winner.samples_per_second or 0:,.1f} "
+            "samples/s, and the measured trials stay in the study: free space (or choose another --out) and rerun, "
+            "which re-measures it first"
+        ) from None

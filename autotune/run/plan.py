@@ -1,0 +1,74 @@
+"""What a run was asked for (RunRequest) and the same request validated (RunPlan): the values `runner.prepare`
+checks once, and the stages after it (preflight, the result, the display) read."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune import space as space_module
+from autotune import workloads
+from autotune.machine.hardware import Hardware
+from autotune.run import drift
+from autotune.search import warmstart
+from autotune.search.settings import TunerSettings
+from autotune.trial.amp_curves import AmpCheckSettings
+from autotune.trial.run_length import RunLength
+from autotune.trial.slurm import SlurmSettings
+
+if TYPE_CHECKING:
+    from autotune.data.offline import Preparation
+
+__all__ = ["RunRequest", "RunPlan"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRequest:
+    """Everything the user asked for."""
+
+    model: str
+    data: str | None = None
+    space: str | None = None
+    storage: str | None = None
+    out: str | None = None
+    results_dir: str = "results"
+    device: str = "auto"
+    settings: TunerSettings = field(default_factory=TunerSettings)
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    epoch_samples: int | None = None  # training samples per epoch for the prediction (default: the data list's size)
+    epoch_hours: float | None = None  # hours of audio per epoch for the prediction (instead of epoch_samples)
+    run_length: RunLength = field(default_factory=RunLength)  # the training one-off costs are charged over
+    devices: int | None = None  # ranks per trial; default every visible GPU, or 1 on a CPU
+    global_batch: int | None = None  # held fixed: the search varies the per-device micro-batch and accumulation
+    warm_start: bool = True  # a rerun re-measures the previous winner and its neighbours first
+    warm_fraction: float = 0.5  # share of --trials and --budget a warm-started rerun spends
+    drift_threshold: float = drift.DEFAULT_THRESHOLD
+    amp_check: AmpCheckSettings | None = field(default_factory=AmpCheckSettings)  # None: --no-amp-check
+    compute_ceiling: bool = True  # measure the winner once more on batches already in memory
+    slurm: SlurmSettings | None = None  # --executor slurm: each trial a SLURM job (trial/slurm.py); None: local
+    nodes: int = 1  # --nodes: SLURM nodes per trial, `devices` ranks on each (trial/multinode.py)
+
+
+@dataclass(kw_only=True, slots=True)
+class RunPlan:
+    """A validated request: every input checked, nothing measured yet."""
+
+    request: RunRequest
+    hardware: Hardware
+    workload: workloads.Workload
+    data: Any  # autotune.data.DataSource
+    space: space_module.SearchSpace
+    space_file: Path
+    storage_url: str
+    study_name: str
+    out_path: Path
+    workdir: Path
+    options: dict[str, Any]
+    world_size: int = 1  # ranks per trial, on all its nodes: devices x nodes
+    nodes: int = 1
+    warm_start: warmstart.WarmStart | None = None
+    option_notes: tuple[str, ...] = ()  # what the workload says about its options (Workload.check_options)
+    preparation: Preparation | None = None  # the workload's one-off data preparation, done by execute()
+    started_s: float = field(default_factory=time.monotonic)  # when the run began checking its inputs (its budget)

@@ -1,0 +1,108 @@
+"""What a run does before its first trial, and what it leaves the trials: who else uses the machine (and what that
+changes), the AMP check, and the budget left once both and the input checks are done.
+
+`--budget` is the whole run's (a cluster job's time limit): the input checks, the data, the calibration and the AMP
+check come off it, and the trials get the rest (search/budget.py plans it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.machine import cpu_load as machine_load
+from autotune.run import assessment
+from autotune.search.budget import Stage
+
+if TYPE_CHECKING:
+    from autotune.knobs.config import TrialConfig
+    from autotune.result.tuned_config import TunedConfig
+    from autotune.run.plan import RunPlan
+    from autotune.search.candidates import TrialRecord
+    from autotune.search.reporting import Reporter
+    from autotune.search.settings import TunerSettings
+    from autotune.trial import TrialSpec
+    from autotune.trial.amp_check import AmpCheckResult
+
+__all__ = ["Preflight", "adapt", "check_precisions", "load_notes", "measure_machine", "record"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Preflight:
+    """The run before its trials: the settings the trials get, and what was measured to decide them."""
+
+    settings: TunerSettings  # adapted to the machine's load; after check_precisions, budget_s is the trials' share
+    load: machine_load.MachineLoad
+    adaptations: list[str]
+    amp: AmpCheckResult | None = None
+    stages: tuple[Stage, ...] = ()  # for the budget plan: what came before the trials and what it took
+
+
+def measure_machine(settings: TunerSettings, reporter: Reporter | None) -> Preflight:
+    """Calibrate the machine's load before anything of ours runs on it, adapt the settings, and say so."""
+    load = machine_load.calibrate()
+    adapted, changes = adapt(settings, load)
+    if reporter is not None:
+        reporter.machine_measured(load.describe() + "".join(f"; {change}" for change in changes), load.busy)
+    return Preflight(settings=adapted, load=load, adaptations=changes)
+
+
+def check_precisions(
+    preflight: Preflight, plan: RunPlan, make_spec: Callable[[TrialConfig, str], TrialSpec]
+) -> Preflight:
+    """The AMP check; then the trials' budget is the run's less everything so far (checks, data, calibration, AMP)."""
+    setup_s = time.monotonic() - plan.started_s
+    request = plan.request
+    amp = assessment.check_precisions(
+        plan.space, make_spec, request.amp_check, workdir=plan.workdir, budget_s=request.settings.budget_s
+    )
+    settings = assessment.budget_left(preflight.settings, amp)
+    if settings.budget_s is not None:
+        settings = dataclasses.replace(settings, budget_s=max(1.0, settings.budget_s - setup_s))
+    stages = [Stage(name="set-up", done=1, spent_s=setup_s)]
+    if amp is not None:
+        stages.append(Stage(name="AMP check", done=1, spent_s=amp.wall_s or 0.0))
+    return dataclasses.replace(preflight, settings=settings, amp=amp, stages=tuple(stages))
+
+
+def record(preflight: Preflight, tuned: TunedConfig, records: list[TrialRecord]) -> TunedConfig:
+    """The result with the machine's load and what it changed (search.machine_load, and notes where it mattered)."""
+    load = {**preflight.load.to_dict(), "adapted": preflight.adaptations}
+    notes = load_notes(preflight.load, preflight.adaptations, records)
+    return dataclasses.replace(tuned, search={**tuned.search, "machine_load": load}, notes=[*tuned.notes, *notes])
+
+
+def adapt(settings: TunerSettings, load: machine_load.MachineLoad) -> tuple[TunerSettings, list[str]]:
+    """The run's settings for the machine as calibrated, and what was changed (for the output and the YAML).
+
+    A busy machine gets windows BUSY_WINDOW_FACTOR times longer: a slow stretch of someone else's job averages out over
+    more of the window. What a busy machine does to a window is judged per window, busy or not at the start: one that
+    varied while other processes took the CPU is kept as disturbed rather than condemned as erratic (trial/child.py),
+    and a leader with a disturbed window gets one more interleaved re-measurement in confirmation (search/tuner.py). The
+    trial counts depend on what was measured, not on the calibration, so a run's plan does not change with the load
+    of the minute it started in.
+    """
+    if not load.busy:
+        return settings, []
+    timing = dataclasses.replace(settings.timing, window_s=settings.timing.window_s * machine_load.BUSY_WINDOW_FACTOR)
+    return dataclasses.replace(settings, timing=timing), [
+        f"busy: windows of at least {timing.window_s:g} s instead of {settings.timing.window_s:g}"
+    ]
+
+
+def load_notes(load: machine_load.MachineLoad, changes: Sequence[str], records: Sequence[TrialRecord]) -> list[str]:
+    """What the result should say about the machine it was measured on: busy at the start, windows disturbed."""
+    said = []
+    if load.busy:
+        said.append(f"the machine was busy when the run started ({load.describe()}); {'; '.join(changes)}")
+    disturbed = [record for record in records if record.result.disturbed]
+    if disturbed:
+        said.append(
+            f"{len(disturbed)} window(s) varied while other processes took at least "
+            f"{machine_load.BUSY_OTHERS_FRACTION:.0%} of the CPU: kept as measurements (not rejected as erratic) and "
+            "judged by the median with the leaders' re-measurements; tune on a quiet machine to be sure"
+        )
+    return said

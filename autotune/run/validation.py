@@ -1,0 +1,204 @@
+"""Every number, name and path a run is given, checked once, in one place, before anything is created or measured.
+
+`autotune.run.runner.prepare` calls `check_request` first and `check_workload_options` once the workload is known; the
+CLI only turns text into values (`autotune.cli.parsing`). Each problem is one UserError line that names the option
+as the user typed it and says what would be accepted: a NaN or an infinity is refused like any other bad number
+(comparisons with NaN are all false, so `window <= 0` alone lets it through).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import UserError
+
+if TYPE_CHECKING:
+    from autotune.run.plan import RunRequest
+    from autotune.workloads import Workload
+
+__all__ = [
+    "SAMPLERS",
+    "DEVICES",
+    "MAX_SEED",
+    "MIN_BUDGET_S",
+    "check_request",
+    "check_workload_options",
+    "check_path_text",
+]
+
+SAMPLERS = ("tpe", "random", "grid")
+DEVICES = ("auto", "cuda", "cpu")
+# The shortest --budget taken: below it not even the baseline's trial fits (an H200's CAM++ trial spent 27 s starting
+# and 23-31 s on its first step before any window, benchmarks/results/issue18/NOTES.md, session 16; a CPU's baseline
+# takes two minutes), and the run would end "no stable configuration" for a reason that is not the configurations'.
+MIN_BUDGET_S = 60.0
+MAX_SEED = 2**32 - 1  # NumPy's and so Optuna's samplers take seeds in [0, 2**32 - 1]
+# Workload options that must be positive, with the command-line option that also sets them.
+_POSITIVE_OPTIONS = {"crop_s": "--crop-seconds"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def check_request(request: RunRequest) -> None:
+    """Every setting of a run that needs no hardware, workload or data to judge.
+
+    Raises:
+        UserError: one line for the first problem found.
+    """
+    settings, timing = request.settings, request.settings.timing
+    _require(settings.sampler in SAMPLERS, f"unknown sampler {settings.sampler!r}; use {', '.join(SAMPLERS)}")
+    _require(request.device in DEVICES, f"unknown device {request.device!r}; use {', '.join(DEVICES)}")
+    _require(
+        isinstance(settings.trials, int) and settings.trials >= 1, f"--trials must be at least 1, got {settings.trials}"
+    )
+    _require(
+        settings.budget_s is None or (_finite(settings.budget_s) and settings.budget_s > 0),
+        "--budget must be positive, e.g. 15m or 1h (or none for no budget)",
+    )
+    _require(
+        settings.budget_s is None or settings.budget_s >= MIN_BUDGET_S,
+        f"a --budget of {settings.budget_s or 0:g} s is too short to measure anything: one trial alone takes most of a "
+        "minute to start, warm up and time its window; give at least 1m (5m or more on a CPU; the default is 15m), "
+        "or none",
+    )
+    _require(
+        _finite(settings.trial_timeout_s) and settings.trial_timeout_s > 0,
+        f"--trial-timeout must be a positive duration, e.g. 90s or 5m, got {settings.trial_timeout_s:g} s",
+    )
+    _require(
+        isinstance(settings.seed, int) and 0 <= settings.seed <= MAX_SEED,
+        f"--seed must be between 0 and {MAX_SEED} (2**32 - 1), got {settings.seed}",
+    )
+    _require(settings.confirm_top_k >= 0, f"--confirm must be 0 or more, got {settings.confirm_top_k}")
+    _require(settings.parallel >= 1, f"--parallel must be at least 1 (trials in flight), got {settings.parallel}")
+    _require(
+        settings.parallel == 1 or request.slurm is not None,
+        f"--parallel {settings.parallel} needs --executor slurm: each trial in flight takes a node of its own "
+        "(trials side by side on this machine would measure each other)",
+    )
+    _require(
+        _finite(timing.window_s) and timing.window_s > 0,
+        f"--window must be a positive number of seconds, got {timing.window_s}",
+    )
+    _require(timing.warmup_steps >= 1, f"--warmup-steps must be at least 1, got {timing.warmup_steps}")
+    _require(
+        _finite(timing.memory_headroom_fraction) and 0 <= timing.memory_headroom_fraction < 1,
+        f"--headroom must be a fraction in [0, 1), e.g. 0.1, got {timing.memory_headroom_fraction}",
+    )
+    cv = timing.max_throughput_cv
+    _require(
+        cv is None or (_finite(cv) and cv > 0),
+        f"--max-throughput-cv must be 0 (off) or positive, e.g. 0.3, got {cv}",
+    )
+    _check_epoch(request)
+    _require(
+        _finite(request.warm_fraction) and 0 < request.warm_fraction <= 1,
+        f"--warm-fraction must be in (0, 1], e.g. 0.5, got {request.warm_fraction}",
+    )
+    _require(
+        _finite(request.drift_threshold) and 0 < request.drift_threshold < 1,
+        f"--drift-threshold must be in (0, 1), e.g. 0.10, got {request.drift_threshold}",
+    )
+    _require(request.devices is None or request.devices >= 1, f"--devices must be at least 1, got {request.devices}")
+    _require(
+        request.global_batch is None or request.global_batch >= 1,
+        f"--global-batch must be at least 1, got {request.global_batch}",
+    )
+    check_path_text(request.results_dir, "--results-dir")
+    if request.out is not None:
+        check_path_text(request.out, "--out")
+        out = Path(request.out)
+        _require(not out.is_dir(), f"--out {out} is a folder; give a file path, e.g. {out / 'result.yaml'}")
+        _require(out.name not in ("", ".", ".."), f"--out {request.out!r} names no file; give a file path")
+    for value, option in ((request.data, "--data"), (request.space, "--space"), (request.storage, "--storage")):
+        if value is not None:  # each is recorded in the result: text that cannot be written must not get that far
+            check_path_text(value, option)
+
+
+def _check_epoch(request: RunRequest) -> None:
+    samples, hours = request.epoch_samples, request.epoch_hours
+    _require(samples is None or samples >= 1, f"--epoch-samples must be at least 1, got {samples}")
+    _require(
+        hours is None or (_finite(hours) and hours > 0),
+        f"--epoch-hours must be positive (hours of audio per epoch), got {hours}",
+    )
+    _require(samples is None or hours is None, "--epoch-hours cannot be combined with --epoch-samples; give one")
+
+
+def check_path_text(path: str, option: str) -> None:
+    """A path must be text that files and logs can hold: a name that is not valid UTF-8 (it reaches Python as lone
+    surrogates) cannot be written into the result, the history or a SQLite URL."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bytes as `ls -b` shows them
+        raise UserError(f"{option} {shown} is not a valid UTF-8 name; rename it or choose another path") from None
+
+
+def check_workload_options(workload: Workload, options: dict[str, Any]) -> None:
+    """`--option` values (and --crop-seconds) against the workload's declared options and their defaults' types.
+
+    A number must be finite and of the default's kind (an integer where the default is one), a flag a flag, text
+    text; `crop_s` must be positive. A default of None takes anything (a plugin's free-form option).
+
+    Raises:
+        UserError: an unknown key (with the valid ones) or a value of the wrong kind.
+    """
+    unknown = set(options) - set(workload.options)
+    if unknown:
+        raise UserError(
+            f"unknown option {sorted(unknown)[0]!r} for {workload.name}; it takes {sorted(workload.options)}"
+        )
+    for key, value in options.items():
+        for text in _texts(value):
+            check_path_text(text, f"--option {key}")
+        default = workload.options[key]
+        problem = _option_problem(default, value)
+        flag = f"--option {key}"
+        if key in _POSITIVE_OPTIONS:
+            flag = f"{_POSITIVE_OPTIONS[key]} (--option {key})"
+            if problem is None and not value > 0:
+                raise UserError(f"{_POSITIVE_OPTIONS[key]} must be positive (--option {key} too), got {value!r}")
+        if problem is not None:
+            raise UserError(f"{flag} must be {problem} for {workload.name} (default {default!r}), got {value!r}")
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in an option's value (a JSON value: nested lists and mappings)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in (*_texts(key), *_texts(item))]
+    if isinstance(value, list):
+        return [text for item in value for text in _texts(item)]
+    return []
+
+
+def _option_problem(default: Any, value: Any) -> str | None:
+    """What kind of value the option needs, when `value` is not one (None when it fits)."""
+    if default is None:
+        return None
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if isinstance(default, float):
+        return None if _finite(value) else "a finite number"
+    for kind, name in ((str, "text"), (dict, "a mapping (JSON object)"), (list, "a list (JSON array)")):
+        if isinstance(default, kind):
+            return None if isinstance(value, kind) else name
+    return None
