@@ -58,7 +58,9 @@ class TrialConfig:
 
     @property
     def extra(self) -> dict[str, Any]:
-        """The workload's knobs under their earlier name, for code written against older results (load_config)."""
+        """The workload's knobs under their earlier name, for code written against older results (load_config).
+
+        A compatibility shim: it goes in autotune 0.2, with `extra` in from_dict and declarations.flat_values."""
         return self.workload_knobs
 
     def knob_values(self) -> dict[str, Any]:
@@ -70,7 +72,8 @@ class TrialConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
-        if "extra" in data:  # a configuration stored before the workload's knobs had their name (a trial's attribute)
+        # A configuration stored before the workload's knobs had their name (a trial's attribute): read until 0.2.
+        if "extra" in data:
             data = {**{key: value for key, value in data.items() if key != "extra"}, "workload_knobs": data["extra"]}
         return from_fields(cls, data)
 

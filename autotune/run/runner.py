@@ -35,7 +35,7 @@ from autotune.search.settings import STORAGE_FAILED, TunerSettings, TuningOutcom
 from autotune.search.tuner import Tuner
 from autotune.space.knob_checks import check_checkpointing, check_feature_device
 from autotune.storage import studies as storage
-from autotune.trial import TrialSpec
+from autotune.trial import TrialResult, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.trial.slurm_nodes import check_nodes, check_parallel
 
@@ -239,7 +239,24 @@ def _budget_too_short(budget_s: float | None, trials_budget_s: float | None, out
 
 
 def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
-    """Run the study and write the result YAML atomically."""
+    """Run the study and write the result YAML atomically: tune, conclude, write."""
+    searched = _tune(plan, reporter)
+    tuned, verdict = _conclude(plan, searched)
+    return _write(plan, searched.outcome, tuned, verdict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Searched:
+    """What tuning left for the conclusion: the search's outcome, the machine and the precisions as checked before
+    it, and the winner's compute-only ceiling."""
+
+    outcome: TuningOutcome
+    machine: preflight.Preflight
+    ceiling: TrialResult | None
+
+
+def _tune(plan: RunPlan, reporter: Reporter | None) -> _Searched:
+    """The machine calibrated, the precisions checked, the study searched, and the winner's ceiling measured."""
     request = plan.request
     plan.workdir.mkdir(parents=True, exist_ok=True)
     data_file = yamlio.write_json(plan.workdir / "data.json", plan.data.to_dict())
@@ -286,6 +303,13 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
             outcome, make_spec, plan.workdir, settings.trial_timeout_s, left_s, launcher=launcher
         )
     (plan.workdir / "data.json").unlink(missing_ok=True)
+    return _Searched(outcome=outcome, machine=machine, ceiling=ceiling)
+
+
+def _conclude(plan: RunPlan, searched: _Searched) -> tuple[TunedConfig, drift.DriftVerdict]:
+    """The result of the search, assessed, and the verdict against the previous one; a search that found nothing
+    stable ends the run here with why."""
+    request, outcome, machine = plan.request, searched.outcome, searched.machine
     if outcome.winner is None and outcome.stopped_by == "interrupted":
         raise KeyboardInterrupt  # nothing stable measured yet: nothing to write
     if outcome.winner is None and outcome.stopped_by == STORAGE_FAILED:
@@ -295,7 +319,7 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         )
     stopped = all(r.result.status == "stopped" for r in outcome.records)
     if outcome.winner is None and stopped and (outcome.records or outcome.stopped_by == "budget"):
-        raise TuningFailed(_budget_too_short(request.settings.budget_s, search_settings.budget_s, outcome))
+        raise TuningFailed(_budget_too_short(request.settings.budget_s, machine.settings.budget_s, outcome))
     if outcome.winner is None:
         reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))
@@ -309,25 +333,29 @@ def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
         data=plan.data.describe(),
         space=plan.space,
         outcome=outcome,
-        ceiling=ceiling,
-        amp=amp,
+        ceiling=searched.ceiling,
+        amp=machine.amp,
     )
-    tuned = assessed.applied_to(tuned)
-    again = drift.remeasured(outcome)
     verdict = drift.judge(
         previous=plan.warm_start.previous if plan.warm_start else None,
-        again=again,
+        again=drift.remeasured(outcome),
         winner=outcome.winner,
         threshold=request.drift_threshold,
         hardware=plan.hardware.to_dict(),
         version=__version__,
     )
-    # The history gets what is in force after this run: the new result, or the kept winner as measured tonight.
+    return assessed.applied_to(tuned), verdict
+
+
+def _write(plan: RunPlan, outcome: TuningOutcome, tuned: TunedConfig, verdict: drift.DriftVerdict) -> RunReport:
+    """The result written where the verdict says it is earned, and the history given what is in force after this
+    run: the new result, or the kept winner as measured tonight."""
     accepted: TunedConfig | None = tuned
     if verdict.write:
         result_path = write_result(tuned, plan.out_path)
     else:
         result_path = plan.out_path
+        again = drift.remeasured(outcome)
         kept = (
             dataclasses.replace(outcome, winner=again, winner_reason="", set_aside=0)
             if again and again.feasible
