@@ -7,10 +7,9 @@ corpus of 1-5 s clips (WeNet issue #2661's short clips), in WeNet's length-sorte
 - short trials as a run measures them (a window of --window-s), one per shuffle (the trial's seed: which stretch of
   the sorted epoch the window reaches).
 
-Each short trial shows its window's own rate (what the objective was before the epoch's mix was priced) and the
-objective (window rate x epoch_mix_factor), each against the references' mean. A machine's own noise (5-8% on this
-2-core CPU) is in every row alike; the spread across shuffles and the error against the reference are what the mix
-adds:
+Each short trial shows its window's own rate (the objective without the epoch's mix priced) and the objective (window
+rate x epoch_mix_factor), each against the references' mean. A machine's own noise (5-8% on this 2-core CPU) is in every
+row alike; the spread across shuffles and the error against the reference are what the mix adds:
 
     .venv/bin/python benchmarks/epoch_mix.py --out benchmarks/results/epoch_mix-cpu.md
     .venv/bin/python benchmarks/epoch_mix.py --knobs '{"batch_type": "dynamic", "max_frames_in_batch": 4000}' \\

@@ -22,8 +22,7 @@ section, as autotune loads it for that machine):
 - A trial's wall time: process start, the first batch, the worst-case scan, warm-up, the window as a real trial sizes
   it (autotune/trial/steady.py window_target_s: at least 10 s and two steps, and four fifths of the whole trial, up
   to 40 s; a GPU trial's 15-25 s of start-up make it 40 s), shutdown. It grows with the step time, as on a GPU.
-  Until session 14 the window here was the 10-s floor alone, so a simulated trial cost about 40 s where a real one
-  costs about 70: budgets are fractions of the grid's time, priced the same way, so the trials per search changed
+  Budgets are fractions of the grid's time, priced the same way, so the window's length changes the trials per search
   little; the 2-5% noise is per window at the length a trial measures.
 
 The four landscapes, their machines and their calibration against published figures are in
@@ -156,7 +155,7 @@ class Landscape:
     def space(self) -> space.SearchSpace:
         """The shipped search space, as autotune loads it on this machine, without per-length-bucket batches: no
         landscape models them (their gain depends on the corpus' duration spread, not calibrated here), so the
-        simulated figures stay those of the static and dynamic batches they were measured with (issue 20)."""
+        simulated figures stay those of the static and dynamic batches they were measured with."""
         return space.from_dict(
             without_bucket_batches(space.read(space.space_path(self.workload))),
             self.machine.hardware(),

@@ -182,8 +182,8 @@ def main() -> None:
         "--baseline-cost",
         type=float,
         default=1.0,
-        help="the baseline's trials cost this many times their recorded wall time (issue 18: on a CPU the recipe's "
-        "batch made the baseline 128 s, five times a seed)",
+        help="the baseline's trials cost this many times their recorded wall time (on a CPU the recipe's batch "
+        "made the baseline 128 s, five times a seed)",
     )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

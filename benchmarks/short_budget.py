@@ -1,5 +1,5 @@
 """A short budget, as a new user runs it: `autotune run --model cam++ --budget 5m`, several times, each from a cold
-study, with what issue 18 asks of it.
+study, against the targets a short budget must meet.
 
 Each run is the real command in its own process (embedded synthetic corpus, every default) writing into a fresh
 results folder; the script times the whole process as the user waits for it, then reads the result YAML and the study.

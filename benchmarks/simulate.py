@@ -20,8 +20,8 @@ space (every point evaluated).
     .venv/bin/python benchmarks/simulate.py --out benchmarks/results/simulate.md
     .venv/bin/python benchmarks/simulate.py --methods autotune --searches 100 --tpe '{"n_startup_trials": 10}'
 
-Use it to judge a change to the search on GPU-shaped problems before a GPU run; the target (issue 18): regret <= 2%
-in >= 90% of searches at 5% of the grid's time, on each landscape.
+Use it to judge a change to the search on GPU-shaped problems before a GPU run; the target: regret <= 2% in >= 90% of
+searches at 5% of the grid's time, on each landscape.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def grid_space(name: str) -> space.SearchSpace:
     # or the DataLoader's in_order (their GPU gains and costs are not calibrated here): the grid leaves them at the
     # recipe's default, so the grid's time (what the budgets are fractions of) is what it was before the knobs. Left
     # in, the last three multiplied the conformer's grid by 8 (1300 -> 10400 points) and with it every budget: 5% of
-    # that grid bought 513 trials instead of about 70, and 99% of searches within 2% (session 12) measured the
-    # larger budget, not the search.
+    # that grid bought 513 trials instead of about 70, and 99% of searches within 2% measured the larger budget, not
+    # the search (benchmarks/README.md#search-at-gpu-scale-simulated).
     for knob in UNMODELLED_KNOBS:
         params.pop(knob, None)
     auto = landscape.machine.logical_cores // landscape.machine.devices
@@ -143,8 +143,9 @@ class Variant:
     # TimingSettings fields for the trials (--timing '{"max_window_factor": 2}'): their windows and so their cost;
     # the budgets stay fractions of the shipped grid's time
     timing: tuple[tuple[str, Any], ...] = ()
-    # a window's noise falls with its length (simulate.Simulator), as an H200's did (results/issue18/
-    # window_noise-h200.md); False (--per-trial-noise): drawn once per trial whatever its length, the model until then
+    # a window's noise falls with its length (simulate.Simulator), as an H200's did
+    # (benchmarks/results/issue18/window_noise-h200.md); False (--per-trial-noise): drawn once per trial whatever its
+    # length
     white: bool = True
 
     def trial_timing(self) -> TimingSettings:

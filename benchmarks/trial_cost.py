@@ -6,15 +6,15 @@ REPS times under each rule set, interleaved (rule sets alternate within each con
 machine that slows down slows both). Printed per configuration and rule set:
 
 - overhead: the share of the trials' wall time outside their timed windows (process start and imports, setup,
-  warm-up, teardown as the parent sees it), the issue-18 target being <= 25% over a CPU run's trials;
+  warm-up, teardown as the parent sees it), the target being <= 25% over a CPU run's trials;
 - the median trial wall time, warm-up and window;
 - the spread of the repeated trials' throughput ((max - min) / median) and its CV: shorter trials must not widen it;
 - other processes' share of the CPU during the windows (machine/cpu_load.py): a busy machine widens every spread.
 
     .venv/bin/python benchmarks/trial_cost.py --reps 4 --out benchmarks/results/trial_cost.md
 
-"before" is the rule set up to session 7 (at least 3 warm-up steps, then until two consecutive steps agree, at most
-12; a window of 10 s and at least 5 steps); "after" is TimingSettings's default (trial/steady.py).
+"before" is a rule set by step counts (at least 3 warm-up steps, then until two consecutive steps agree, at most 12; a
+window of 10 s and at least 5 steps); "after" is TimingSettings's default (trial/steady.py).
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ drifts drifts for all of them). For each length L:
   whole life.
 
 If the noise within a window is white, within^2 falls as 1/L and the per-trial part is the same at every length.
-Why it matters (issue 18): benchmarks/simulate.py draws a window's noise once per trial whatever its length, so there
-a confirmation trial's cost is mostly start-up and a shorter window is as good as a long one; where the noise is
-white, a longer window is quieter. The simulator's figures for the conformer move by several points between the two
-(benchmarks/results/issue18/NOTES.md), and which one a GPU has is what this measures there:
+Why it matters: where a window's noise is drawn once per trial whatever its length (benchmarks/simulate.py
+--per-trial-noise), a confirmation trial's cost is mostly start-up and a shorter window is as good as a long one; where
+the noise is white, a longer window is quieter. The simulator's figures for the conformer move by several points
+between the two (benchmarks/results/issue18/NOTES.md), and which one a GPU has is what this measures there:
 
     .venv/bin/python benchmarks/window_noise.py --windows 10 40 --reps 6 --out benchmarks/results/window_noise-cpu.md
     python benchmarks/window_noise.py --device cuda --windows 5 20 --reps 5    # on a lent GPU, about 8 minutes

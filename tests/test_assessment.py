@@ -49,7 +49,7 @@ def test_overhead_per_trial_and_share_of_the_run():
     assert overhead["mean_start_s"] == 2.5 and overhead["mean_worst_case_s"] == 0.5
     assert overhead["mean_trial_wall_s"] == 14.0
     assert overhead["overhead_share_of_run"] == pytest.approx(16.5 / 25) and overhead["timed_share_of_run"] == 0.4
-    assert overhead["untimed_share_of_trials"] == pytest.approx(1 - 10.0 / 28.0, abs=1e-4)  # issue 18's measure
+    assert overhead["untimed_share_of_trials"] == pytest.approx(1 - 10.0 / 28.0, abs=1e-4)  # a short budget's measure
 
 
 def _measured(number: int, config: TrialConfig, status: str, rate: float = 0.0) -> TrialRecord:
@@ -73,7 +73,7 @@ def test_larger_batches_are_what_the_run_measured_above_the_winner_at_its_precis
         _measured(7, TrialConfig(per_device_batch_size=128, precision="bf16"), "oom"),
         _measured(8, TrialConfig(per_device_batch_size=8, precision="bf16"), "ok", 40.0),  # smaller
         _measured(9, TrialConfig(per_device_batch_size=64, precision="bf16", intra_op_threads=1), "ok", 50.0),
-        # Checkpointing set another way (issue 20): its memory per sample differs, so neither counts.
+        # Checkpointing set another way: its memory per sample differs, so neither counts.
         _measured(10, TrialConfig(per_device_batch_size=256, precision="bf16", activation_checkpointing=False), "oom"),
         _measured(
             11, TrialConfig(per_device_batch_size=64, precision="bf16", activation_checkpointing=True), "ok", 60.0

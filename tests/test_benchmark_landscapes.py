@@ -161,9 +161,10 @@ def test_seed_changes_measure_the_seeds_as_another_machine_would_have_them():
 
 
 def test_the_grid_leaves_out_knobs_no_landscape_models():
-    """The budgets are fractions of the grid's time: a knob the landscapes ignore must not multiply the grid, or a
-    new knob silently makes every budget larger (three such knobs made the conformer's 8x larger in session 12). The
-    point counts are those of the recorded figures (benchmarks/results/simulate.md)."""
+    """The budgets are fractions of the grid's time: a knob the landscapes ignore must not multiply the grid, or a new
+    knob silently makes every budget larger (three such knobs made the conformer's 8x larger:
+    benchmarks/README.md#search-at-gpu-scale-simulated). The point counts are those of the recorded figures
+    (benchmarks/results/simulate.md)."""
     simulate = _load("simulate")
     counts = {name: sum(1 for _ in simulate.grid_space(name).points()) for name in simulate.LANDSCAPES}
     assert counts == {
@@ -178,8 +179,8 @@ def test_the_grid_leaves_out_knobs_no_landscape_models():
 
 def test_confirm_share_sets_the_share_where_the_tuner_reads_it():
     """benchmarks/confirm_share.py measures searches at other confirmation shares. The tuner reads the share in
-    search/room.py since session 13's refactor, and the benchmark patched search/tuner.py's name, which had gone: the
-    share must reach every module that holds it, and be restored after."""
+    search/room.py as well as search/confirmation.py, and a benchmark that patched only one name would measure the
+    shipped share: the share must reach every module that holds it, and be restored after."""
     from autotune.search import confirmation, room
 
     confirm_share = _load("confirm_share")

@@ -155,7 +155,7 @@ def test_ablation_flips_each_knob_the_winner_changed_back_to_the_recipe():
 
 
 def test_ablation_flips_the_loader_order_and_checkpointing_back():
-    """in_order and activation_checkpointing (issue 20) get their rows like any knob; the order only with workers."""
+    """in_order and activation_checkpointing get their rows like any knob; the order only with workers."""
     from autotune.knobs.config import TrialConfig
 
     ablation = _load("ablation")

@@ -1,5 +1,5 @@
-"""The budget plan: what each trial should cost, what the run keeps room for, and the issue-18 runs replayed on a clock
-through the real Tuner."""
+"""The budget plan: what each trial should cost, what the run keeps room for, and short-budget CPU runs replayed on a
+clock through the real Tuner."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def _issue_run(tmp_path, hardware, budget_s: float, baseline_s: float, trial_s: 
 def test_the_eight_minute_run_of_issue_18_measures_its_seeds_and_confirms_leaders_not_the_lone_baseline(
     tmp_path, cpu_hardware
 ):
-    """Issue 18: with --budget 8m, 40 s of AMP check and a 128-s baseline, the run stopped after the baseline and
+    """On a CPU with --budget 8m, 40 s of AMP check and a 128-s baseline, the run stopped after the baseline and
     re-measured it twice (the median trial, the baseline's, did not fit twice with the reserve). Now both seeds
     run first, the search fills the time, and the leaders are confirmed."""
     outcome, plans = _issue_run(tmp_path, cpu_hardware, budget_s=440.0, baseline_s=128.0, trial_s=25.0)
@@ -145,7 +145,7 @@ def test_with_only_the_baseline_measured_a_seed_runs_on_half_its_estimate_and_wi
 
 
 def test_a_seed_runs_in_the_room_kept_for_the_closing_ceiling(tmp_path, cpu_hardware):
-    """The README's first command beside the test suite (session 17): the first bf16 seed measured 1.2 samples/s on
+    """The README's first command beside the test suite: the first bf16 seed measured 1.2 samples/s on
     the loaded machine, which priced the second out of the 304 s left once the ceiling's 184 s were kept, and the run
     ended with the recipe as its winner (1.00x). A seed may be the winner, the ceiling only explains one: seeds keep
     no room for it (the ceiling is skipped, and says so, when they leave too little)."""
@@ -207,7 +207,7 @@ def test_a_leader_whose_window_others_disturbed_gets_one_more_interleaved_re_mea
 def test_a_rerun_whose_previous_winner_is_the_recipe_measures_it_once_and_the_budget_goes_to_the_others(
     tmp_path, cpu_hardware, caplog
 ):
-    """Session 16's nightly rerun (--budget 5m, halved to 2.5): the previous winner was the recipe itself, so the run
+    """A nightly rerun (--budget 5m, halved to 2.5): the previous winner was the recipe itself, so the run
     measured the baseline, then the same configuration again as "previous" until the budget stopped it, skipped both
     bf16 neighbours, and ended with "no stable configuration" although the baseline had measured ok. Now the previous
     winner is the baseline's measurement (the drift check compares it), and the neighbour runs instead."""

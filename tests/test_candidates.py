@@ -38,7 +38,7 @@ def test_within_one_percent_the_safer_configuration_wins_and_says_so():
 
 
 def test_a_tie_the_windows_cannot_measure_does_not_crown_the_safer():
-    """Session 18, the simulated conformer (5% window noise): "within 1%" on windows whose gap has a 2-4% error crowned
+    """On the simulated conformer (5% window noise), "within 1%" on windows whose gap has a 2-4% error crowned
     leaders 2-8% slower; the same medians measured to 0.3% are a tie."""
     noisy_fast = _candidate([100, 94, 104], precision="fp16", workers=4)  # spread 10%
     noisy_safe = _candidate([99.4, 97, 99.9], precision="fp32", workers=2)
@@ -65,7 +65,7 @@ def test_a_noisy_leader_does_not_tie_with_everything_above_its_worst_window():
 
 def test_memory_counts_for_safety_in_quarters_of_the_devices_capacity():
     gib = 2**30
-    # Session 6's default CAM++ run on 23.5 GiB of RAM: tied within the noise, 2.07 against 2.51 GiB is no risk, so
+    # A fresh-clone default CAM++ run on 23.5 GiB of RAM: tied within the noise, 2.07 against 2.51 GiB is no risk, so
     # the fewer workers of the faster one decide (the 256 MiB steps crowned the 6% slower bs=16 w=1).
     fastest = _candidate([15.7, 14.8, 14.1, 13.6, 13.3], workers=0, peak=int(2.51 * gib), capacity=int(23.5 * gib))
     smaller = _candidate([14.1, 13.5, 11.9, 13.1], workers=1, peak=int(2.07 * gib), capacity=int(23.5 * gib), batch=16)
@@ -78,7 +78,7 @@ def test_memory_counts_for_safety_in_quarters_of_the_devices_capacity():
 
 
 def test_confirmation_re_measures_only_contenders_and_a_reruns_previous_winner():
-    """Issue 18: a recipe baseline a third as fast as the seeds was re-measured in confirmation; it cannot win."""
+    """A recipe baseline a third as fast as the seeds was re-measured in confirmation; it cannot win."""
     best, close, far = _candidate([14.0]), _candidate([12.0], workers=1), _candidate([4.7], workers=0, batch=64)
     assert leaders([far, close, best], top_k=3) == [best, close]
     assert leaders([far, close, best], top_k=1) == [best]

@@ -101,9 +101,9 @@ def test_sequential_halving_stops_when_the_budget_does_and_chooses_among_the_rou
 
 
 def test_a_pass_the_budget_cuts_short_under_someone_elses_load_does_not_crown_the_leader_it_did_not_reach():
-    """The README's first command, session 19: another job loaded the machine during confirmation, the two leaders
-    re-measured read 2.0 and 4.7 samples/s (15.3 quiet), the budget ended before the third, measured once at 14.4,
-    and the medians crowned it. Compared on the same passes, the fastest stays the winner."""
+    """The README's first command on a loaded machine: another job loaded the machine during confirmation, the two
+    leaders re-measured read 2.0 and 4.7 samples/s (15.3 quiet), the budget ended before the third, measured once at
+    14.4, and the medians crowned it. Compared on the same passes, the fastest stays the winner."""
     records = [_record(0, 64, 15.3), _record(1, 48, 15.2), _record(2, 32, 14.4)]
     loaded = {64: 2.0, 48: 4.7, 32: 3.0}
     now = [0.0]

@@ -131,7 +131,7 @@ def test_dataloader_kwargs_with_workers() -> None:
         "drop_last": True,
         "prefetch_factor": 4,
         "persistent_workers": True,
-        "in_order": True,  # DataLoader's default, written since the in_order knob (issue 20)
+        "in_order": True,  # DataLoader's default, written since the in_order knob
     }
 
 
@@ -338,7 +338,8 @@ def test_the_optimizer_section_hands_over_the_constructor_keyword(
 
 
 def test_a_result_written_before_the_optimizer_knob_loads_as_default(tmp_path: Path) -> None:
-    """Results from before issue 20 have no optimizer section: they stepped the recipe's optimizer as built."""
+    """Results from before the optimizer knob have no optimizer section: they stepped the recipe's optimizer as
+    built."""
     written = make_tuned().to_dict()
     del written["optimizer"]
     path = tmp_path / "old.yaml"

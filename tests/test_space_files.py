@@ -30,12 +30,12 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
     assert "extends" not in now["source"]  # the result file records the whole space, not a reference
 
 
-# The knobs issue 20 added to shared/core.yaml since a8cb464, each with the prefix of its space notes.
+# The knobs added to shared/core.yaml since a8cb464, each with the prefix of its space notes.
 ISSUE20_KNOBS = ("optimizer_impl", "in_order", "activation_checkpointing", "feature_device", "compile")
 
 
 def _without_issue20_knobs(recorded: dict) -> dict:
-    """A recording with issue 20's knobs (ISSUE20_KNOBS) taken out: their parameters, baseline and seed
+    """A recording with the knobs added since a8cb464 (ISSUE20_KNOBS) taken out: their parameters, baseline and seed
     values, and the space's notes (on the choices left out on a device; a8cb464 recorded no such key)."""
     stripped = json.loads(json.dumps(recorded))
     for load in stripped["loads"].values():
@@ -76,7 +76,7 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
 
 @pytest.mark.parametrize("name", BUILTINS)
 def test_the_spaces_search_the_feature_placement_for_cam_eres2net_and_the_conformer_on_cuda_only(name):
-    """shared/3d-speaker.yaml gained feature_device (issue 20): CAM++'s and ERes2Net's spaces search it on CUDA, their
+    """shared/3d-speaker.yaml gained feature_device: CAM++'s and ERes2Net's spaces search it on CUDA, their
     baseline and seeds at the recipe's `workers`; so does conformer.yaml since the conformer can compute its fbank
     and SpecAugment in the step (autotune/data/asr_features.py); on a CPU, and in every other space, it is absent."""
     recorded = json.loads(RECORDED.read_text())["spaces"][name]
@@ -93,7 +93,7 @@ def test_the_spaces_search_the_feature_placement_for_cam_eres2net_and_the_confor
 
 @pytest.mark.parametrize("name", BUILTINS)
 def test_the_spaces_search_in_order_on_cuda_with_workers_from_the_recipes_in_order_loader(name):
-    """in_order (issue 20) is searched on CUDA only, when there are workers, from DataLoader's default (True) as
+    """in_order is searched on CUDA only, when there are workers, from DataLoader's default (True) as
     every recipe runs it; this torch has the argument, so nothing is left out (tests/trial/test_dataloader.py)."""
     for machine, load in json.loads(RECORDED.read_text())["spaces"][name]["loads"].items():
         found = [param for param in load["params"] if param["name"] == "in_order"]
@@ -138,7 +138,7 @@ def _without_bucket_batch_type(params: dict) -> None:
 
 
 def _without_buckets(recorded: dict) -> dict:
-    """A recording with the conformer's batch_type bucket (issue 20) taken out, in its loads and its source."""
+    """A recording with the conformer's batch_type bucket taken out, in its loads and its source."""
     stripped = json.loads(json.dumps(recorded))
     for load in stripped["loads"].values():
         if "error" in load:
@@ -164,7 +164,7 @@ def _without_buckets(recorded: dict) -> dict:
 @pytest.mark.parametrize("name", BUILTINS)
 def test_only_the_conformer_searches_bucket_batches_and_on_cuda_only(name):
     """The conformer gained batch_type bucket: it searches it on CUDA only (a third seed there), never on a CPU;
-    without it every space loads as at a8cb464 (with the other issue-20 knobs stripped, the test above)."""
+    without it every space loads as at a8cb464 (with the other knobs added since stripped, the test above)."""
     recorded = json.loads(RECORDED.read_text())["spaces"][name]
     for machine, load in recorded["loads"].items():
         batch_type = [json.loads(p["distribution"]) for p in load.get("params", []) if p["name"] == "batch_type"]

@@ -195,7 +195,7 @@ def test_a_grid_over_a_conditional_space_measures_each_configuration_once(tmp_pa
 
     monkeypatch.setattr("autotune.search.tuner.launch", fake_launch)
     settings = TunerSettings(trials=1000, sampler="grid", confirm_top_k=0, prune=False)
-    # The optimizer kernel (issue 20) is pinned: an unconditional knob would only triple the grid and this test's time.
+    # The optimizer kernel is pinned: an unconditional knob would only triple the grid and this test's time.
     outcome = _cam_tuner(tmp_path, cpu_hardware, settings, pinned={"optimizer_impl": "default"}).run()
     assert outcome.stopped_by == "grid exhausted"
     searched = [config for config, record in zip(launched, outcome.records, strict=True) if record.role == "search"]

@@ -168,7 +168,7 @@ def test_a_short_budget_is_not_halved_below_what_the_warm_start_itself_needs(tmp
 
 
 def test_the_warm_start_prices_the_baseline_at_its_own_recorded_time(tmp_path):
-    """Session 17's CPU rerun: the baseline took 106 s, the bf16 points 26-29 s. The median alone (28 s) priced the
+    """A CPU rerun: the baseline took 106 s, the bf16 points 26-29 s. The median alone (28 s) priced the
     warm start at 3.3 min; the baseline at its own time, each point at its own and three trials at the median: 4.6."""
     study = _study(*STUDY_TRIALS, wall_s=28.0)
     baseline = {

@@ -1,9 +1,10 @@
 """The WeNet conformer's features in the training step (feature_device: device): the batched Kaldi fbank of the
 waveforms the workers decoded, resampled and speed-perturbed, then SpecAugment with per-utterance masks.
 
-WeNet PR 152 moved this work off the DataLoader workers (13 against 29 min per 100 steps on 8xV100). The recipe's
-own order is kept (wenet/dataset/processor.py: compute_fbank, then spec_aug, both per utterance): waveform work stays
-in the workers, where the recipe has it, and only what follows the waveform moves.
+WeNet PR 152 moved this work off the DataLoader workers (its figures:
+benchmarks/README.md#where-the-features-are-computed). The recipe's own order is kept (wenet/dataset/processor.py:
+compute_fbank, then spec_aug, both per utterance): waveform work stays in the workers, where the recipe has it, and only
+what follows the waveform moves.
 
 SpecAugment draws each utterance's masks as WeNet's spec_aug does (wenet/dataset/processor.py at 0154699): per time
 mask a start uniform over that utterance's frames and a width uniform in 1..max_t, the band cut at its last frame;

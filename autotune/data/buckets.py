@@ -3,16 +3,15 @@
 Dynamic batching (batching.py) packs every batch to one padded-frame budget, sized for the longest utterances. A
 short utterance's batch could hold far more: attention memory grows with the square of the length and the fixed
 per-step cost is paid once a batch, so one budget for every length leaves the short batches small. NeMo's
-OOMptimizer finds the largest batch per duration bucket (5x larger batches, ~180% throughput on Canary-1B) and
-lhotse's DynamicBucketingSampler batches by it; WeNet has the same mode (batch_conf batch_type bucket, with
+OOMptimizer finds the largest batch per duration bucket (its reported gain: docs/how-it-measures.md) and lhotse's
+DynamicBucketingSampler batches by it; WeNet has the same mode (batch_conf batch_type bucket, with
 bucket_boundaries and bucket_batch_sizes: wenet/dataset/dataset.py, datapipes.py BucketBySequenceLengthDataPipe).
 
-How the sizes are chosen (the decision, issue 20). Searching one batch size per bucket would multiply the space by
-the number of buckets. NeMo probes each bucket's longest item for the largest batch that fits (a memory search per
-bucket), which finds the largest *safe* batch but not the fastest one, costs probes in every trial, and has nothing
-to find on a CPU (no OOM there). Here the search keeps two numbers: the frame budget of the longest bucket
-(max_frames_in_batch, as dynamic batching) and a scaling exponent `bucket_scaling` (alpha). A bucket whose longest
-item has L_b frames takes
+How the sizes are chosen. Searching one batch size per bucket would multiply the space by the number of buckets.
+NeMo probes each bucket's longest item for the largest batch that fits (a memory search per bucket), which finds the
+largest *safe* batch but not the fastest one, costs probes in every trial, and has nothing to find on a CPU (no OOM
+there). Here the search keeps two numbers: the frame budget of the longest bucket (max_frames_in_batch, as dynamic
+batching) and a scaling exponent `bucket_scaling` (alpha). A bucket whose longest item has L_b frames takes
 
     n_b = floor(budget / L_max * (L_max / L_b) ** alpha)
 

@@ -7,9 +7,9 @@ training item, in the same order and with the same arithmetic:
    whole decoded file goes through sox ``speed S`` then ``rate 16000``: tempo and pitch change together, the length
    becomes n / S. torchaudio 2.11 has no sox_effects; `speed_perturb` calls libsoxr (the resampler inside sox's
    ``rate`` effect, through the ``soxr`` package) at sox's default "high" quality from ``S * rate`` to ``rate``,
-   which is what ``speed`` followed by ``rate`` computes: on 54 s of speech it matches sox 14.4.2's output to
-   113 dB SNR, same length, at the same CPU cost (torchaudio's resample agreed to 57 dB and took 2-3x the time;
-   tests/data/test_corruption.py holds a recorded sox pair). The speaker's label becomes
+   which is what ``speed`` followed by ``rate`` computes: sox's output, same length, at sox's CPU cost, where
+   torchaudio's resample is less exact and slower (tests/data/test_corruption.py holds a recorded sox pair; the
+   figures: docs/how-it-measures.md, step 5). The speaker's label becomes
    ``label + n_speakers * speed_index``: train.py triples the classifier's classes.
 2. A random ``wav_len`` crop of the perturbed signal, or zero-padding at the end when it is shorter.
 3. SpkVeriAug: with probability ``aug_prob`` one of additive noise, reverberation, or reverberation then noise,

@@ -112,8 +112,9 @@ def batched_log_mel(waveforms: torch.Tensor, config: FbankConfig = FbankConfig()
         )
     if waveforms.device.type != "cpu":
         return _log_mel_rows(waveforms, config, window, shift)
-    # On a CPU the batch's frames (32 crops: 20 MB of spectra) fall out of cache between the element-wise steps and
-    # make it 1.7x slower than a loop over crops; a few rows at a time is as fast as Kaldi's per-crop loop.
+    # On a CPU a whole batch's spectra fall out of cache between the element-wise steps and make it slower than a loop
+    # over crops; a few rows at a time is as fast as Kaldi's per-crop loop
+    # (benchmarks/README.md#where-the-features-are-computed).
     rows = [_log_mel_rows(chunk, config, window, shift) for chunk in waveforms.split(CPU_ROWS_AT_ONCE)]
     return torch.cat(rows)
 

@@ -212,7 +212,8 @@ class ExportContext:
         return None
 
     def measured_precision_note(self) -> str:
-        """Which precision, and which float32 maths, the winner and the baseline were measured with (issue 1.1)."""
+        """Which precision, and which float32 maths, the winner and the baseline were measured with (a speedup holds
+        only under the maths it was measured in)."""
         winner = _describe_precision(self.precision, self.tuned.winner.fp32_math, self.on_cuda)
         note = f"Measured: {winner}"
         baseline_config = (self.tuned.search or {}).get("baseline_config") or {}

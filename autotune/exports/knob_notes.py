@@ -1,5 +1,5 @@
 """The notes an export adds for a knob its target carries partly or not at all, shared by the targets: where the
-framework computes or builds what the knob changed, and what to edit to train as measured. Split out of base.py."""
+framework computes or builds what the knob changed, and what to edit to train as measured."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_TIME_LIMIT_S", "ProofSettings", "run_proof"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIME_LIMIT_S = 600.0  # the bound: every GPU-only path in 10 minutes on one GPU
+DEFAULT_TIME_LIMIT_S = 600.0  # the proof's bound: every GPU-only path in 10 minutes, one GPU (benchmarks/gpu_proof.md)
 KILL_GRACE_S = 15.0  # past its budget a step is killed (its process group), but first allowed to finish its write
 LOG_TAIL_CHARS = 1500
 

@@ -189,9 +189,9 @@ def cudnn_benchmark(context: StepContext) -> Proven:
 
     import torch
 
-    # Each setting in a fresh process, as each trial is: in one process the benchmark pass found the heuristic pass's
-    # algorithms already chosen for its shapes and searched nothing (an H200: its first step 0.19 s, while a trial's
-    # first step with benchmark on took 23-31 s and reserved up to 137.8 GiB: gpu_proof-h200.md).
+    # Each setting in a fresh process, as each trial is: in one process the benchmark pass finds the heuristic pass's
+    # algorithms already chosen for its shapes (PyTorch's plan cache is keyed by the convolution) and searches nothing
+    # (benchmarks/gpu_proof.md#results).
     arguments = (context.device, context.sized(128, 2), context.sized(298, 64), context.sized(10, 1))
     numbers: dict[str, Any] = {}
     spawn = multiprocessing.get_context("spawn")

@@ -64,7 +64,7 @@ def _oom_space(folder: Path) -> Path:
     data = space.read(space.space_path("cam++"))  # its `extends` merged in: the whole space, spelled out
     data["params"]["per_device_batch_size"] = {"type": "categorical", "choices": [32, OOM_BATCH]}
     data["baseline"] = {**data["baseline"], "per_device_batch_size": 32, "num_workers": 4}
-    # Nothing the OOM does not need: cuDNN's search for each new shape (30 s for CAM++'s first step on an H200) and
+    # Nothing the OOM does not need: cuDNN's search for each new shape (tens of seconds: benchmarks/gpu_proof.md) and
     # the fbank in the worker, which prepares the whole 2,048-utterance batch alone (the GPU computes it instead).
     data["fixed"] = {**data.get("fixed", {}), "cudnn_benchmark": False}
     huge = {"per_device_batch_size": OOM_BATCH, "num_workers": 4, "prefetch_factor": 1, "precision": "fp32"}
@@ -236,16 +236,16 @@ def load_config_loop(context: StepContext) -> Proven:
 
 
 # At least 60 s (estimated, not yet run on a GPU): without cuDNN's search the baseline is ~25 s (start, set-up, a 12-s
-# window), the huge trial ~15 s to its OOM (2,048 decodes and crops), the run's own checks ~10 s. In a 600-s proof
-# the 90 s it asked before would have left it unrun after the full run (by the step times of gpu_proof-h200-s17.md).
+# window), the huge trial ~15 s to its OOM (2,048 decodes and crops), the run's own checks ~10 s. More would leave it
+# unrun after the full run in a 600-s proof (the step times of benchmarks/results/gpu_proof-h200-s17.md).
 @step("oom_study", "a batch far too large is an 'oom' trial, and the study goes on to a winner", budget_s=180, min_s=60)
 def oom_study(context: StepContext) -> Proven:
     run_timeout_s = context.budget_s - STOP_GRACE_S
     # Two trials, the baseline and the huge seed, and a --budget the step's own time limit bounds: with the step's
-    # time as --budget, the seed's estimate (64 times the baseline's batch) found no room after the baseline, and
-    # was skipped (an H200, gpu_proof-h200.md): the OOM this step is about never ran.
-    # Without speed perturbation (a resampling per utterance): the step is about the OOM, not the recipe's pipeline.
-    # On an H200 with it and cuDNN's search, the huge trial had not reached its OOM 100 s in (gpu_proof-h200-s17.md).
+    # time as --budget, the seed's estimate (64 times the baseline's batch) finds no room after the baseline, and the
+    # OOM this step is about never runs (benchmarks/gpu_proof.md#results).
+    # Without speed perturbation (a resampling per utterance): the step is about the OOM, not the recipe's pipeline;
+    # with it and cuDNN's search the huge trial takes minutes to reach its OOM (benchmarks/gpu_proof.md#results).
     args = ["run", "--model", "cam++", "--space", str(_oom_space(context.workdir)), "--trials", "2"]
     args += ["--budget", "30m", "--no-amp-check", "--no-ceiling", "--confirm", "0", "--window", "3"]
     args += ["--option", "speed_perturb=false"]

@@ -10,7 +10,7 @@ the user's recipe runs:
 - CAM++: 3D-Speaker's `memory_efficient` (DTDNN.CAMPPlus's default, True: the recipe checkpoints each dense layer's
   BN-ReLU-1x1 bottleneck; models/campplus.py);
 - the conformer: WeNet's `gradient_checkpointing` (encoder_conf and decoder_conf: every encoder and decoder layer
-  checkpointed with torch.utils.checkpoint, use_reentrant=False; models/conformer.py, transformer_decoder.py).
+  checkpointed with torch.utils.checkpoint, use_reentrant=False; models/conformer.py, models/transformer_decoder.py).
 
 ERes2Net, ECAPA-TDNN and FastSpeech 2 are left out: neither 3D-Speaker, SpeechBrain nor ming024 has a switch for
 them, so a measured gain could not be exported, and where the blocks hold BatchNorm the recomputation would update

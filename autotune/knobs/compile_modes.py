@@ -7,7 +7,8 @@ Values of the `compile` knob:
   are specialised at first, and a dimension that changes is made symbolic at its first recompile (automatic dynamic
   shapes), so a workload with variable-length batches pays one or a few recompiles, not one per length.
 - ``dynamic``: ``torch.compile(module, dynamic=True)``: symbolic shapes from the first compile, SpeechBrain's choice for
-  its Conformer (speechbrain/speechbrain PR 2824 measured 10-15%); no recompile per length, possibly slower kernels.
+  its Conformer (speechbrain/speechbrain PR 2824; its gain: docs/how-it-measures.md); no recompile per length, possibly
+  slower kernels.
 
 Not offered, and why (docs/how-it-measures.md says the same):
 

@@ -1,9 +1,9 @@
 """The tuning knobs: one declaration each, from which every layer that names a knob derives what it needs.
 
 A knob is one setting a trial runs with and the result hands over (a DataLoader argument, a precision, a thread
-count...). Declared here once, it gives the search space its type and least value (space.CORE_PARAMS, MINIMUM,
-RECIPE_SETTINGS), the trial line its word (TrialConfig.short()), the trial table and CSV their column
-(report.TRIAL_COLUMNS) and the plots their matching (report_plots.KNOBS), and the result file its place
+count...). Declared here once, it gives the search space its type and least value (space/params.py CORE_PARAMS,
+MINIMUM, RECIPE_SETTINGS), the trial line its word (TrialConfig.short()), the trial table and CSV their column
+(result/report.py TRIAL_COLUMNS) and the plots their matching (result/plots.py KNOBS), and the result file its place
 (TunedConfig.to_dict / from_dict). TrialConfig keeps one typed field per knob, and every export target one entry per
 knob in its table (exports/base.py TARGET_KNOBS); tests/test_knobs.py fails when a knob is declared without them.
 docs/adding-a-knob.md walks through adding one.

@@ -1,9 +1,10 @@
 """Where a trial computes its input features: in the DataLoader workers, per item, or batch-wise in the training step
 on the device (the `feature_device` knob).
 
-WeNet measured 13 min per 100 steps with fbank on the GPU against 29 min in the workers on 8xV100 (PR 152): where the
-workers cannot keep up, moving the filterbank onto the device frees them for decoding and augmentation, at the price
-of device time inside the step. Which wins depends on the machine, so it is searched where a pipeline can do both.
+Where the workers cannot keep up, moving the filterbank onto the device frees them for decoding and augmentation, at
+the price of device time inside the step (WeNet PR 152 made that move; its figures:
+benchmarks/README.md#where-the-features-are-computed). Which wins depends on the machine, so it is searched where a
+pipeline can do both.
 
 A workload says which placements its pipeline can run (`Workload.feature_devices`); the knob unset (None) is the
 recipe's own placement, so every space and result that does not name it stays what it was. The 3D-Speaker pipelines

@@ -34,8 +34,8 @@ __all__ = [
 
 DEFAULT = "default"
 IMPLEMENTATIONS = (DEFAULT, "foreach", "fused")
-# The optimizers the built-in workloads step with (workloads/speaker.py, asr.py, tts.py): a flag counts as supported
-# only when all of them take it.
+# The optimizers the built-in workloads step with (workloads/speaker.py, workloads/asr.py, workloads/tts.py): a flag
+# counts as supported only when all of them take it.
 _OPTIMIZERS = ("SGD", "Adam")
 # torch.utils._foreach_utils' lists when this torch has none (older releases): CUDA only, as they started.
 _FALLBACK_DEVICES = ("cuda",)

@@ -49,7 +49,7 @@ class Hardware:
         """Precisions this hardware can train in: tf32 needs compute capability 8.0, bf16 needs CUDA bf16 or a CPU.
 
         fp32-default (TF32 flags as torch leaves them) is offered only where TF32 exists: elsewhere it is strict fp32
-        and measuring it again would spend a trial on the same maths (space_fit maps it to fp32 there).
+        and measuring it again would spend a trial on the same maths (space/fit.py maps it to fp32 there).
         """
         if self.device_type == "cpu":
             return ("fp32", "bf16")  # CPU autocast takes fp16 too, but it is slower and has no GradScaler

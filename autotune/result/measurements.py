@@ -2,8 +2,8 @@
 
 `summarise_measurements` turns a configuration's trial results into `Measurements` (medians with their spread);
 the runner, the epoch prediction and the assessment read its fields, and `to_dict` writes the result YAML's
-metrics.winner / metrics.baseline exactly as before (the same keys in the same order; a configuration that was not
-measured is {status, reason}; no baseline at all is {}).
+metrics.winner / metrics.baseline in the format results already on disk use (the same keys in the same order; a
+configuration that was not measured is {status, reason}; no baseline at all is {}).
 """
 
 from __future__ import annotations

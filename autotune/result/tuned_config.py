@@ -58,7 +58,7 @@ class TunedConfig:
     autotune_version: str
     notes: list[str] = field(default_factory=list)
     # A multi-node result (--nodes): nodes, devices per node, the global batch, the ranks' hosts and the interconnect
-    # facts (run_result.cluster_section); empty for one machine, and then not written.
+    # facts (run/conclusion.py cluster_section); empty for one machine, and then not written.
     cluster: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,8 +101,8 @@ class TunedConfig:
         return self.precision.autocast()
 
     def apply_backend_flags(self) -> str:
-        """Set TF32 explicitly (both of torch's APIs where it has two, precision.py), cudnn.benchmark and the intra-op
-        threads, as the trials set them (trial/process.py)."""
+        """Set TF32 explicitly (both of torch's APIs where it has two, knobs/precision.py), cudnn.benchmark and the
+        intra-op threads, as the trials set them (trial/process.py)."""
         return apply_process_settings(self.config, self.precision)
 
     def grad_scaler(self) -> Any:

@@ -203,7 +203,8 @@ def overhead_metrics(outcome: TuningOutcome) -> dict[str, Any]:
         "mean_trial_wall_s": _mean([r.wall_s for r in results]),
         "overhead_share_of_run": _ratio(spent, elapsed),
         "timed_share_of_run": _ratio(timed, elapsed),
-        # What issue 18 targets (<= 25% on a CPU): the trials' wall time outside their timed windows.
+        # The trials' wall time outside their timed windows: what a short budget must keep small (at most 25% on a
+        # CPU: benchmarks/README.md#short-budgets-and-what-a-trial-costs).
         "untimed_share_of_trials": _ratio(walls - timed, walls),
     }
 

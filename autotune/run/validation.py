@@ -31,9 +31,8 @@ __all__ = [
 
 SAMPLERS = ("tpe", "random", "grid")
 DEVICES = ("auto", "cuda", "cpu")
-# The shortest --budget taken: below it not even the baseline's trial fits (an H200's CAM++ trial spent 27 s starting
-# and 23-31 s on its first step before any window, benchmarks/results/issue18/NOTES.md, session 16; a CPU's baseline
-# takes two minutes), and the run would end "no stable configuration" for a reason that is not the configurations'.
+# The shortest --budget taken: below it not even the baseline's trial fits (docs/how-it-measures.md#options), and the
+# run would end "no stable configuration" for a reason that is not the configurations'.
 MIN_BUDGET_S = 60.0
 MAX_SEED = 2**32 - 1  # NumPy's and so Optuna's samplers take seeds in [0, 2**32 - 1]
 # Workload options that must be positive, with the command-line option that also sets them.

@@ -35,12 +35,11 @@ __all__ = [
 # Safety is worth at most this share of measured throughput: a safer leader whose median is within it of the fastest's
 # wins (pick_winner says why). Wider zones cost users real speed on average (see pick_winner).
 SAFETY_PRICE = 0.01
-# A configuration whose median is below this share of the best's cannot overtake it within this machine's noise
-# (repeated windows of one configuration spread up to +-20% on a loaded 2-core CPU): confirmation does not spend
-# trials on it (re-measuring a recipe baseline three times slower than the seeds bought nothing).
+# A configuration whose median is below this share of the best's cannot overtake it within a machine's noise
+# (docs/how-it-measures.md, step 7): confirmation does not spend trials on it.
 CONTENDER_FRACTION = 0.7
 # Memory counts for safety in quarters of the device's capacity: filling most of a card is a risk on longer real
-# batches, but 2.1 against 2.5 GiB of a 23.5-GiB machine is none (that difference crowned a 6% slower batch once).
+# batches, a few hundred MiB more of a large machine is none (docs/how-it-measures.md, step 7).
 MEMORY_SAFETY_STEP = 0.25
 _FALLBACK_MEMORY_STEP_BYTES = 2**28  # records without a capacity: 256 MiB steps (finer is noise)
 _SAFETY_WORDS = ("less of the device's memory", "fewer workers", "higher precision")
@@ -60,7 +59,8 @@ class TrialRecord:
     # winner that is the recipe's own configuration is measured once, as the baseline (search/tuner.py).
     previous_winner: bool = False
     # config_key(config), computed once: the search loop groups every record so far by it at each step
-    # (group_by_config), which made a long search quadratic in JSON encodings (a 528-point grid: 1.1 million).
+    # (group_by_config), and encoding it each time would make a long search quadratic in JSON encodings (a 528-point
+    # grid: 1.1 million).
     key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -152,10 +152,9 @@ def score(candidate: Candidate, estimates: Estimates = None) -> float:
 
 def weighted_logs(candidates: Sequence[Candidate]) -> list[list[tuple[float, float]]]:
     """Each candidate's feasible windows as (log samples/s, weight): a window counts by its length, in units of the
-    median window among them, because a window's noise is white (an H200's fell as 1/sqrt(length):
-    benchmarks/results/issue18/window_noise-h200.md), so a window four times as long is worth four; a record without a
-    length counts as one. Windows of one length count alike, as before windows had lengths of their own (a long run's
-    confirmation, search/confirmation.py)."""
+    median window among them, because a GPU window's noise is white (benchmarks/results/issue18/window_noise-h200.md),
+    so a window four times as long is worth four; a record without a length counts as one. Windows differ in length in
+    a long run's confirmation (confirmation.py)."""
     feasible = [[r for r in c.records if r.result.feasible and r.value > 0] for c in candidates]
     lengths = [r.result.window_s for records in feasible for r in records if r.result.window_s]
     unit = statistics.median(lengths) if lengths else 1.0
@@ -198,15 +197,14 @@ def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tup
     median.
 
     Safety is a tie-break, and a tie-break must not cost throughput: a median is an unbiased estimate however noisy the
-    windows, so a leader measured 4% slower is expected to be 4% slower, even when the noise cannot rule out a tie. The
-    tie zone was once half the larger relative range of the two configurations' windows; on a data-bound GPU landscape
-    with 5% window noise (benchmarks/simulate.py) it crowned the fewer workers 3-5% slower in most searches, and it grew
-    with every re-measurement (a range widens with the number of windows, while a median's error shrinks).
+    windows, so a leader measured 4% slower is expected to be 4% slower, even when the noise cannot rule out a tie. So
+    the zone is a fixed price, never a share of the windows' range, which would grow with every re-measurement (a range
+    widens with the number of windows, while a median's error shrinks).
 
     For the same reason a tie must be measured: a safer leader wins only where the gap's standard error (_gap_errors)
-    is within SAFETY_PRICE too, so that its true cost is within about twice the price. Where the windows cannot tell 1%
-    (ten 5%-noisy windows each have a 2.2% error on the gap), "within 1%" is chance, and on the simulated conformer it
-    crowned leaders 2-8% slower (benchmarks/results/issue18/NOTES.md, session 18): the fastest wins there.
+    is within SAFETY_PRICE too, so that its true cost is within about twice the price. Where the windows cannot tell
+    1%, "within 1%" is chance, and the fastest wins. What wider or unmeasured ties cost on the simulated conformer:
+    docs/how-it-measures.md, step 7, and benchmarks/README.md#search-at-gpu-scale-simulated.
     """
     if not candidates:
         return None, ""

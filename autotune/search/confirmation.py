@@ -8,18 +8,18 @@ Two ways, by how many trials the run can afford:
   hour): LONG_LEADERS leaders and LONG_CONFIRM_SHARE of the budget; each round spends an equal share of that time on
   the leaders still in it and keeps the better half by median, until two remain (Karnin, Koren and Somekh, "Almost
   optimal exploration in multi-armed bandits", ICML 2013: the fixed-budget best-arm identification of this shape).
-  Why: on benchmarks/simulate.py's data-bound conformer (5% window noise; many configurations within a few per cent
-  of the best) every search measured a configuration within 2% of the best, but its single window was often 5-7%
-  low, out of the top three, and three windows per leader cannot separate 2-3% (a median of three has ~3.6% standard
-  error). Re-measuring more leaders and spending the windows where the race is close took the share of searches
-  within 2% of the best from 56% to about 85% (benchmarks/results/simulate-confirmation.md).
+  Why: where many configurations lie within a few per cent of the best (a data-bound model), the search measures a
+  configuration close to the best, but its single window is often low enough to leave it out of the top three, and
+  three windows per leader cannot separate 2-3%. Re-measuring more leaders and spending the windows where the race is
+  close picks the best more often (the simulated conformer: docs/how-it-measures.md, step 7, and
+  benchmarks/README.md#search-at-gpu-scale-simulated).
 
 A leader's share of a halving round goes to as few trials as the longest window allows (LONGEST_WINDOW_FACTOR):
-each trial pays start-up and warm-up again (26 s of the simulated conformer's 66-s trial, 25-30 s of an H200's),
-while a window's noise is white (an H200's fell as 1/sqrt(length): results/issue18/window_noise-h200.md), so one
-window twice as long is worth two. Interleaving stays: every round measures every leader still in it, and a round
-whose share holds more than the longest window measures each leader more than once, in turn. Windows then differ in
-length, and count by it (candidates.weighted_logs).
+each trial pays start-up and warm-up again, while a GPU window's noise is white (it falls with the window's length:
+benchmarks/README.md#short-budgets-and-what-a-trial-costs), so one window twice as long is worth two.
+Interleaving stays: every round measures every leader still in it, and a round whose share holds more than the
+longest window measures each leader more than once, in turn. Windows then differ in length, and count by it
+(candidates.weighted_logs).
 
 Once confirmation has re-measured leaders enough to know the window noise (pooling.MIN_REPEAT_DF), a long run's
 halving keeps, and the winner rule chooses, by each leader's pooled estimate: its own windows and its neighbours'
@@ -29,10 +29,8 @@ windows.
 Confirmation measures in passes, every leader still in the race once, in turn. A pass the budget cuts short (trials
 longer than planned, as under someone else's load) is set aside: its windows stay in the records and the report, but
 the finalists are compared, and the winner summarised, without them. They came from minutes the leaders it did not
-reach were never measured in; on a loaded 2-core machine the two leaders such a pass reached read 2.0 and 4.7
-samples/s (15.3 quiet), and their medians crowned the third, measured once and quiet (the README's first command,
-session 19 of results/issue18/NOTES.md). The simulator's confirmation never cuts a pass: its 600 conformer searches
-chose the same winners with and without the rule.
+reach were never measured in: under someone else's load they pull exactly the leaders it reached down, and could
+crown one it did not (the case: docs/how-it-measures.md, step 7; tests/test_confirmation.py replays it).
 """
 
 from __future__ import annotations
@@ -61,12 +59,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LONG_RUN_TRIALS = 40  # search trials a run must hold (by --budget and --trials) before confirmation takes a share
-LONG_CONFIRM_SHARE = 0.45  # of the budget, for a long run's confirmation (simulate.py: 40-50% alike, 25% too little)
-LONG_LEADERS = 8  # a long run's leaders: the best configuration's one search window is often 5-7% low
+# Of the budget, for a long run's confirmation: less leaves the halving too few windows, more starves the search
+# (benchmarks/README.md#search-at-gpu-scale-simulated).
+LONG_CONFIRM_SHARE = 0.45
+LONG_LEADERS = 8  # a long run's leaders: the best configuration's one search window is often low, out of the top three
 # A long run's confirmation window is at most this many of the search's longest (TimingSettings.max_window_s: 160 s
 # on a GPU's 40): a per-trial part of the noise, which no window length averages, is then still sampled twice by the
-# last round. Simulated conformer at 5% white noise, 600 searches (results/issue18/NOTES.md, session 18): 85.5% within
-# 2% of the best so capped, 86.7% uncapped.
+# last round; the cap costs the simulated conformer next to nothing
+# (benchmarks/README.md#search-at-gpu-scale-simulated).
 LONGEST_WINDOW_FACTOR = 4.0
 # ...and the whole trial at most this share of --trial-timeout, start-up and warm-up included (180 of the default
 # 300 s): a leader whose set-up is long (preloaded audio, a compile) gets a shorter window, never a timeout.

@@ -1,7 +1,7 @@
 """Pooled estimates: each leader's throughput from its own windows and its neighbours', to choose among leaders.
 
 Why: on a data-bound landscape many configurations lie within a few per cent of the best, and with 5% window noise a
-leader's own few windows cannot separate them (benchmarks/simulate.py's conformer; issue 18). Configurations that
+leader's own few windows cannot separate them (benchmarks/README.md#search-at-gpu-scale-simulated). Configurations that
 differ in one or two knobs mostly run at similar speeds, so every measured window also says something about its
 neighbours. This module fits that once per decision, as a Gaussian process over the configurations (empirical Bayes,
 in the log of samples per second):

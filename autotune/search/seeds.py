@@ -2,8 +2,7 @@
 rejected never runs, a seed out of memory is tried again with checkpointing or at half its batch, and nothing queued
 is measured twice.
 
-Split out of search/tuner.py (one home per rule, and the tuner under its size limit); the tuner calls these with its
-state.
+These are the rules alone, one home each; the tuner (tuner.py) calls them with its state.
 """
 
 from __future__ import annotations

@@ -327,13 +327,13 @@ class Tuner:
         return started
 
     def _back_off(self, record: TrialRecord) -> None:
-        """A seed out of memory is queued again, checkpointed or at half its batch (seed_queue.backed_off)."""
+        """A seed out of memory is queued again, checkpointed or at half its batch (seeds.py backed_off)."""
         retry = backed_off(self.space, record)
         if retry is not None and self._measured_as(retry) is None:
             self.seeds.insert(0, ("seed", retry))
 
     def _measured(self, role: str, params: dict[str, Any]) -> bool:
-        """Whether a queued configuration was measured in this run already (seed_queue.measured_before); confirmation
+        """Whether a queued configuration was measured in this run already (seeds.py measured_before); confirmation
         re-measures it if it leads (a previous winner always)."""
         if (measured := self._measured_as(params)) is not None:
             what = f"{role} {measured.config.short()} is not measured twice: trial #{measured.number} ({measured.role})"

@@ -21,8 +21,8 @@ then the file is merged over it:
   (a key both name keeps the base's place, with the file's value). Order matters for `params`: a `when` may name only
   an earlier parameter, and Optuna is asked in declaration order; a model's own batch knobs (which the shared loading
   knobs never depend on) come first this way. The sections themselves (top level, and inside `cpu` and `cuda`) come
-  in the order of SECTIONS and DEVICE_SECTIONS, as every built-in space spelled them out, so that the result file
-  records them as before;
+  in the order of SECTIONS and DEVICE_SECTIONS, as every built-in space spells them out, so that the result file
+  records them in the order results already on disk have;
 - `workload` and `description` belong to the file that says them and are never inherited.
 
 The result is one plain mapping without `extends`, exactly what the file would say spelled out; it is what the result

@@ -247,7 +247,7 @@ def from_dict(
         params = [fit_global_batch(param, global_batch_size, world_size, origin) for param in params]
     fixed = check_fixed(merged.get("fixed") or {}, known, origin)
     if fixed.get("precision") == TORCH_DEFAULT_FP32 and TORCH_DEFAULT_FP32 not in hardware.supported_precisions():
-        fixed["precision"] = "fp32"  # no TF32 here: torch's defaults are strict fp32 (space_fit._same_maths)
+        fixed["precision"] = "fp32"  # no TF32 here: torch's defaults are strict fp32 (fit.py _same_maths)
     if "precision" in fixed and fixed["precision"] not in hardware.supported_precisions():
         raise SpaceError(
             f"{origin}: fixed precision {fixed['precision']!r} does not run on this hardware ({hardware.describe()})"

@@ -16,10 +16,9 @@ apart, and at a recipe's peak learning rate from the first step (3D-Speaker's SG
 warms up over epochs) they grow fast. So when a precision strays beyond the tolerance, fp32 is trained again from
 initial weights perturbed by rounding-sized noise (2**-9 relative, bf16's half ulp), and the precision may stray up
 to twice as far as fp32 itself does: the most of up to three such runs, each with its own noise, run one at a time
-while some precision is still beyond that. How far chaotic training strays is itself a matter of chance: on the real
-CAM++ (3 s crops, batch 4, CPU) 24 perturbed fp32 runs strayed 8-55% (median 24%) and bf16 from 9 starting points
-16-51% (median 27%), so one run and 1.5x, as this check once judged, rejected bf16 on 27% of draws (its whole 2.5x
-win lost on the draw of one noise); three runs and 2x on 2.5% (benchmarks/results/amp_floor-cpu.md). A
+while some precision is still beyond that. How far chaotic training strays is itself a matter of chance, so a floor
+from one run would reject a sound precision on the draw of one noise; the most of three runs, doubled, rarely does
+(benchmarks/README.md#trust-checks-the-amp-check-flops-the-compute-only-ceiling, from benchmarks/amp_floor.py). A
 precision that really trains differently (a loss 1.5 times off from the first step, where training is not chaotic)
 strays far beyond the floor.
 """

@@ -40,8 +40,8 @@ class AmpCheckSettings:
     perturbation: float = 2.0**-9  # relative weight noise of the fp32 noise-floor runs: bf16's rounding (half an ulp)
     # Where training is chaotic, a precision may stray floor_margin times as far as fp32 does from perturbed weights,
     # the worst of up to floor_runs such runs (one more only while some precision is still beyond the allowance).
-    # One run and 1.5x rejected bf16 on CAM++'s CPU check in 27% of draws although bf16 strays no further than fp32
-    # there; three runs and 2x in 2.5% (benchmarks/amp_floor.py).
+    # Fewer runs or a smaller margin reject a sound precision on the draw of one noise (benchmarks/amp_floor.py;
+    # benchmarks/README.md#trust-checks-the-amp-check-flops-the-compute-only-ceiling).
     floor_margin: float = 2.0
     floor_runs: int = 3
     timeout_s: float = 600.0

@@ -4,9 +4,9 @@ A trial's batch sampler cycles epochs inside one iterator (sampling.py), so its 
 training does, every epoch: the sampler runs out, the workers finish the batches they hold and then sit idle, and
 the next epoch's iterator starts them again (persistent workers) or starts new ones (otherwise: the old ones shut
 down, new processes start). Its first batch then takes a whole batch's preparation by one worker, with nothing
-prefetched: on an H200 (session 17) CAM++ at batch 512 with 16 persistent workers stepped in 0.38 s, and a plain
-loop over the 2,000-utterance default corpus (three steps an epoch) ran at 52% of the rate the trial reported, which
-had charged persistent workers nothing per epoch.
+prefetched, persistent workers or not. Where an epoch is a few fast steps, that wait is a large share of training,
+and a trial that charged persistent workers nothing per epoch overstated what a plain loop reaches (the H200 case:
+docs/how-it-measures.md, step 5).
 
 So after its window a trial ends an epoch as training does (CycledEpochs.end_epoch, then the loader runs dry), starts
 the next one, and times from the call that ran into the epoch's end to the new epoch's first batch (B). What that

@@ -1,19 +1,16 @@
 """An epoch's rate from a window that saw only some of its batches, where batches differ in what they cost.
 
 A speaker workload's batches are alike (fixed-length crops): any run of them costs what the epoch's average does.
-An ASR or TTS epoch is not: WeNet's batching sorts each window of 500 shuffled utterances by length and batches
-the sorted run, so consecutive batches go from short clips to long ones (autotune/data/batching.py; wenet-e2e/wenet
-wenet/dataset/dataset.py at 6663c3e8 chains shuffle, processor.sort in buffers of sort_size 500, batch and padding,
-and nothing reorders the batches after). A timed window
-covers a stretch of that run. On a GPU a 40-s window holds hundreds of steps, many sort windows, and the stretch is
-close to the epoch's mix; where a step is slow (a CPU, a large model) it holds tens, and its samples per second is
-the rate of whichever lengths it happened to reach. Because every trial shuffles with the same seed, a repeat of
-the same configuration reaches the same stretch: the error does not average out over repeats, and two
-configurations whose batches cut the epoch differently are compared on different mixes. On the development CPU
-(`benchmarks/epoch_mix.py`: a small conformer, 1-5 s clips, static batches of 8, 8-s windows of 59-100 steps in a
-150-batch epoch) six shuffles' windows read 7.4% apart and 7.2% off two whole epochs; the objective below, 3.4% and
-3.6%, the CPU's own noise included. Dynamic batches (a frame budget per batch) cost more alike: 5.7% and 4.5% for
-the window, 3.8% and 4.6% for the objective, where two whole-epoch references of the same run were 11% apart.
+An ASR or TTS epoch is not: WeNet's batching sorts each window of 500 shuffled utterances by length and batches the
+sorted run, so consecutive batches go from short clips to long ones (autotune/data/batching.py; wenet-e2e/wenet
+wenet/dataset/dataset.py at 6663c3e8 chains shuffle, processor.sort in buffers of sort_size 500, batch and padding, and
+nothing reorders the batches after). A timed window covers a stretch of that run. On a GPU a 40-s window holds hundreds
+of steps, many sort windows, and the stretch is close to the epoch's mix; where a step is slow (a CPU, a large model) it
+holds tens, and its samples per second is the rate of whichever lengths it happened to reach. Because every trial
+shuffles with the same seed, a repeat of the same configuration reaches the same stretch: the error does not average out
+over repeats, and two configurations whose batches cut the epoch differently are compared on different mixes. How far a
+window and the objective below read from whole epochs, on the development CPU (benchmarks/epoch_mix.py):
+docs/how-it-measures.md, step 5, and benchmarks/README.md#short-budgets-and-what-a-trial-costs.
 
 The correction: a step's time is modelled as what it costs per step, per second of audio and per sample,
 ``t = a + b * audio + c * samples`` with a, b, c >= 0, fitted over the window's steps (in blocks of consecutive

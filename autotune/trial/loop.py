@@ -244,7 +244,7 @@ def measure(
         steps.add(now - last, fetched - last, setup.samples_in(batch), setup.audio_seconds_in(batch))
         last = now
         # With hindsight the window's first step, and its first quarter, may still turn out to be warm-up: the pruner
-        # holds them to the warm-up bar (they are what the second and later warm-up steps were before).
+        # holds them to the warm-up bar (where each step's time is its own they stand in for later warm-up steps).
         early = len(steps.times_s) < 2 or now - window_start < 0.25 * timing.window_s
         phase = "warmup" if hindsight and early else "window"
         on_progress(phase, steps.samples / max(steps.seconds, 1e-9), now - window_start)

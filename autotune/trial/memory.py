@@ -7,23 +7,20 @@ variable-length ASR batches make large, and the context's few hundred MiB, so a 
 gate by that figure and still run out of memory in training.
 
 What the device holds outside the allocator is read at start and again at each reading, and the larger counts: the
-context grows after start (CUDA loads kernels lazily, cuDNN and cuBLAS create their handles on first use). On an
-H200 a CAM++ step and a 4 GiB block read 0.90 GB under NVML's figure with the start's reading alone
-(benchmarks/results/gpu_proof-h200.md, peak_memory).
+context grows after start (CUDA loads kernels lazily, cuDNN and cuBLAS create their handles on first use), and the
+start's reading alone fell short of NVML's figure on a GPU (benchmarks/gpu_proof.md#results, peak_memory).
 
 The allocator's own peak is not training's under cudnn.benchmark: for each new input shape cuDNN's search
-(pytorch/pytorch aten/src/ATen/native/cudnn/Conv_v8.cpp at 06ca69ca4e9b, generate_and_filter_plans and
-run_single_conv: read, not run; the H200's figures below are what was run) allocates one workspace as large as its
-largest candidate needs, up to all the device has free, times its candidates, and empties the cache after it. On an
-H200 that put CAM++'s reserved peak at
-137.8 GiB of 139.8 at batch 256 and 74 GiB at batch 32, while NVML read 25.3 and 4.3 GB in use over the steady
-window (benchmarks/results/gpu_proof-h200.md, full_run and oom_study): every configuration with cudnn.benchmark
-failed the headroom gate. So on CUDA the peak is read at the end of each training step (`step_done`): the caching
-allocator gives nothing back between steps except through emptyCache (the search's own) or an OOM retry, so what it
-holds reserved at a step's end is at least what the step needed at its peak, and a search's workspace is gone by
-then. A step that searched mid-way (its cache emptied after its peak) reads low instead, never high: for a fixed
-shape only the first steps search, and where shapes vary the worst-case scan (trial/worst_case.py) trains its worst
-batches a second time, searches done, so the largest shapes are read exactly.
+(pytorch/pytorch aten/src/ATen/native/cudnn/Conv_v8.cpp at 06ca69ca4e9b, generate_and_filter_plans and run_single_conv:
+read, not run) allocates one workspace as large as its largest candidate needs, up to all the device has free, times its
+candidates, and empties the cache after it. The reserved peak then reads most of the device while the steady window uses
+a fraction of it, and every configuration with cudnn.benchmark would fail the headroom gate (what a GPU read:
+benchmarks/gpu_proof.md#results, full_run and oom_study). So on CUDA the peak is read at the end of each training step
+(`step_done`): the caching allocator gives nothing back between steps except through emptyCache (the search's own) or an
+OOM retry, so what it holds reserved at a step's end is at least what the step needed at its peak, and a search's
+workspace is gone by then. A step that searched mid-way (its cache emptied after its peak) reads low instead, never
+high: for a fixed shape only the first steps search, and where shapes vary the worst-case scan (trial/worst_case.py)
+trains its worst batches a second time, searches done, so the largest shapes are read exactly.
 """
 
 from __future__ import annotations

@@ -3,17 +3,16 @@
 A configuration that compiles its model (knobs/compile_modes.py) pays minutes once and then steps faster; one without
 persistent workers pays the workers' start-up every epoch. Which is faster depends on how long the user trains: a
 compile that costs 8 minutes and saves 8% pays off after 100 minutes of training, not in a 10-minute fine-tune
-(pytorch issue 93468: OpenNMT's first 100 steps took 734 s compiled against 212 s eager, for +8% afterwards). So the
-objective every trial reports (TrialResult.samples_per_second) is the throughput over the run, with each one-off cost
-charged where it falls:
+(pytorch issue 93468 reports such a case, OpenNMT's: docs/how-it-measures.md). So the objective every trial reports
+(TrialResult.samples_per_second) is the throughput over the run, with each one-off cost charged where it falls:
 
-- **epochs** (the default: one epoch of the data, as the loader restarts were amortised before compile existed):
+- **epochs** (the default: one epoch of the data, so that each epoch's loader restart is charged once):
   ``run samples / (run samples / window rate + epochs x new epoch + compile)``, a new epoch's cost measured at a real
   epoch end (epoch_boundary.py);
 - **hours**: ``epoch rate x max(0, T - compile) / T`` over T seconds of training: compiling eats into the run.
 
-A compile the run cannot repay loses to eager on this objective, and so never wins (tuner.pick_winner ranks by it);
-the window's steady-state rate stays beside it (window_samples_per_second), and the compile figures too
+A compile the run cannot repay loses to eager on this objective, and so never wins (search/candidates.py pick_winner
+ranks by it); the window's steady-state rate stays beside it (window_samples_per_second), and the compile figures too
 (compile_s, recompiles), so the report shows both.
 """
 

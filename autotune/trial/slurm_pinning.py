@@ -9,12 +9,13 @@ not come free within the wait is not waited for again in this run: it is most li
 would cost the budget as much again. A node down or drained when the job is submitted is not waited for at all.
 
 Why run elsewhere rather than skip the confirmation: the winner is chosen among the leaders on the medians of their
-windows, and a leader's median is compared with the others', which were measured on other nodes too when the search
-ran trials side by side. Run elsewhere, a confirmation adds one window from a node of the same hardware fingerprint
-(the study's, checked on every node): it moves the leader's median by at most the difference between two like nodes,
-which the comparison between leaders first measured on different nodes already carries. Skipped, the leader keeps
-fewer windows, at worst the single search window confirmation is there to check (5-7% off on a noisy landscape:
-search/confirmation.py), and one lucky window could crown it. The mixed median is the smaller error, and it is said.
+windows, and a leader's median is compared with the others', which were measured on other nodes too when the search ran
+trials side by side. Run elsewhere, a confirmation adds one window from a node of the same hardware fingerprint (the
+study's, checked on every node): it moves the leader's median by at most the difference between two like nodes, which
+the comparison between leaders first measured on different nodes already carries. Skipped, the leader keeps fewer
+windows, at worst the single search window confirmation is there to check (often several per cent off on a noisy
+landscape: search/confirmation.py), and one lucky window could crown it. The mixed median is the smaller error, and it
+is said.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ FEASIBLE_STATUSES = ("ok",)
 # Not feasible, yet no verdict on the configuration: the budget stopped it, or the pruner found it slower than the
 # best so far. Another measurement of the same configuration that is ok stands (candidates.Candidate.feasible).
 NEUTRAL_STATUSES = ("stopped", "pruned")
-ERRATIC_THROUGHPUT_CV = 0.3  # trials not competing for cores measured 0.001-0.07; see benchmarks/README.md
+ERRATIC_THROUGHPUT_CV = 0.3  # trials not competing for cores vary far less: benchmarks/README.md#the-erratic-threshold
 LAUNCHED_AT_ENV = "AUTOTUNE_LAUNCHED_AT"  # the parent's time.time() when it started the child (for start_s)
 PROGRESS_SUFFIX = ".progress"  # beside the result file: the child's running throughput, read by the parent to prune
 
@@ -78,7 +78,8 @@ class TimingSettings:
     min_window_steps: int = 2  # a rate needs two steps; the stability gate judges windows of four or more
     max_window_steps: int = 10_000
     # The window is at least this share of the trial (0: off)... 0.8, not 0.75: the parent's launch and the child's
-    # result and teardown (0.3-0.5 s) are outside the window too, and the trials' untimed share must stay <= 25%.
+    # result and teardown are outside the window too, and the trials' untimed share must stay <= 25%
+    # (benchmarks/README.md#short-budgets-and-what-a-trial-costs).
     min_timed_share: float = 0.8
     max_window_factor: float = 4.0  # ...up to this many window_s
     # A window at least this long, whatever the share rule: a long run's confirmation trials measure the time its
@@ -208,8 +209,8 @@ class TrialResult:
     fp32_math: dict[str, str] | None = None
     trimmed_steps: int = 0  # window steps found to be warm-up with hindsight (trial/steady.py); in warmup_steps
     others_cpu_fraction: float | None = None  # share of the CPUs other processes took during the window (0: none)
-    # The window was erratic while other processes took at least machine_load.BUSY_OTHERS_FRACTION of the CPU: kept
-    # (status ok) and re-measured with the leaders, not condemned for someone else's job.
+    # The window was erratic while other processes took at least BUSY_OTHERS_FRACTION (machine/cpu_load.py) of the
+    # CPU: kept (status ok) and re-measured with the leaders, not condemned for someone else's job.
     disturbed: bool = False
     node: str = ""  # where it was measured: the SLURM node that ran the job (--executor slurm); "" for a local trial
     # torch.compile (config.compile): seconds its compiling steps took beyond a steady step, in warm-up and window

@@ -1,10 +1,10 @@
 """How long a trial warms up and how long it measures, by its step time: start-up out, steady state in, and a window
 worth what the trial cost to reach it.
 
-A fixed count of steps suits no step time. A 10-s CPU step of CAM++ at batch 64 is steady from its second step, and
-"at least 3 warm-up steps, then until two agree, then a window of at least 5 steps" cost two minutes for a figure
-that two steps give; a 50-ms GPU step needs dozens of steps before the DataLoader's queue and cuDNN's autotuning are
-behind it. So the rules are in seconds, with steps as floors:
+A fixed count of steps suits no step time. A 10-s CPU step of CAM++ at batch 64 is steady from its second step, so
+every step a fixed count adds costs seconds for nothing, while a 50-ms GPU step needs dozens of steps before the
+DataLoader's queue and cuDNN's autotuning are behind it (a fixed count against these rules: benchmarks/trial_cost.py,
+benchmarks/README.md#short-budgets-and-what-a-trial-costs). So the rules are in seconds, with steps as floors:
 
 - **Warm-up** lasts at least ``warmup_steps`` (the first step carries process start-up: worker fork, first decode,
   kernel selection, the optimiser's state) and ``min_warmup_s``. Where each step's time is its own (a CPU, one rank:
@@ -12,7 +12,7 @@ behind it. So the rules are in seconds, with steps as floors:
   steady is judged with hindsight, below. Elsewhere (CUDA, where window steps are not synchronised one by one; several
   ranks, which must agree on the window's step count in advance) warm-up goes on until the last chunk of steps ran
   at the rate of the chunk before (chunks of at least ``settle_chunk_s``, so that a loader delivering in bursts
-  settles too; one step each where steps are longer), as it did before.
+  settles too; one step each where steps are longer).
 - **Hindsight**: when the window has run its length, its first quarter (at least one step) is compared with the
   rest. If their throughputs differ by more than ``steady_tolerance_fraction``, either way (a start-up transient is
   slower; a queue filled during start-up and drained by the first steps is faster), that quarter was warm-up: it
@@ -73,8 +73,8 @@ def warmup_done(step_times_s: Sequence[float], timing: TimingSettings, *, requir
         return True
     if steps < max(1, timing.warmup_steps) or spent < timing.min_warmup_s:
         return False
-    # The cap counts from the second step: the first carries start-up, whatever it cost (on an H200 a fresh CAM++
-    # trial's first step took 23-31 s, gpu_proof-h200.md), and the steps after it must still be seen to settle.
+    # The cap counts from the second step: the first carries start-up, whatever it cost (on a GPU cuDNN's search,
+    # tens of seconds: benchmarks/gpu_proof.md#results), and the steps after it must still be seen to settle.
     if not require_settled or spent - step_times_s[0] >= timing.max_warmup_s:
         return True
     return settled(step_times_s, timing.warmup_settle_fraction, timing.settle_chunk_s)

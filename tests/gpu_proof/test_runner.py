@@ -10,7 +10,8 @@ from autotune.gpu_proof import STEPS, ProofSettings, run_proof
 from autotune.gpu_proof import runner as proof_runner
 from autotune.gpu_proof.registry import Step
 
-# What the issue asks the proof to exercise, in the order it runs (quick checks first, the long run last).
+# Every GPU-only path the proof must exercise (benchmarks/gpu_proof.md), in the order it runs (quick checks first,
+# the long run last).
 EXPECTED_STEPS = [
     "tf32",
     "amp",

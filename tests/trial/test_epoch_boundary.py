@@ -1,9 +1,9 @@
 """A new epoch's cost, measured at a real epoch end, and an objective that a plain loop over real epochs reproduces.
 
-On an H200 (session 17's GPU proof) the full run's winner, CAM++ at batch 512 with 16 persistent workers, was reported
-at 1,334 samples/s; a plain load_config loop over the 2,000-utterance default corpus (three steps an epoch) ran at 691:
-persistent workers were charged nothing per epoch, but every epoch's first batch still waits for a worker to prepare
-it. Here the same shape on a CPU: a loop that never waits in steady state (prefetching hides the batches'
+On an H200 (benchmarks/gpu_proof.md#results) the full run's winner, CAM++ at batch 512 with 16 persistent workers, was
+reported at 1,334 samples/s; a plain load_config loop over the 2,000-utterance default corpus (three steps an epoch) ran
+at 691: persistent workers were charged nothing per epoch, but every epoch's first batch still waits for a worker to
+prepare it. Here the same shape on a CPU: a loop that never waits in steady state (prefetching hides the batches'
 preparation), short epochs, a batch that takes a worker longer than a step.
 """
 
