@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from rich.console import RenderableType
 
+    from autotune.result.sections import Metrics
     from autotune.run.plan import RunPlan
     from autotune.run.runner import RunReport
     from autotune.search.budget import BudgetPlan
@@ -289,7 +290,7 @@ def _gib(value: object) -> str:
     return f"{value / 2**30:.2f}" if isinstance(value, (int, float)) and value else "-"
 
 
-def _print_assessment(console: Console, metrics: dict) -> None:
+def _print_assessment(console: Console, metrics: Metrics) -> None:
     """Work per sample and the ceiling, the AMP check, the cost of isolation, and what bounds the winner."""
     compute = metrics.get("compute") or {}
     parts = []

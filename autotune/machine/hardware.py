@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -83,7 +84,7 @@ class Hardware:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Hardware:
+    def from_dict(cls, data: Mapping[str, Any]) -> Hardware:
         fields = {key: value for key, value in data.items() if key != "fingerprint"}
         fields["gpus"] = tuple(
             GpuInfo(**dict(gpu, compute_capability=tuple(gpu["compute_capability"]))) for gpu in fields.get("gpus", ())

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from autotune import yamlio
 from autotune.errors import OutputError, UserError, describe_os_error
@@ -17,6 +17,14 @@ from autotune.knobs.dataloader import dataloader_kwargs, dynamic_batching
 from autotune.knobs.precision import PrecisionSettings
 from autotune.knobs.process import apply_process_settings
 from autotune.result.measurements import Measurements
+from autotune.result.sections import (
+    ClusterSection,
+    DataSection,
+    HardwareSection,
+    Metrics,
+    SearchSection,
+    WorkloadSection,
+)
 
 if TYPE_CHECKING:
     from autotune.data.buckets import BucketBatchSampler, BucketPlan
@@ -47,19 +55,19 @@ _HEADER = """\
 class TunedConfig:
     """A tuned configuration with the evidence behind it."""
 
-    workload: dict[str, Any]
+    workload: WorkloadSection
     config: TrialConfig
     device_type: str
-    metrics: dict[str, Any]
-    hardware: dict[str, Any]
-    data: dict[str, Any]
-    search: dict[str, Any]
+    metrics: Metrics
+    hardware: HardwareSection
+    data: DataSection
+    search: SearchSection
     created: str
     autotune_version: str
     notes: list[str] = field(default_factory=list)
     # A multi-node result (--nodes): nodes, devices per node, the global batch, the ranks' hosts and the interconnect
     # facts (run/conclusion.py cluster_section); empty for one machine, and then not written.
-    cluster: dict[str, Any] = field(default_factory=dict)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
 
     @property
     def nodes(self) -> int:
@@ -232,7 +240,7 @@ class TunedConfig:
             created=data["created"],
             autotune_version=data["autotune_version"],
             notes=list(data.get("notes") or []),
-            cluster=dict(data.get("cluster") or {}),
+            cluster=cast(ClusterSection, dict(data.get("cluster") or {})),
         )
 
     def to_yaml(self, path_hint: str = "RESULT.yaml") -> str:

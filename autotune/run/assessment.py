@@ -24,6 +24,7 @@ from autotune.knobs import length_batching
 from autotune.knobs.compile_modes import check_label
 from autotune.knobs.config import TrialConfig
 from autotune.result.diagnosis import LargerBatches, diagnose
+from autotune.result.sections import Metrics
 from autotune.run.preload_probe import preload_report
 from autotune.search.candidates import group_by_config
 from autotune.trial import TrialResult, TrialSpec, launch
@@ -291,7 +292,7 @@ class Assessment:
     """The result's assessment sections (compute, overhead, noise, amp_check, preload, diagnosis) and the notes
     they call for, in the order the result YAML lists them."""
 
-    metrics: dict[str, Any]
+    metrics: Metrics
     notes: tuple[str, ...] = ()
 
     def applied_to(self, tuned: TunedConfig) -> TunedConfig:
@@ -316,7 +317,7 @@ def assess(
         winner: the winner's summarised measurements; config: its configuration.
         hardware, data, space: the run's machine, its data (DataSource.describe()) and its search space.
     """
-    metrics: dict[str, Any] = {}
+    metrics: Metrics = {}
     notes: list[str] = []
     # A compiled winner's objective carries its compile, charged over the run: the pipeline's efficiency against the
     # ceiling (itself a steady window) compares steady states, or compiling would read as a slow data pipeline.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from autotune import __version__
 from autotune.knobs.dataloader import UNORDERED_NOTE
 from autotune.result.measurements import NOT_MEASURED, Measurements, speedup_range, summarise_measurements
+from autotune.result.sections import ClusterSection, DataSection, HardwareSection, SearchSection
 from autotune.result.tuned_config import TunedConfig
 from autotune.search.in_flight import placement_notes
 from autotune.storage.urls import redact_url
@@ -90,8 +91,8 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
             ),
             "data_preparation": plan.preparation.to_dict() if plan.preparation else None,
         },
-        hardware=plan.hardware.to_dict(),
-        data=plan.data.describe(),
+        hardware=cast(HardwareSection, plan.hardware.to_dict()),
+        data=cast(DataSection, plan.data.describe()),
         search=_search_summary(plan, outcome),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         autotune_version=__version__,
@@ -100,7 +101,7 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     )
 
 
-def cluster_section(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
+def cluster_section(plan: RunPlan, outcome: TuningOutcome) -> ClusterSection:
     """A multi-node result's own section: nodes, devices per node, the global batch, and the hosts and interconnect
     facts its winner's first measurement recorded (trial/interconnect.py); empty for one machine."""
     if plan.nodes <= 1 or outcome.winner is None:
@@ -212,7 +213,7 @@ def _executor(plan: RunPlan) -> dict[str, Any]:
     return {"name": "slurm", "partition": slurm.partition, "options": dict(slurm.options)}
 
 
-def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> dict[str, Any]:
+def _search_summary(plan: RunPlan, outcome: TuningOutcome) -> SearchSection:
     settings = plan.request.settings
     return {
         "space_file": str(plan.space_file),

@@ -15,6 +15,7 @@ crosses the threshold, and a regression is reported every night until it is fixe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,12 @@ class DriftVerdict:
         return lines
 
 
-def _gpus(hardware: dict[str, Any]) -> str:
+def _gpus(hardware: Mapping[str, Any]) -> str:
     return ", ".join(str(gpu.get("name")) for gpu in hardware.get("gpus") or []) or "none"
 
 
 def environment_diff(
-    before: dict[str, Any], before_version: str, after: dict[str, Any], after_version: str
+    before: Mapping[str, Any], before_version: str, after: Mapping[str, Any], after_version: str
 ) -> tuple[EnvChange, ...]:
     """What differs between two results' `hardware` sections and autotune versions."""
     pairs = [(label, before.get(key), after.get(key)) for label, key in _VERSIONED]
