@@ -47,7 +47,7 @@ def run_request(
     option: list[str] | None,
     epoch_samples: int | None,
     epoch_hours: float | None,
-    run_length: str | None,
+    run_length: str,
     prune: bool,
     amp_check: bool,
     ceiling: bool,

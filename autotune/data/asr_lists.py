@@ -77,9 +77,10 @@ def _bounds(obj: dict[str, Any], where: str) -> tuple[float | None, float | None
 def _parse_line(line: str, where: str) -> DataListEntry:
     try:
         obj = json.loads(line)
-    except ValueError as exc:
+    except ValueError as exc:  # a JSONDecodeError, or json's bare ValueError for an integer past 4300 digits
+        said = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise _error(
-            f"{where}: not a JSON object ({exc.msg}); a WeNet raw data.list has one "
+            f"{where}: not a JSON object ({said}); a WeNet raw data.list has one "
             '{"key", "wav", "txt"} object per line (shard lists of tar files are not supported)'
         ) from None
     if not isinstance(obj, dict):

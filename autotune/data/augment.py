@@ -47,7 +47,7 @@ SAMPLE_RATE = 16000
 class WaveformCropDataset(SpeakerCropDataset):
     """Random fixed-length crops as waveforms (features are computed on the device), labelled with the speaker."""
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:  # type: ignore[override]
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         """(crop of crop_samples float32 samples at the fbank rate, speaker label)."""
         return self._read_crop(self.utterances[index]), self.labels[index]
 

@@ -37,7 +37,7 @@ def shm(context: DoctorContext) -> Finding:
     except OSError as error:
         return info(f"{SHM_PATH} unavailable ({error.strerror or error}): DataLoader workers share tensors elsewhere")
     have = f"{SHM_PATH} {_gib(usage.total)} ({_gib(usage.free)} free)"
-    figures = {"shm_total_bytes": usage.total, "shm_free_bytes": usage.free}
+    figures: dict[str, object] = {"shm_total_bytes": usage.total, "shm_free_bytes": usage.free}
     estimate = estimate_loader(context)
     if isinstance(estimate, str):
         return info(f"{have}; need unknown: {estimate}", "pass --model (and --batch-size, --workers) or --result")

@@ -129,7 +129,7 @@ def cuda_visible_devices(context: DoctorContext) -> Finding:
     view = context.nvml
     value = view.visible_value
     shown = "unset" if value is None else f"CUDA_VISIBLE_DEVICES={value!r}"
-    figures = {"cuda_visible_devices": value, "visible_uuids": [gpu.uuid for gpu in view.visible]}
+    figures: dict[str, Any] = {"cuda_visible_devices": value, "visible_uuids": [gpu.uuid for gpu in view.visible]}
     if not view.physical:
         return info(f"{shown}; no NVIDIA GPU on this machine", **figures)
     if view.visible_error is not None:

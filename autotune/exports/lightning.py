@@ -10,6 +10,7 @@ its own stride of the dataset (dynamic) or takes its share of whole batches (buc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.exports.base import (
@@ -180,7 +181,7 @@ def _precision_notes(context: ExportContext) -> list[str]:
     return []
 
 
-def _optimizer_notes(context: ExportContext) -> list[str]:
+def _optimizer_notes(context: ExportContext) -> Sequence[str]:
     notes = optimizer_note("optimizer_kwargs, passed by your configure_optimizers (Lightning does not build it)")
     flag = context.optimizer_flag()
     precision = _PRECISION[context.precision]

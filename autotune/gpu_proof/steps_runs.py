@@ -167,7 +167,12 @@ def _plain_training(result: Path, device: str, window_s: float) -> dict[str, Any
 
     cfg = autotune.load_config(result)
     options = dict(cfg.workload.get("options") or {})
-    source = default_source() if cfg.data.get("synthetic") else load_source(cfg.data["path"], max_utterances=None)
+    if cfg.data.get("synthetic"):
+        source = default_source()
+    else:
+        path = cfg.data["path"]
+        assert path is not None  # DataSource.describe() wrote it: a source always has its path (a str)
+        source = load_source(path, max_utterances=None)
     dataset = SpeakerCropDataset(source.utterances, source.speakers, crop_s=float(options.get("crop_s", 3.0)))
     loader = torch.utils.data.DataLoader(
         dataset, shuffle=True, collate_fn=collate_speaker_batch, **cfg.dataloader_kwargs()

@@ -109,7 +109,9 @@ def apply_backend_flags(*, tf32: bool | None, cudnn_benchmark: bool, torch_modul
         "default" when no TF32 flag was touched.
     """
     if torch_module is None:
-        import torch as torch_module
+        import torch
+
+        torch_module = torch  # an assignment, unlike `import torch as torch_module`, narrows the Optional for mypy
     backends = torch_module.backends
     backends.cudnn.benchmark = cudnn_benchmark
     if tf32 is None:
@@ -138,7 +140,9 @@ def fp32_math(torch_module: ModuleType | None = None) -> dict[str, str]:
     setting, and "none" there means IEEE.
     """
     if torch_module is None:
-        import torch as torch_module
+        import torch
+
+        torch_module = torch  # an assignment, unlike `import torch as torch_module`, narrows the Optional for mypy
     backends = torch_module.backends
     if not uses_new_tf32_api(torch_module):
         return {

@@ -93,6 +93,7 @@ class GpuTelemetry:
                 continue
             self.uuid = uuid
             return handle
+        assert first_error is not None  # _spellings() names at least one UUID, and each failed lookup set it
         raise first_error
 
     def start(self) -> None:
@@ -106,26 +107,29 @@ class GpuTelemetry:
         if not self._initialised:
             return
         self._initialised = False
+        nvml = self.nvml
+        assert nvml is not None  # _initialised is set only after nvml.nvmlInit() ran
         try:
-            self.nvml.nvmlShutdown()
-        except self.nvml.NVMLError:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
             pass
 
-    def _read(self, name: str, call: Any) -> None:
+    def _read(self, nvml: ModuleType, name: str, call: Any) -> None:
         if name not in self._samples:
             return
         try:
             self._samples[name].append(float(call()))
-        except self.nvml.NVMLError as error:  # NotSupported, NoPermission...: this metric stays None
+        except nvml.NVMLError as error:  # NotSupported, NoPermission...: this metric stays None
             logger.debug("NVML metric %s unavailable: %s", name, error)
             del self._samples[name]
 
     def sample(self) -> None:
         """Take one reading of every metric that still answers."""
         nvml, handle = self.nvml, self._handle
-        self._read("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        self._read("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used)
-        self._read("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # milliwatts
+        assert nvml is not None  # sampled only once open() found the GPU, which it cannot do without the module
+        self._read(nvml, "utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        self._read(nvml, "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used)
+        self._read(nvml, "power", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # milliwatts
 
     def _run(self) -> None:
         self.sample()

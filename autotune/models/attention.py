@@ -29,6 +29,8 @@ def sinusoid_table(num_positions: int, d_model: int, dtype: torch.dtype = torch.
 class PositionalEncoding(nn.Module):
     """Scale the input by sqrt(d_model) and add absolute sinusoidal positions (the decoder's embedding)."""
 
+    pe: torch.Tensor  # a registered buffer (nn.Module.__getattr__ is typed Tensor | Module)
+
     def __init__(self, d_model: int, dropout_rate: float, max_len: int = 5000) -> None:
         super().__init__()
         self.d_model = d_model

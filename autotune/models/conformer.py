@@ -47,6 +47,9 @@ class GlobalCMVN(nn.Module):
     checkpoints; until `set_stats` they are the identity.
     """
 
+    mean: torch.Tensor  # registered buffers (nn.Module.__getattr__ is typed Tensor | Module)
+    istd: torch.Tensor
+
     def __init__(self, feat_dim: int) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(feat_dim))

@@ -119,6 +119,8 @@ class FFTStack(nn.Module):
     """Sinusoid positions (a fixed table of max_seq_len + 1 rows) plus a stack of FFT blocks; with ``n_symbols``, a
     symbol embedding (padding id 0) first: ming024's Encoder, else its Decoder."""
 
+    position_enc: torch.Tensor  # a registered buffer (nn.Module.__getattr__ is typed Tensor | Module)
+
     def __init__(
         self,
         n_layers: int,
@@ -187,12 +189,15 @@ class Encoder(FFTStack):
     def __init__(self, n_symbols: int, n_layers: int, d_model: int, **fft: Any) -> None:
         super().__init__(n_layers, d_model, n_symbols=n_symbols, **fft)
 
-    def forward(self, tokens: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, tokens: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         return super().forward(self.src_word_emb(tokens), pad)
 
 
 class VarianceAdaptor(nn.Module):
     """Predict duration, pitch and energy; add the embedded (quantised) targets; expand tokens to frames."""
+
+    pitch_bins: torch.Tensor  # registered buffers (nn.Module.__getattr__ is typed Tensor | Module)
+    energy_bins: torch.Tensor
 
     def __init__(
         self,
@@ -284,7 +289,7 @@ class FastSpeech2(nn.Module):
         """Args mirror ming024's model.yaml; n_symbols is its embedding's rows (len(symbols) + 1); pitch/energy
         ranges bound the (normalised) values the bins cover: the minimum and maximum of ming024's stats.json."""
         super().__init__()
-        fft = {
+        fft: dict[str, Any] = {
             "d_model": d_model,
             "n_head": n_head,
             "d_inner": conv_filter_size,

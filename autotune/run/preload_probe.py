@@ -9,7 +9,7 @@ every dimension costs trials): it is tried once, on the configuration it can hel
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.result.diagnosis import DiagnosisSettings, decoded_audio_bytes
@@ -53,7 +53,7 @@ def preload_probe(
     return worth_it
 
 
-def _median(values: list[float | None]) -> float | None:
+def _median(values: Sequence[float | None]) -> float | None:
     present = [value for value in values if value is not None]
     return statistics.median(present) if present else None
 

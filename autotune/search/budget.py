@@ -63,10 +63,12 @@ class TrialCosts:
         """A configuration's trial: its own median wall if measured, else predicted from a similar one's
         throughput; None when nothing feasible has been measured."""
         key = config_key(config)
-        own = [r for r in records if r.result.wall_s and r.key == key]
+        own = [r for r in records if r.key == key]
         # a long run's confirmation trials may measure longer windows (search/confirmation.py): its other trials' walls
         # first
-        walls = [r.result.wall_s for r in own if r.role != "confirm"] or [r.result.wall_s for r in own]
+        walls = [r.result.wall_s for r in own if r.result.wall_s and r.role != "confirm"] or [
+            r.result.wall_s for r in own if r.result.wall_s
+        ]
         if walls:
             return statistics.median(walls)
         feasible = [r for r in records if r.result.feasible and r.result.window_samples_per_second]
@@ -75,7 +77,11 @@ class TrialCosts:
             return None
         # Samples per second per device barely depend on the batch within a space (per-sample cost), far more on
         # the precision: the step time a batch of this configuration should take.
-        rate = statistics.median(r.result.window_samples_per_second / r.config.world_size for r in similar)
+        rate = statistics.median(
+            r.result.window_samples_per_second / r.config.world_size
+            for r in similar
+            if r.result.window_samples_per_second  # all of them (feasible above): narrows the Optional
+        )
         step_s = config.per_device_batch_size / rate  # a step of the loop is one micro-batch
         scan_s = statistics.median(r.result.worst_case_s or 0.0 for r in similar)
         return expected_trial_s(step_s, self.fixed_s(records) + scan_s, self.timing)

@@ -90,7 +90,7 @@ class InFlight:
         where it ended meanwhile, else with the exception that ended it."""
         if self.stop is not None:
             self.stop.set()
-        ended = []
+        ended: list[tuple[Started, TrialResult | BaseException]] = []
         for future, started in list(self._running.items()):
             try:
                 ended.append((started, future.result()))

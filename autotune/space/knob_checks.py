@@ -19,14 +19,13 @@ __all__ = ["check_checkpointing", "check_feature_device", "feature_device_values
 
 def feature_device_values(space: SearchSpace) -> set[str]:
     """Every feature_device value a loaded space can hand a trial: its choices, fixed value, baseline and seeds."""
-    values: set[str] = set()
+    values: set[str | None] = set()
     for param in space.params:
         if param.name == FEATURE_DEVICE:
             values.update(getattr(param.distribution, "choices", ()))
     for mapping in (space.fixed, space.baseline, *space.seeds):
         values.add(mapping.get(FEATURE_DEVICE))
-    values.discard(None)
-    return values
+    return {value for value in values if value is not None}
 
 
 def check_feature_device(space: SearchSpace, workload: str, supported: Iterable[str], origin: str) -> None:

@@ -106,8 +106,10 @@ def check_value(name: str, value: Any, where: str, *, auto: bool = False) -> Non
     choices = knobs.get(name).choices if name in CORE_PARAMS else ()
     if choices and value not in choices:
         raise SpaceError(f"{where}: unknown {name} {value!r}; use {', '.join(choices)}")
-    if name in MINIMUM and value < MINIMUM[name]:
-        raise SpaceError(f"{where}: {value!r} is below the least {name} ({MINIMUM[name]})")
+    if name in MINIMUM:
+        assert not isinstance(value, str)  # every knob with a minimum is an int, so _is_type above let no word by
+        if value < MINIMUM[name]:
+            raise SpaceError(f"{where}: {value!r} is below the least {name} ({MINIMUM[name]})")
 
 
 def check_fixed(values: Any, known: dict[str, Any], origin: str) -> dict[str, Any]:
@@ -140,6 +142,7 @@ def build_param(name: str, spec: Any, hardware: Hardware, origin: str, earlier: 
     spec = dict(spec)
     when = check_when(spec.pop("when", None) or {}, earlier, where)
     kind = spec.pop("type")
+    distribution: od.BaseDistribution
     if kind == "categorical":
         distribution = _categorical(name, spec, hardware, where)
     elif kind in ("int", "float"):
@@ -152,7 +155,7 @@ def build_param(name: str, spec: Any, hardware: Hardware, origin: str, earlier: 
     return Param(name=name, distribution=distribution, when=when)
 
 
-def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str) -> od.CategoricalDistribution | None:
+def _categorical(name: str, spec: dict[str, Any], hardware: Hardware, where: str) -> od.CategoricalDistribution:
     if set(spec) != {"choices"} or not isinstance(spec["choices"], list) or not spec["choices"]:
         raise SpaceError(f"{where}: a categorical needs exactly a non-empty 'choices' list")
     choices = spec["choices"]

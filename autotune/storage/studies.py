@@ -31,7 +31,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import optuna
 from optuna.storages import BaseStorage
@@ -174,6 +174,12 @@ def _journal(url: str) -> BaseStorage:
     return JournalStorage(JournalFileBackend(str(path)))
 
 
+class _Heartbeat(Protocol):
+    """Optuna's heartbeat API (its BaseHeartbeat mix-in, on RDB storages), found on a storage by _heartbeat_interval."""
+
+    def record_heartbeat(self, trial_id: int) -> None: ...
+
+
 def _heartbeat_interval(study: optuna.Study) -> int | None:
     storage = study._storage  # Optuna keeps the storage private; its heartbeat API is public on the storage
     getter = getattr(storage, "get_heartbeat_interval", None)
@@ -202,7 +208,8 @@ def ask_trial(study: optuna.Study, params: dict[str, Any] | None = None) -> optu
     try:
         trial.set_user_attr("owner", _owner())
         if _heartbeat_interval(study):
-            study._storage.record_heartbeat(trial._trial_id)  # a trial with no beat at all is never judged stale
+            # a trial with no beat at all is never judged stale; a heartbeat interval means the storage has the API
+            cast(_Heartbeat, study._storage).record_heartbeat(trial._trial_id)
         else:
             trial.set_user_attr(LEASE_ATTR, time.time())
     except BaseException:  # Ctrl-C (or a storage error) before the caller holds the trial: leave nothing RUNNING
@@ -223,7 +230,7 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         while not stop.wait(interval or HEARTBEAT_INTERVAL_S):
             try:
                 if interval:
-                    storage.record_heartbeat(trial_id)
+                    cast(_Heartbeat, storage).record_heartbeat(trial_id)  # a heartbeat interval: it has the API
                 else:
                     storage.set_trial_user_attr(trial_id, LEASE_ATTR, time.time())
             except Exception as error:  # a busy database must not end the beating: the next beat may get through

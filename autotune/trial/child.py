@@ -7,12 +7,15 @@ import os
 import re
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.machine.cpu_load import BUSY_OTHERS_FRACTION
 from autotune.trial.distributed import RankInfo
 from autotune.trial.scaler import skip_gate_reason
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 __all__ = ["run_trial", "classify_exception"]
 
@@ -75,6 +78,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     compile_modes.apply(setup.model, config.compile)  # in place: the optimiser and DDP see the same parameters
     accounting, mix = _check_epoch_accounting(setup, config, rank, spec.seed)
     total_batches = planned_batches(timing, config.grad_accum_steps)
+    loader: DataLoader[Any] | None  # None once measured: its workers shut down
     loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed, rank=rank)
     forward = distributed.Forward(setup.model, setup.loss_fn, device)
     memory = PeakMemory(device)
@@ -89,7 +93,8 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         batches = in_memory_batches(setup, config, device=device, seed=spec.seed, rank=rank)
     else:
         batches = iter(loader)
-    flops, gpu = None, {}
+    flops = None
+    gpu: dict[str, float | int | None] = {}  # GpuTelemetry.stop()'s summary
     progress = ProgressWriter(spec.result_path + PROGRESS_SUFFIX, scale=rank.world_size) if rank.rank == 0 else None
     try:
         window = measure(
@@ -241,9 +246,10 @@ def combine_rank_summaries(summaries: list[dict[str, Any]], *, device_type: str)
 
 def _others_across_ranks(summaries: list[dict[str, Any]]) -> float | None:
     """Other processes' share of the CPUs during the shared window: every rank's process tree is ours, not other."""
-    busy = [item.get("window_cpu_busy_s") for item in summaries]
-    own = [item.get("window_cpu_own_s") for item in summaries]
-    capacity = [item.get("window_cpu_capacity_s") for item in summaries]
+    # Each rank's figure (seconds), or None where it had none: then the check below returns before any arithmetic
+    busy: list[Any] = [item.get("window_cpu_busy_s") for item in summaries]
+    own: list[Any] = [item.get("window_cpu_own_s") for item in summaries]
+    capacity: list[Any] = [item.get("window_cpu_capacity_s") for item in summaries]
     if None in busy or None in own or None in capacity or not max(capacity):
         return None
     return min(1.0, max(0.0, (max(busy) - sum(own)) / max(capacity)))
@@ -282,8 +288,8 @@ def _gate(result: TrialResult, spec: TrialSpec) -> TrialResult:
     """Apply the stability gates to a measured trial."""
     timing = spec.timing
     if result.peak_memory_bytes and result.memory_capacity_bytes:
-        limit = (1.0 - timing.memory_headroom_fraction) * result.memory_capacity_bytes
-        if result.peak_memory_bytes > limit:
+        memory_limit = (1.0 - timing.memory_headroom_fraction) * result.memory_capacity_bytes
+        if result.peak_memory_bytes > memory_limit:
             result.status = "headroom"
             result.reason = (
                 f"peak memory {result.peak_memory_bytes / 2**30:.2f} GiB leaves less than "

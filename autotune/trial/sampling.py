@@ -28,8 +28,14 @@ __all__ = ["EpochAccounting", "CycledEpochs", "rank_indices", "epoch_batches", "
 
 def rank_indices(dataset_size: int, *, rank: int, world_size: int, seed: int, epoch: int) -> list[int]:
     """This rank's dataset indices for one epoch, exactly as DistributedSampler(shuffle=True) deals them."""
-    sampler = torch.utils.data.DistributedSampler(
-        range(dataset_size), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
+    # torch types the dataset as a Dataset, but DistributedSampler only takes its len(): a range serves
+    sampler: torch.utils.data.DistributedSampler[int] = torch.utils.data.DistributedSampler(
+        range(dataset_size),  # type: ignore[arg-type]
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=True,
+        seed=seed,
+        drop_last=False,
     )
     sampler.set_epoch(epoch)
     return list(sampler)

@@ -180,7 +180,8 @@ class SlurmLauncher:
     ) -> TrialResult:
         workdir.mkdir(parents=True, exist_ok=True)
         started, asked = time.perf_counter(), self.node
-        job, lost, pinned_until = self._reattach(spec, workdir), [], None
+        job, pinned_until = self._reattach(spec, workdir), None
+        lost: list[str] = []  # the job ids of earlier jobs of this trial that lost their node
         while True:
             if job is None:
                 node = pinned_node(asked, self._not_free, spec.config.short())

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from autotune.errors import UserError
 from autotune.knobs.checkpointing import enabled
@@ -183,7 +183,8 @@ def _build_speaker_setup(
             features, labels = speechbrain_inputs(features, labels, copies)
         elif features_in_step:  # feature_device: device; part of the step, so inside the timed window
             features = _device_fbank(features, fbank)
-        return module["loss"](module["classifier"](module["embedder"](features)), labels)
+        parts = cast(nn.ModuleDict, module)  # the trial passes setup.model: the ModuleDict built above
+        return parts["loss"](parts["classifier"](parts["embedder"](features)), labels)
 
     return TrainingSetup(
         model=model,

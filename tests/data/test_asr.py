@@ -94,6 +94,8 @@ def test_kaldi_text_fills_transcripts_and_replaces_utt2spk(tmp_path: Path) -> No
 
 DATA_LIST_ERRORS = {
     "not-json": ("/data/shards/shards_000000000.tar", ["line 1", "not a JSON object", "shard"]),
+    # json raises a bare ValueError (no .msg) for an integer past Python's 4300-digit limit
+    "huge-integer": ('{"key": ' + "9" * 5000 + "}", ["line 1", "not a JSON object", "4300 digits"]),
     "not-an-object": ('["a", "b.wav", "x"]', ["line 1", "JSON object", "list"]),
     "missing-txt": (entry(key="a", wav="a.wav"), ["line 1", '"txt"']),
     "txt-not-string": (entry(key="a", wav="a.wav", txt=3), ["line 1", '"txt"', "string"]),
