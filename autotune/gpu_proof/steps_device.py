@@ -166,7 +166,7 @@ def _ranks(rank: int, world_size: int, port: int, device_type: str, answers: Any
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type != "cuda":
         # The CPU rehearsal's ranks share the cores, as torchrun's would (it sets OMP_NUM_THREADS=1 for several
-        # processes): each with every core's thread made the CAM++ step spin against the other, 21 s instead of 8.
+        # processes): ranks that each take every core spin against each other.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     extra: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
     dist.init_process_group(

@@ -36,8 +36,7 @@ __all__ = ["CONFIRM_SHARE", "PRIOR_FIXED_S", "Stage", "BudgetPlan", "PlanState",
 
 CONFIRM_SHARE = 0.25  # of the budget, at most, kept for confirmation while the search runs
 # A queued trial runs, with nothing but the baseline measured, while this share of its estimated cost is left
-# (Budget.last_chance): on a loaded 2-core machine a 5-min run measured the baseline (147 s) and skipped both seeds
-# with 90 s left, ending at 2.4 min with the recipe as its winner.
+# (Budget.last_chance): skipping it would only hand back the recipe with time unused (docs/how-it-measures.md, step 3).
 LAST_CHANCE_SHARE = 0.5
 PRIOR_FIXED_S = 5.0  # a trial's process start, setup and teardown before any was measured (2-core CPU: 3-4 s)
 # roles whose wall time says little about a search trial's (a long run's confirmation may measure longer windows)
