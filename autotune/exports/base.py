@@ -306,8 +306,8 @@ def cannot(notes: KnobNotes) -> KnobExport:
     return KnobExport(how="", notes=notes)
 
 
-# Each target's table: every knob of knobs/declarations.py, how the target takes it (tests/test_knobs.py checks that
-# none is missing). Their notes follow the target's own in an export, in declaration order.
+# Each target's table: every knob of knobs/declarations.py, how the target takes it (tests/knobs/test_knobs.py checks
+# that none is missing). Their notes follow the target's own in an export, in declaration order.
 TARGET_KNOBS: dict[str, dict[str, KnobExport]] = {}
 
 

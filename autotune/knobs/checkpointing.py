@@ -18,8 +18,8 @@ its running statistics a second time per step, a change of the trained model the
 
 The knob's unset value (None) is the recipe's own: checkpointed for CAM++, not for the conformer. Checkpointing
 never changes the gradients: the recomputed forward replays the same operations with the RNG state saved at the
-first (preserve_rng_state, torch's default), so dropout draws the same masks (tests/test_checkpointing.py). It does
-change BatchNorm running statistics inside a checkpointed segment (updated again in the recomputation), exactly as
+first (preserve_rng_state, torch's default), so dropout draws the same masks (tests/knobs/test_checkpointing.py). It
+does change BatchNorm running statistics inside a checkpointed segment (updated again in the recomputation), exactly as
 in 3D-Speaker's and WeNet's own code.
 
 The search trades it for a batch: a seed that runs out of the device's memory without checkpointing is tried next

@@ -16,7 +16,8 @@ __all__ = ["TrialConfig"]
 class TrialConfig:
     """One point of the search: DataLoader, precision and thread settings for one training device.
 
-    One field per knob declared in declarations.py (tests/test_knobs.py holds them equal), plus the workload's own.
+    One field per knob declared in declarations.py (tests/knobs/test_knobs.py holds them equal), plus the workload's
+    own.
     """
 
     per_device_batch_size: int

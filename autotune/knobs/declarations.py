@@ -5,7 +5,7 @@ count...). Declared here once, it gives the search space its type and least valu
 MINIMUM, RECIPE_SETTINGS), the trial line its word (TrialConfig.short()), the trial table and CSV their column
 (result/report.py TRIAL_COLUMNS) and the plots their matching (result/plots.py KNOBS), and the result file its place
 (TunedConfig.to_dict / from_dict). TrialConfig keeps one typed field per knob, and every export target one entry per
-knob in its table (exports/base.py TARGET_KNOBS); tests/test_knobs.py fails when a knob is declared without them.
+knob in its table (exports/base.py TARGET_KNOBS); tests/knobs/test_knobs.py fails when a knob is declared without them.
 docs/adding-a-knob.md walks through adding one.
 
 Workload knobs (a workload's own, e.g. the conformer's batch_type and max_frames_in_batch: Workload.knobs) are not

@@ -13,7 +13,7 @@ at the first step, `_device_dtype_check_for_fused`). torch 2.4 added fused SGD/A
 cannot run is left out of the search space with a note (space/search_space.py), never measured as a failed trial.
 
 The three implementations compute the same update up to the order of floating-point operations
-(tests/test_optimizer_kernels.py steps the workloads' own optimizers with each and compares the parameters).
+(tests/knobs/test_optimizer_kernels.py steps the workloads' own optimizers with each and compares the parameters).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ Confirmation measures in passes, every leader still in the race once, in turn. A
 longer than planned, as under someone else's load) is set aside: its windows stay in the records and the report, but
 the finalists are compared, and the winner summarised, without them. They came from minutes the leaders it did not
 reach were never measured in: under someone else's load they pull exactly the leaders it reached down, and could
-crown one it did not (the case: docs/how-it-measures.md, step 7; tests/test_confirmation.py replays it).
+crown one it did not (the case: docs/how-it-measures.md, step 7; tests/search/test_confirmation.py replays it).
 """
 
 from __future__ import annotations

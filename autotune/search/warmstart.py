@@ -196,8 +196,8 @@ def _fitting_study_configs(
 def _trim(settings: TunerSettings, n_points: int, fraction: float, need_s: float) -> TunerSettings:
     """`fraction` of the trials (enough for the baseline, the points and one search trial) and of the budget, where
     that fraction holds need_s (what the warm start itself needs, _warm_need_s); else as much as that, up to the whole
-    budget: a short --budget cut by the fraction could leave room for the baseline alone (tests/test_budget.py replays
-    such a nightly rerun)."""
+    budget: a short --budget cut by the fraction could leave room for the baseline alone (tests/search/test_budget.py
+    replays such a nightly rerun)."""
     trials = min(settings.trials, max(math.ceil(settings.trials * fraction), n_points + 2))
     budget = settings.budget_s
     if budget:

@@ -25,7 +25,7 @@ from autotune.storage import studies as storage
 from autotune.trial import TrialResult
 from tests.faults.conftest import error_line, fill, invoke, processes_with
 from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, wait_for
-from tests.test_results import WITH_WORKERS, make_tuned
+from tests.result.test_results import WITH_WORKERS, make_tuned
 
 STEADY = ["--no-amp-check", "--no-ceiling", "--max-throughput-cv", "0"]  # a busy machine must not fail these runs
 ONE_TRIAL = ["--trials", "1", *STEADY]

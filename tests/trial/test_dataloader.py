@@ -20,7 +20,7 @@ from autotune.trial.loader import build_loader
 from autotune.trial.sampling import CycledEpochs
 from tests.conftest import make_cuda
 from tests.fixtures.runs import cam_grid_request
-from tests.test_results import make_tuned
+from tests.result.test_results import make_tuned
 from tests.trial.tiny_setups import faulty_spec, linear_setup
 
 CONFIGS = {

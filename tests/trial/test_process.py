@@ -12,7 +12,7 @@ from autotune.knobs.process import apply_process_settings
 from autotune.result.tuned_config import TunedConfig
 from autotune.trial.amp_curves import AmpCheckSettings, CurveRunner
 from autotune.trial.process import TrialProcess
-from tests.test_results import make_tuned
+from tests.result.test_results import make_tuned
 from tests.trial.tiny_setups import faulty_spec
 
 

@@ -72,7 +72,7 @@ def test_the_summary_reads_the_typed_measurements_and_says_why_a_baseline_has_no
 
     from autotune.cli.display import print_summary
     from autotune.search.settings import TuningOutcome
-    from tests.test_results import make_tuned
+    from tests.result.test_results import make_tuned
 
     winner = {"status": "ok", "samples_per_second": 123.456, "measurements": 3, "setup_s": 2.0, "trial_wall_s": 20.0}
     outcome = TuningOutcome(records=[], baseline=None, winner=None, stopped_by="trials", elapsed_s=60.0)

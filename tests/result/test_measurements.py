@@ -11,7 +11,7 @@ from autotune.errors import UserError
 from autotune.result.measurements import NOT_MEASURED, Measurements, summarise_measurements
 from autotune.result.tuned_config import load_config, write_config
 from autotune.trial.spec import TrialResult
-from tests.test_results import make_tuned
+from tests.result.test_results import make_tuned
 
 # metrics.winner / metrics.baseline of a result YAML, in order, as autotune wrote them before the summary was typed.
 RESULT_KEYS = [

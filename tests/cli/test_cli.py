@@ -14,7 +14,7 @@ from autotune.cli import app
 from autotune.cli.parsing import parse_duration, parse_workload_options
 
 runner = CliRunner()
-# The AMP check runs end to end in tests/test_assessment.py on a tiny model; here it would cost CAM++ steps.
+# The AMP check runs end to end in tests/run/test_assessment.py on a tiny model; here it would cost CAM++ steps.
 FAST = ["--crop-seconds", "0.5", "--window", "0.5", "--warmup-steps", "1", "--device", "cpu", "--no-amp-check"]
 
 
@@ -340,7 +340,7 @@ def test_history_without_results(results_dir):
 
 
 def test_plugin_that_fails_its_first_step_is_a_one_line_error(tiny_corpus, results_dir):
-    space = Path(__file__).parent / "fixtures" / "buggy_space.yaml"
+    space = Path(__file__).parents[1] / "fixtures" / "buggy_space.yaml"
     result = _invoke(
         [
             "run",

@@ -12,7 +12,7 @@ from autotune.cli import app
 
 runner = CliRunner()
 FAULTY = "tests.fixtures.faulty_workload:workload"
-FAST_SPACE = str(Path(__file__).parent / "fixtures" / "fast_space.yaml")
+FAST_SPACE = str(Path(__file__).parents[1] / "fixtures" / "fast_space.yaml")
 QUICK = ["--window", "0.3", "--warmup-steps", "1", "--device", "cpu", "--no-prune", "--trial-timeout", "2m"]
 
 

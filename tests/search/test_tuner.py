@@ -14,7 +14,7 @@ from autotune.search.settings import TunerSettings
 from autotune.trial import TimingSettings
 from tests.fixtures.tuners import cam_tuner as _cam_tuner
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 @pytest.mark.slow

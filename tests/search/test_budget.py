@@ -285,7 +285,7 @@ def test_a_budget_that_stops_every_trial_says_the_budget_was_too_short_not_that_
     """Found trying `--budget 1s` from outside: the data preparation and the AMP check took the budget, the baseline
     was stopped at once, and the run said "no stable configuration ... tune when it is quieter", which blamed the
     configurations and the machine's load for what was the budget. A budget under a minute is now bad input (exit 2
-    before anything runs, tests/test_cli.py); one that still stops every trial (a slow start, a long AMP check) says
+    before anything runs, tests/cli/test_cli.py); one that still stops every trial (a slow start, a long AMP check) says
     so. The floor is lowered here so that a real CPU trial is stopped within seconds."""
     import dataclasses
 

@@ -16,7 +16,7 @@ from autotune.cli import app
 from autotune.gpu_proof.registry import STEPS
 from tests.fixtures.fake_nvml import H100, nvmlClocksEventReasonHwSlowdown
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_json_findings_and_exit_zero_on_this_machine() -> None:

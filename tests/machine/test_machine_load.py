@@ -80,7 +80,7 @@ def test_a_busy_machine_gets_longer_windows():
 
 def test_the_load_is_recorded_in_a_new_result_and_the_frozen_one_is_left_as_it_was():
     from autotune.run import preflight
-    from tests.test_results import make_tuned
+    from tests.result.test_results import make_tuned
 
     busy = MachineLoad(cores=2, load_average=3.1, others_cpu_fraction=0.45, kernel_spread_fraction=0.2, seconds=1.5)
     changes = ["busy: windows of at least 20 s instead of 10"]
