@@ -39,14 +39,14 @@ EXIT_INTERRUPTED = 130
 
 def machine_failures() -> tuple[type[BaseException], ...]:
     """The exceptions that mean the machine failed the run (a disk that filled, a database that went away)."""
-    from autotune.storage.studies import storage_failures
+    from autotune.storage import storage_failures
 
     return storage_failures()
 
 
 def machine_failure_line(error: BaseException) -> str:
     """The one error line for a machine failure: what failed, that the trials are kept, and how to go on."""
-    from autotune.storage.studies import describe_failure
+    from autotune.storage import describe_failure
 
     return (
         f"the machine failed the run ({describe_failure(error)}); completed trials stay in the study: fix it "

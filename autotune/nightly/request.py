@@ -21,7 +21,7 @@ from pathlib import Path
 from autotune import workloads
 from autotune.errors import UserError
 from autotune.python_command import module_command
-from autotune.storage.urls import redact_url
+from autotune.storage import redact_url
 
 __all__ = ["ScheduleRequest", "default_executable", "parse_at", "plugin_path", "unit_name_for"]
 

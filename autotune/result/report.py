@@ -18,8 +18,7 @@ from autotune.knobs import declarations as knobs
 from autotune.result.measurements import Measurements
 from autotune.result.plots import GIB, Marks, hardware_line, make_plots
 from autotune.result.tuned_config import TunedConfig, load_config
-from autotune.storage.studies import JOURNAL_PREFIX, open_storage, storage_errors
-from autotune.storage.urls import redact_url
+from autotune.storage import JOURNAL_PREFIX, open_storage, redact_url, storage_errors
 from autotune.yamlio import atomic_write_text
 
 __all__ = ["ReportFiles", "TRIAL_COLUMNS", "build_report", "load_study", "trials_frame", "write_csv", "write_html"]

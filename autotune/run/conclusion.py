@@ -12,7 +12,7 @@ from autotune.result.measurements import NOT_MEASURED, Measurements, speedup_ran
 from autotune.result.sections import ClusterSection, DataSection, HardwareSection, SearchSection
 from autotune.result.tuned_config import TunedConfig
 from autotune.search.in_flight import placement_notes
-from autotune.storage.urls import redact_url
+from autotune.storage import redact_url
 
 if TYPE_CHECKING:
     from autotune.knobs.config import TrialConfig

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autotune import __version__, workloads, yamlio
+from autotune import __version__, storage, workloads, yamlio
 from autotune import space as space_module
 from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.knobs.config import TrialConfig
@@ -34,7 +34,6 @@ from autotune.search.reporting import Reporter
 from autotune.search.settings import STORAGE_FAILED, TunerSettings, TuningOutcome
 from autotune.search.tuner import Tuner
 from autotune.space.knob_checks import check_checkpointing, check_feature_device
-from autotune.storage import studies as storage
 from autotune.trial import TrialResult, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.trial.slurm_nodes import check_nodes, check_parallel

@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from autotune.storage import studies as storage
+from autotune import storage
 
 __all__ = ["trial_folder", "orphan_waiting"]
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import optuna
 
+from autotune import storage
 from autotune.errors import WorkloadError
 from autotune.knobs.config import TrialConfig
 from autotune.search.budget import Budget, BudgetPlan, PlanState, Stage
@@ -25,7 +26,6 @@ from autotune.search.samplers import grid_points
 from autotune.search.seeds import admissible, backed_off, measured_before, rejected_reason
 from autotune.search.settings import STORAGE_FAILED, TunerSettings, TuningOutcome
 from autotune.space.search_space import SearchSpace
-from autotune.storage import studies as storage
 from autotune.trial import TrialResult, TrialSpec, launch
 
 __all__ = ["Tuner"]

@@ -28,14 +28,13 @@ from typing import Any
 import optuna
 
 from autotune import space as space_module
-from autotune import yamlio
+from autotune import storage, yamlio
 from autotune.errors import UserError
 from autotune.knobs.config import TrialConfig
 from autotune.result.tuned_config import TunedConfig, load_config
 from autotune.search.candidates import config_params
 from autotune.search.settings import TunerSettings
 from autotune.space.fit import contains
-from autotune.storage import studies as storage
 
 __all__ = ["PreviousResult", "WarmPoint", "WarmStart", "plan_warm_start", "read_previous"]
 

@@ -9,7 +9,7 @@ A job whose node the scheduler lost or took away (NODE_FAIL, BOOT_FAIL, PREEMPTE
 configuration: the trial is measured once more in a new job (trial/slurm.py; never SLURM's own requeue, which jobs are
 submitted without: it holds a requeued job back two minutes, hides the loss from autotune and reruns it over the first
 run's files). A trial that loses its node twice keeps the status above (NODE_LOSS_ATTEMPTS), as a local trial that
-took its run down twice stays failed (storage/studies.py): perhaps it takes nodes down.
+took its run down twice stays failed (storage/heartbeats.py): perhaps it takes nodes down.
 
 A multi-node trial (--nodes M) that loses a node other than the first fails before SLURM knows: the first node's ranks
 fail at once (their peers' sockets close, a collective times out, the rendezvous never completes) and the first node

@@ -11,11 +11,12 @@ import time
 
 import optuna
 
-from autotune.storage import studies as storage
+from autotune import storage
+from autotune.storage import heartbeats
 
 
 def main(url: str, interval_s: str) -> None:
-    storage.HEARTBEAT_INTERVAL_S = float(interval_s)  # the lease's beat (journal storage)
+    heartbeats.HEARTBEAT_INTERVAL_S = float(interval_s)  # the lease's beat (journal storage)
     beat_s = max(1, round(float(interval_s)))  # Optuna's heartbeat counts whole seconds (SQLite)
     opened = storage.open_storage(url, heartbeat_interval_s=beat_s, grace_period_s=2 * beat_s)
     study = optuna.create_study(storage=opened, study_name="shared", direction="maximize", load_if_exists=True)

@@ -17,11 +17,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import load_config, yamlio
+from autotune import load_config, storage, yamlio
 from autotune.errors import MachineFailure, OutputError
 from autotune.result import history
 from autotune.run import output as run_output
-from autotune.storage import studies as storage
 from autotune.trial import TrialResult
 from tests.faults.conftest import error_line, fill, invoke, processes_with
 from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, wait_for

@@ -14,12 +14,12 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune import storage
 from autotune.errors import UserError
 from autotune.nightly import request as schedule_request
 from autotune.nightly import schedule
 from autotune.python_command import module_command_without_flag
-from autotune.storage import studies as storage
-from autotune.storage import urls as storage_urls
+from autotune.storage import opening as storage_urls
 from tests.faults.conftest import error_line, invoke, python_env
 from tests.fixtures.runs import FIXTURES, ROOT
 

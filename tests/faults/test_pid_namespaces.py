@@ -18,7 +18,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.storage import studies as storage
+from autotune import storage
+from autotune.storage import heartbeats
 from tests.faults.conftest import (
     NAMESPACE,
     kill_session,
@@ -36,8 +37,8 @@ TIMING = {"sqlite": (1.0, 2.0), "journal": (0.25, 1.0)}
 def _setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> tuple[str, float, float]:
     """The storage URL, beat and grace of one kind; the grace applies to this process's checks."""
     interval_s, grace_s = TIMING[kind]
-    monkeypatch.setattr(storage, "GRACE_PERIOD_S", grace_s)  # the journal's lease
-    monkeypatch.setattr(storage, "HEARTBEAT_INTERVAL_S", interval_s)
+    monkeypatch.setattr(heartbeats, "GRACE_PERIOD_S", grace_s)  # the journal's lease
+    monkeypatch.setattr(heartbeats, "HEARTBEAT_INTERVAL_S", interval_s)
     url = f"sqlite:///{tmp_path / 'studies.db'}" if kind == "sqlite" else f"journal://{tmp_path / 'study.log'}"
     return url, interval_s, grace_s
 
@@ -109,7 +110,7 @@ def test_a_process_that_sees_another_namespaces_proc_records_no_namespace(tmp_pa
     """`unshare --pid --fork` without --mount-proc: getpid() is this namespace's pid, /proc is the host's. Nobody
     may then judge the owner by pid (and it may judge nobody)."""
     require_namespaces()
-    code = "from autotune.storage import studies; print(studies._owner()['pid_ns'], studies._pid_namespace())"
+    code = "from autotune.storage import heartbeats as h; print(h._owner()['pid_ns'], h._pid_namespace())"
     done = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c", code],
         capture_output=True,

@@ -18,13 +18,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import space, yamlio
+from autotune import space, storage, yamlio
 from autotune.data import load_source
 from autotune.errors import DataError
 from autotune.knobs.config import TrialConfig
 from autotune.search import warmstart
 from autotune.search.settings import TunerSettings
-from autotune.storage import studies as storage
+from autotune.storage import heartbeats
 from tests.conftest import make_cpu
 from tests.faults.conftest import error_line, invoke
 from tests.fixtures.runs import FIXTURES, run_args
@@ -48,7 +48,7 @@ def test_a_plugin_whose_load_data_fails_is_one_line(tiny_corpus, tmp_path, facto
 
 
 def _owned_by(pid: int) -> dict:
-    return dict(storage._owner(), pid=pid, start=storage._start_ticks(pid))
+    return dict(heartbeats._owner(), pid=pid, start=heartbeats._start_ticks(pid))
 
 
 def test_a_second_run_beside_a_live_one_does_not_warm_start_from_it(tmp_path):

@@ -15,10 +15,10 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from autotune import storage
 from autotune.cli import app
 from autotune.errors import UserError
-from autotune.storage import studies as storage
-from autotune.storage import urls as storage_urls
+from autotune.storage import opening as storage_urls
 from tests.fixtures import postgres
 from tests.fixtures.runs import all_trials, run_args, sqlite_url, start, trial_processes, wait_for
 

@@ -1,8 +1,5 @@
-"""Where studies live, and how several runs share one safely: storage URLs, heartbeats, stale trials, retries.
-
-`--storage` takes an SQLAlchemy URL for Optuna's RDBStorage (`sqlite:///results/studies.db`,
-`postgresql://user@host/db` for several machines) or `journal:///path/to/study.log` (Optuna's JournalStorage on a
-file, for several processes on one host). A run that dies (SIGKILL, power loss) leaves its current trial RUNNING;
+"""How several runs share one study safely: each trial owned, kept alive while it runs, and a dead run's trial
+failed and queued once more. A run that dies (SIGKILL, power loss) leaves its current trial RUNNING;
 the next run that asks for a trial fails it and enqueues it once more:
 
 - on RDB storages through Optuna's heartbeat: the parent beats while its trial runs, and a trial whose beat is older
@@ -15,9 +12,6 @@ the next run that asks for a trial fails it and enqueues it once more:
   exists. Containers and pods on one host share its boot id, but a pid means something only inside its own PID
   namespace: a neighbour's trial is never judged by a pid looked up here, only by its heartbeat or lease. The journal
   storage has no heartbeat, so there an owner from an earlier boot of the same host counts as dead too.
-
-Credentials never leave this module unredacted: every message names the storage through `redact_url`
-(storage/urls.py, with what else is read from a URL: the driver it needs).
 """
 
 from __future__ import annotations
@@ -34,144 +28,36 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import optuna
-from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import UserError
-from autotune.storage.urls import URL_FORMS, driver_hint, redact_url, with_installed_driver
-
 __all__ = [
-    "HEARTBEAT_INTERVAL_S",
-    "JOURNAL_PREFIX",
-    "GRACE_PERIOD_S",
     "FOLDER_ATTR",
+    "GRACE_PERIOD_S",
+    "HEARTBEAT_INTERVAL_S",
     "RESUME_ATTR",
-    "open_storage",
     "ask_trial",
     "heartbeat",
-    "recover_stale_trials",
     "live_owners",
     "owner_key",
-    "storage_errors",
-    "storage_failures",
-    "describe_failure",
+    "recover_stale_trials",
+    "retry_once",
 ]
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 30
+
+
 GRACE_PERIOD_S = 120  # four missed beats: a busy database is not a dead run
+
+
 LEASE_ATTR = "lease"  # the wall-clock time a journal trial's owner last said it was alive
+
+
 FOLDER_ATTR = "folder"  # where a trial's files are (its log; a SLURM trial's job)
+
+
 RESUME_ATTR = "resume_folder"  # on a dead run's trial enqueued again: the folder it was measured in
-JOURNAL_PREFIX = "journal://"
-_SQLITE_TIMEOUT_S = 60
-_SCHEMA_ATTEMPTS = 4  # concurrent runs on one SQLite file wait for its lock instead of failing
-
-
-def open_storage(
-    url: str, *, heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S, grace_period_s: int = GRACE_PERIOD_S
-) -> BaseStorage:
-    """An Optuna storage for a URL; the error for a bad one is one line with the password redacted.
-
-    Args:
-        url: `journal://PATH` or an SQLAlchemy database URL (sqlite, postgresql, mysql).
-        heartbeat_interval_s: seconds between a running trial's heartbeats (RDB storages).
-        grace_period_s: a RUNNING trial whose last heartbeat is older than this is failed by the next run.
-
-    Raises:
-        UserError: an unknown scheme, a missing driver, an unreachable or unwritable database.
-    """
-    with storage_errors(url, doing="open", fix=f"use {URL_FORMS}"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                if url.startswith(JOURNAL_PREFIX):
-                    return _journal(url)
-                if "://" not in url:
-                    raise ValueError("no scheme")
-                engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
-                if url.startswith("sqlite"):
-                    engine_kwargs = {"connect_args": {"timeout": _SQLITE_TIMEOUT_S}}
-                return _rdb(
-                    with_installed_driver(url),
-                    engine_kwargs=engine_kwargs,
-                    heartbeat_interval=heartbeat_interval_s,
-                    grace_period=grace_period_s,
-                    heartbeat_stale_trial_callback=_retry_once,
-                )
-        except ImportError:
-            raise UserError(
-                f"cannot open storage {redact_url(url)}: its database driver is not installed ({driver_hint(url)})"
-            ) from None
-
-
-@contextlib.contextmanager
-def storage_errors(url: str, *, doing: str, fix: str) -> Iterator[None]:
-    """Whatever opening or using storage `url` raises, as one UserError line that names it with its password hidden
-    and says `fix`: SQLAlchemy raises many kinds for a bad URL or an unusable database, all meaning the same to
-    the user. A UserError passes through as it is.
-
-    Raises:
-        UserError: "cannot {doing} storage URL (ErrorType); {fix}".
-    """
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as error:
-        raise UserError(f"cannot {doing} storage {redact_url(url)} ({type(error).__name__}); {fix}") from None
-
-
-def storage_failures() -> tuple[type[BaseException], ...]:
-    """What a study's storage raises when the machine fails it mid-run: a full disk or a database that went away
-    (Optuna wraps SQLAlchemy's errors in StorageInternalError; the journal writes a file)."""
-    failures: tuple[type[BaseException], ...] = (optuna.exceptions.StorageInternalError, OSError)
-    try:
-        import sqlalchemy.exc
-    except ImportError:
-        return failures
-    return (*failures, sqlalchemy.exc.OperationalError)
-
-
-def describe_failure(error: BaseException) -> str:
-    """One line for a storage failure: the database's or the OS's own words ('database or disk is full', 'No space
-    left on device'), found under Optuna's and SQLAlchemy's wrappers."""
-    seen: list[BaseException] = []
-    cause: BaseException | None = error
-    while cause is not None and cause not in seen:
-        seen.append(cause)
-        cause = getattr(cause, "orig", None) or cause.__cause__ or cause.__context__
-    root = seen[-1]
-    if isinstance(root, OSError):
-        where = f": {root.filename}" if root.filename else ""
-        return f"{root.strerror or root}{where}"
-    text = " ".join(str(root).split())[:200]
-    return f"{type(root).__name__}: {text}" if text else type(root).__name__
-
-
-def _rdb(url: str, **kwargs: Any) -> BaseStorage:
-    """RDBStorage, tried again when another process is creating the same fresh database's tables right now."""
-    import sqlalchemy.exc
-
-    for attempt in range(_SCHEMA_ATTEMPTS):
-        try:
-            return optuna.storages.RDBStorage(url, **kwargs)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError) as e:
-            racing = not isinstance(e, sqlalchemy.exc.OperationalError) or "already exists" in str(e)
-            if not racing or attempt == _SCHEMA_ATTEMPTS - 1:
-                raise
-            time.sleep(0.5 + attempt)  # the other process's CREATE TABLE / version row wins the race; then load
-    raise AssertionError("unreachable")
-
-
-def _journal(url: str) -> BaseStorage:
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-    path = Path(url[len(JOURNAL_PREFIX) :]).expanduser()
-    if not path.name or not path.parent.is_dir():
-        raise UserError(f"journal storage {url}: folder {path.parent} does not exist; create it or use {URL_FORMS}")
-    return JournalStorage(JournalFileBackend(str(path)))
 
 
 class _Heartbeat(Protocol):
@@ -258,12 +144,12 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
     if heartbeats:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)  # calls _retry_once for each trial it fails
+            optuna.storages.fail_stale_trials(study)  # calls retry_once for each trial it fails
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _is_stale(trial, heartbeats=heartbeats):
             try:
                 if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                    _retry_once(study, study._storage.get_trial(trial._trial_id))
+                    retry_once(study, study._storage.get_trial(trial._trial_id))
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # another run got there first
     finished = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))} & running
@@ -284,7 +170,7 @@ def _is_stale(trial: FrozenTrial, *, heartbeats: bool) -> bool:
     return time.time() - lease > GRACE_PERIOD_S
 
 
-def _retry_once(study: optuna.Study, trial: FrozenTrial) -> None:
+def retry_once(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a dead run's trial again, once: its configuration was never measured, it may well be fine. Its
     folder goes with it: where the trial ran as a job that outlived its run (SLURM), the retry re-attaches to it."""
     if "retry_of" in trial.user_attrs:
