@@ -41,3 +41,16 @@ def test_the_page_lists_nothing_that_is_not_exported():
 def test_the_readme_points_at_the_page():
     readme = (API_PAGE.parent.parent / "README.md").read_text(encoding="utf-8")
     assert "docs/api.md" in readme
+
+
+@pytest.mark.parametrize("module", ["autotune", "autotune.cli"])
+def test_importing_the_package_or_the_command_loads_no_heavy_library(module):
+    """`import autotune` in a user's training code, and `autotune --help`, load no torch, pandas, optuna or
+    matplotlib: those come inside the functions that use them."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "pandas", "optuna", "matplotlib")
+    code = f"import sys, {module}; print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(heavy)!r}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
