@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import secrets
+import stat
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from autotune.errors import UserError
 __all__ = [
     "atomic_write_bytes",
     "from_fields",
+    "special_file",
     "atomic_write_text",
     "read_mapping",
     "dump_yaml",
@@ -31,17 +33,69 @@ MAX_EXPANDED_NODES = 200_000
 _T = TypeVar("_T")
 
 
-def read_mapping(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError) -> dict[str, Any]:
-    """Read a YAML file that must hold a mapping; a missing, unreadable or malformed file is a one-line error."""
-    path = Path(path)
+# The largest YAML file autotune reads (a result, a search space: kilobytes); anything larger is not one, and reading
+# it whole could exhaust the machine (a path to /dev/zero, a log named by mistake).
+MAX_YAML_BYTES = 16 * 2**20
+
+
+def special_file(path: str | os.PathLike[str]) -> str | None:
+    """What a path is when it is there but not a regular file (a named pipe, a device, a socket, a folder): reading
+    one blocks or never ends, so a reader refuses it before opening it. None for a regular file, or nothing there."""
     try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {
+        "a named pipe": stat.S_ISFIFO,
+        "a character device": stat.S_ISCHR,
+        "a block device": stat.S_ISBLK,
+        "a socket": stat.S_ISSOCK,
+        "a folder": stat.S_ISDIR,
+    }
+    return next((name for name, test in kinds.items() if test(mode)), "not a regular file")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a mapping that names a key twice: YAML keeps the last, silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                line = key_node.start_mark.line + 1
+                where = f"on line {line}" if line == seen[key] else f"on lines {seen[key]} and {line}"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice {where}", key_node.start_mark
+                )
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_mapping(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; a missing, unreadable, oversized or malformed file, or one that
+    names a key twice, is a one-line error."""
+    path = Path(path)
+    kind = special_file(path)
+    if kind is not None:
+        raise error(f"{what} file {path} is not a regular file ({kind}); give the path of a YAML file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise error(
+                f"{what} file {path} holds {size:,} bytes, more than any {what} ({MAX_YAML_BYTES // 2**20} MiB at "
+                "most); check the path"
+            )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{what} file {path} does not exist; check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{what} file {path} cannot be read ({exc.__class__.__name__}: {exc}); check the file") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: safe_load with one more check
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

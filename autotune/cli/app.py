@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from autotune.cli.output import plain, stderr_console
+from autotune.cli.output import fail
 from autotune.errors import UserError
 
 __all__ = ["app", "main", "setup_logging"]
@@ -43,6 +43,5 @@ def main() -> None:
     """Console-script entry point (`autotune.cli:main`, which has registered every command)."""
     try:
         app()
-    except UserError as error:  # raised outside a command's own handling (e.g. while parsing)
-        stderr_console.print(f"error: {plain(error)}", highlight=False)
-        sys.exit(error.exit_code)
+    except UserError as error:  # raised outside a command's own handling (e.g. while parsing): the same one line
+        sys.exit(fail(str(error), error.exit_code).exit_code)

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from autotune.cli.app import app
-from autotune.cli.output import plain, stdout_console
+from autotune.cli.output import fail, plain, stdout_console
+from autotune.errors import UserError
 
 __all__ = ["history"]
 
@@ -21,7 +22,10 @@ def history(
     """Show every accepted result of a model: date, hardware, versions, winner, throughput and speedup."""
     from autotune.result import history as result_history
 
-    frame = result_history.load(results_dir, model)
+    try:
+        frame = result_history.load(results_dir, model)
+    except UserError as error:
+        raise fail(str(error)) from None
     if frame.empty:
         stdout_console.print(f"no results recorded yet for {plain(model)} under {plain(results_dir)}")
         return

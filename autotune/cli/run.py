@@ -237,6 +237,14 @@ def run(
             "(one job of that many nodes per trial: docs/cluster.md)."
         ),
     ] = 1,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Let the result replace a file at --out that autotune did not write (refused without it, before any "
+            "trial).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens in detail.")] = False,
 ) -> None:
     params = {name: value for name, value in locals().items() if name != "verbose"}  # run_request's keywords

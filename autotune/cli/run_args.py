@@ -61,6 +61,7 @@ def run_request(
     slurm_pin_wait: str | None,
     parallel: int,
     nodes: int,
+    force: bool = False,
 ) -> RunRequest:
     """The RunRequest `autotune run` makes of its options (what `autotune schedule` checks its run arguments with).
 
@@ -111,4 +112,5 @@ def run_request(
         compute_ceiling=ceiling,
         slurm=parse_executor(executor, slurm_partition, slurm_option, slurm_pin_wait),
         nodes=nodes,
+        force=force,
     )

@@ -41,6 +41,7 @@ from autotune.data.audio import AUDIO_READ_ERRORS
 from autotune.data.lists import read_scp
 from autotune.data.synth_noise import NOISE_LIST_NAME, REVERB_LIST_NAME, ensure_noise_set
 from autotune.errors import DataError
+from autotune.yamlio import special_file
 
 __all__ = [
     "AUGMENTATION_LISTS",
@@ -176,6 +177,9 @@ def augmentation_list(given: str | None, kind: str) -> tuple[Path, bool]:
 
 def _probe(path: str, where: str, kind: str) -> None:
     """A DataError unless ``path`` is a readable, non-empty audio file at 16 kHz."""
+    special = special_file(path)
+    if special is not None:  # opening a named pipe blocks until something writes to it: the input check would hang
+        raise DataError(f"{where}: {kind} file {path} is not a regular file ({special}); list audio files only")
     try:
         info = sf.info(path)
     except AUDIO_READ_ERRORS as exc:

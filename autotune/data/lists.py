@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autotune.data.asr_lists import is_data_list, parse_data_list, parse_transcripts
 from autotune.errors import DataError
+from autotune.yamlio import special_file
 
 __all__ = ["ACCEPTED", "AUDIO_EXTENSIONS", "CSV_HEADER", "Row", "one_line_error", "read_rows", "read_scp"]
 
@@ -52,6 +53,9 @@ def _resolve(audio_path: str, base: Path) -> str:
 
 
 def _read_text(path: Path) -> str:
+    kind = special_file(path)
+    if kind is not None:  # reading a pipe or a device blocks or never ends
+        raise one_line_error(f"data list {path} is not a regular file ({kind}); give a list file or a folder")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -27,6 +27,7 @@ import soundfile as sf
 
 from autotune.data.lists import ACCEPTED, Row, read_rows
 from autotune.data.lists import one_line_error as _error
+from autotune.yamlio import special_file
 
 __all__ = ["DataSource", "Utterance", "default_source", "load_source"]
 
@@ -130,6 +131,9 @@ def _probe(path: str, where: str) -> tuple[int, int]:
     except UnicodeEncodeError:  # a file name in another encoding: no decoder's fault, and no format to convert
         shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bytes as `ls -b` shows them
         raise _error(f"{where}: audio file name {shown} is not valid UTF-8; rename the file") from None
+    kind = special_file(path)
+    if kind is not None:  # opening a named pipe blocks until something writes to it: the input check would hang
+        raise _error(f"{where}: audio file {path} is not a regular file ({kind}); list audio files only")
     try:
         info = sf.info(path)
     except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError or OSError depending on the failure

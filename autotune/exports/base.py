@@ -20,6 +20,10 @@ from autotune.result.tuned_config import TunedConfig
 if TYPE_CHECKING:
     from autotune.data.buckets import BucketPlan
 
+# The most devices an export launches on: far beyond any cluster a recipe trains on, and small enough that a command
+# listing every rank (a hostfile, CUDA_VISIBLE_DEVICES) stays a command.
+MAX_WORLD_SIZE = 65_536
+
 __all__ = [
     "Export",
     "ExportContext",
@@ -363,8 +367,8 @@ def export(tuned: TunedConfig, target: str, *, world_size: int | None = None) ->
     """
     if target not in TARGETS:
         raise UserError(f"unknown export target {target!r}; choose one of {', '.join(sorted(TARGETS))}")
-    if world_size is not None and world_size < 1:
-        raise UserError(f"--world-size must be 1 or more, got {world_size}")
+    if world_size is not None and not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise UserError(f"--world-size must be between 1 and {MAX_WORLD_SIZE:,} devices, got {world_size}")
     if tuned.config.precision not in PRECISIONS:
         raise UserError(
             f"result precision {tuned.config.precision!r} is not one of {', '.join(PRECISIONS)}; pass a file written "

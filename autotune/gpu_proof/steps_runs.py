@@ -78,9 +78,9 @@ def study_verdict(results_dir: Path, oom_batch: int) -> tuple[bool, bool, list[s
     """Read the run's study from its storage, as anyone could: (every trial of `oom_batch` is an 'oom' told to
     Optuna as infeasible, another trial was measured, one line per trial)."""
     from autotune.search.in_flight import FEASIBILITY
-    from autotune.storage import open_storage
+    from autotune.storage import open_storage, sqlite_url
 
-    storage = open_storage(f"sqlite:///{(results_dir / 'studies.db').resolve()}")
+    storage = open_storage(sqlite_url((results_dir / "studies.db").resolve()))
     trials = [trial for study in storage.get_all_studies() for trial in storage.get_all_trials(study._study_id)]
     statuses = []  # (batch, status, the feasibility constraint told to Optuna)
     for trial in trials:

@@ -30,8 +30,9 @@ from rich.table import Table
 from autotune import workloads
 from autotune.errors import UserError
 from autotune.result.tuned_config import TunedConfig
+from autotune.yamlio import special_file
 
-__all__ = ["COLUMNS", "HISTORY_FILE", "history_row", "load", "record", "render_table"]
+__all__ = ["COLUMNS", "HISTORY_FILE", "folder_name", "history_row", "load", "record", "render_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,13 +121,23 @@ def _append_line(path: Path, line: str) -> None:
         os.close(handle)
 
 
+def folder_name(name: str) -> str:
+    """A workload's folder under --results-dir, where its results, history and trials go: anything but letters,
+    digits and +._- becomes _, and a name of dots alone (`..` would be the parent) becomes underscores."""
+    safe = re.sub(r"[^A-Za-z0-9+._-]", "_", name)
+    return safe if safe.strip(".") else "_" * max(1, len(safe))
+
+
 def _history_path(results_dir: str | os.PathLike[str], model: str) -> Path:
     # A plugin's results live under its own name.
     name = workloads.get(model).name if workloads.is_plugin(model) else model
-    return Path(results_dir) / re.sub(r"[^A-Za-z0-9+._-]", "_", name) / HISTORY_FILE  # as `autotune run` names it
+    return Path(results_dir) / folder_name(name) / HISTORY_FILE
 
 
 def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    kind = special_file(path)
+    if kind is not None:  # a pipe or a device (a link to /dev/zero) would be read forever
+        raise UserError(f"history {path} is not a regular file ({kind}); remove it, and autotune run starts a new one")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

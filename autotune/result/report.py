@@ -18,7 +18,7 @@ from autotune.knobs import declarations as knobs
 from autotune.result.measurements import Measurements
 from autotune.result.plots import GIB, Marks, hardware_line, make_plots
 from autotune.result.tuned_config import TunedConfig, load_config
-from autotune.storage import JOURNAL_PREFIX, open_storage, redact_url, storage_errors
+from autotune.storage import local_file, open_storage, redact_url, storage_errors
 from autotune.yamlio import atomic_write_text
 
 __all__ = ["ReportFiles", "TRIAL_COLUMNS", "build_report", "load_study", "trials_frame", "write_csv", "write_html"]
@@ -73,10 +73,10 @@ def load_study(tuned: TunedConfig, storage: str | None) -> optuna.Study:
     if storage is None and ":***@" in url:
         raise UserError(f"the result's storage {url} has its password redacted; pass --storage with the full URL")
     shown = redact_url(url)
-    for prefix in ("sqlite:///", JOURNAL_PREFIX):
-        if url.startswith(prefix) and not Path(url.removeprefix(prefix)).exists():
-            # Opening a missing SQLite or journal file would create an empty one; say so instead.
-            raise UserError(f"storage {shown} does not exist; pass --storage with the study's database URL")
+    file = local_file(url)
+    if file is not None and not file.exists():
+        # Opening a missing SQLite or journal file would create an empty one; say so instead.
+        raise UserError(f"storage {shown} does not exist; pass --storage with the study's database URL")
     with storage_errors(url, doing="open", fix="check --storage"):
         try:
             return optuna.load_study(study_name=name, storage=open_storage(url))

@@ -5,13 +5,15 @@ that says what survives when the disk is full."""
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from pathlib import Path
 
-from autotune.errors import MachineFailure, OutputError, describe_os_error
-from autotune.result.tuned_config import TunedConfig, write_config
+from autotune.errors import MachineFailure, OutputError, UserError, describe_os_error
+from autotune.result.tuned_config import TunedConfig, load_config, write_config
+from autotune.yamlio import special_file
 
-__all__ = ["check_writable", "make_folders", "remove_empty", "write_result"]
+__all__ = ["check_replaceable", "check_writable", "make_folders", "remove_empty", "write_result"]
 
 
 def check_writable(path: Path) -> None:
@@ -29,6 +31,35 @@ def check_writable(path: Path) -> None:
         except OSError as error:
             problem = f"{describe_os_error(error)}: {existing}"
     raise OutputError(f"cannot write {path} ({problem}); choose a writable --out or --results-dir")
+
+
+def check_replaceable(path: Path, *, force: bool) -> None:
+    """Fail now, with one line, if the result would replace something it must not: anything but a regular file (a
+    device, a pipe, a socket: the atomic rename would put a file in its place), or a file autotune did not write,
+    unless `force` (--force). An earlier autotune result is what a rerun replaces.
+
+    Raises:
+        OutputError: what is there, and what to do instead.
+    """
+    if not os.path.lexists(path):
+        return
+    try:
+        path.stat()
+    except OSError as error:  # a dangling or looping link, a folder we may not search
+        raise OutputError(f"--out {path} cannot be read ({describe_os_error(error)}); choose another --out") from None
+    kind = special_file(path)
+    if kind is not None:
+        raise OutputError(f"--out {path} is not a regular file ({kind}); give the path of a YAML file to write")
+    if force:
+        return
+    try:
+        load_config(path)
+    except UserError as error:
+        said = str(error).split("; ")[0]
+        raise OutputError(
+            f"--out {path} holds a file autotune did not write ({said}); choose another --out, or pass --force to "
+            "replace it"
+        ) from None
 
 
 def make_folders(paths: list[Path]) -> list[Path]:

@@ -49,6 +49,7 @@ class RunRequest:
     compute_ceiling: bool = True  # measure the winner once more on batches already in memory
     slurm: SlurmSettings | None = None  # --executor slurm: each trial a SLURM job (trial/slurm.py); None: local
     nodes: int = 1  # --nodes: SLURM nodes per trial, `devices` ranks on each (trial/multinode.py)
+    force: bool = False  # --force: the result may replace a file at --out that autotune did not write
 
 
 @dataclass(kw_only=True, slots=True)

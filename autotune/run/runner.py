@@ -6,7 +6,6 @@ import dataclasses
 import datetime as dt
 import logging
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from autotune.result.tuned_config import TunedConfig
 from autotune.run import assessment, drift, preflight
 from autotune.run import conclusion as run_result
 from autotune.run import preload_probe as preloading
-from autotune.run.output import check_writable, make_folders, remove_empty, write_result
+from autotune.run.output import check_replaceable, check_writable, make_folders, remove_empty, write_result
 from autotune.run.plan import RunPlan, RunRequest
 from autotune.run.validation import check_request, check_workload_options
 from autotune.search import warmstart
@@ -117,7 +116,7 @@ def prepare(request: RunRequest) -> RunPlan:
     check_checkpointing(space, workload.name, workload.checkpointing is not None, str(space_file))
     if settings.sampler == "grid":
         space.points()  # raises a one-line SpaceError for a continuous space or one too large to walk
-    safe_name = re.sub(r"[^A-Za-z0-9+._-]", "_", workload.name)
+    safe_name = history.folder_name(workload.name)
     across = f"-nodes{nodes}" if nodes > 1 else ""  # a multi-node result never replaces a one-node one's file
     out_path = (
         Path(request.out)
@@ -125,9 +124,10 @@ def prepare(request: RunRequest) -> RunPlan:
         else Path(request.results_dir) / safe_name / f"{hardware.fingerprint()}{across}.yaml"
     )
     check_writable(out_path)
+    check_replaceable(out_path, force=request.force)
     if request.storage is None:
         check_writable(Path(request.results_dir) / "studies.db")
-    storage_url = request.storage or f"sqlite:///{Path(request.results_dir).resolve() / 'studies.db'}"
+    storage_url = request.storage or storage.sqlite_url(Path(request.results_dir).resolve() / "studies.db")
     data = _load_data(workload, request.data)
     study_name = f"{safe_name}-{data.fingerprint()}-{hardware.fingerprint()}"
     if world_size > 1 or request.global_batch is not None:  # a different experiment: its own study

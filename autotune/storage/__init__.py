@@ -17,10 +17,13 @@ from autotune.storage.heartbeats import (
 )
 from autotune.storage.opening import (
     JOURNAL_PREFIX,
+    SQLITE_PREFIX,
     URL_FORMS,
     describe_failure,
+    local_file,
     open_storage,
     redact_url,
+    sqlite_url,
     storage_errors,
     storage_failures,
 )
@@ -30,16 +33,19 @@ __all__ = [
     "GRACE_PERIOD_S",
     "HEARTBEAT_INTERVAL_S",
     "JOURNAL_PREFIX",
+    "SQLITE_PREFIX",
     "RESUME_ATTR",
     "URL_FORMS",
     "ask_trial",
     "describe_failure",
     "heartbeat",
     "live_owners",
+    "local_file",
     "open_storage",
     "owner_key",
     "recover_stale_trials",
     "redact_url",
+    "sqlite_url",
     "storage_errors",
     "storage_failures",
 ]

@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import re
 import time
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +29,15 @@ from autotune.storage.heartbeats import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, re
 
 __all__ = [
     "JOURNAL_PREFIX",
+    "SQLITE_PREFIX",
     "URL_FORMS",
     "describe_failure",
     "driver_hint",
+    "local_file",
     "open_storage",
     "redact_url",
     "storage_errors",
+    "sqlite_url",
     "storage_failures",
     "with_installed_driver",
 ]
@@ -83,12 +87,28 @@ def driver_hint(url: str) -> str:
 
 
 JOURNAL_PREFIX = "journal://"
+SQLITE_PREFIX = "sqlite:///"
 
 
 _SQLITE_TIMEOUT_S = 60
 
 
 _SCHEMA_ATTEMPTS = 4  # concurrent runs on one SQLite file wait for its lock instead of failing
+
+
+def sqlite_url(path: Path) -> str:
+    """The SQLite URL of a database file, its path quoted: a folder named `rd?mode=ro` is a folder, not a query."""
+    return SQLITE_PREFIX + urllib.parse.quote(str(path), safe="/")
+
+
+def local_file(url: str) -> Path | None:
+    """The file a SQLite URL (its quoting undone, as SQLAlchemy reads it) or a journal URL names; None for a
+    database server's URL."""
+    if url.startswith(SQLITE_PREFIX):
+        return Path(urllib.parse.unquote(url.removeprefix(SQLITE_PREFIX)))
+    if url.startswith(JOURNAL_PREFIX):
+        return Path(url.removeprefix(JOURNAL_PREFIX)).expanduser()
+    return None
 
 
 def open_storage(
