@@ -206,6 +206,9 @@ def read_augmentation_files(list_path: Path, kind: str, *, probe: bool = False) 
         DataError: the list is missing, malformed or empty, or (with probe) a file cannot be used.
     """
     option = f"--option {kind}=PATH"
+    special = special_file(list_path)
+    if special is not None:
+        raise DataError(f"{kind} list {list_path} is not a regular file ({special}); give a wav.scp with {option}")
     if not list_path.is_file():
         raise DataError(f"{kind} list {list_path} does not exist; give a wav.scp ('key path' lines) with {option}")
     entries = read_scp(list_path)

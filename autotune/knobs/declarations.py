@@ -64,6 +64,8 @@ class Knob:
         applies: where it acts (Applies).
         space: how a search space may name it (SpaceRole).
         minimum: the least value of a count (a batch of one, no workers, one thread).
+        maximum: the most a count may be: far past any machine, so that a typo (a batch of 10**12) is refused before
+            it costs a run rather than trained.
         choices: the only values a word may take (precision).
         section: the result section it is written in (RESULT_SECTIONS).
         key: its key in that section, when not its name.
@@ -86,6 +88,7 @@ class Knob:
     section: str
     word: Callable[[Any], str | None]
     minimum: int | None = None
+    maximum: int | None = None
     choices: tuple[str, ...] = ()
     key: str | None = None
     required: bool = True
@@ -159,6 +162,7 @@ KNOBS: tuple[Knob, ...] = (
         applies="dataloader",
         space="searched",
         minimum=1,
+        maximum=2**20,
         section="batch",
         word=lambda value: f"bs={value}",
     ),
@@ -168,6 +172,7 @@ KNOBS: tuple[Knob, ...] = (
         applies="dataloader",
         space="searched",
         minimum=0,
+        maximum=4096,
         section="dataloader",
         word=lambda value: f"w={value}",
     ),
@@ -177,6 +182,7 @@ KNOBS: tuple[Knob, ...] = (
         applies="dataloader",
         space="searched",
         minimum=1,
+        maximum=4096,
         section="dataloader",
         required=False,  # unset (DataLoader's own default) is not written
         word=_labelled("pf"),
@@ -255,6 +261,7 @@ KNOBS: tuple[Knob, ...] = (
         applies="process",
         space="searched",
         minimum=1,
+        maximum=4096,
         section="threads",
         required=False,
         word=_labelled("thr"),
@@ -266,6 +273,7 @@ KNOBS: tuple[Knob, ...] = (
         applies="run",
         space="run",
         minimum=1,
+        maximum=2**16,
         section="batch",
         word=lambda value: f"x{value}dev" if value > 1 else None,
     ),
@@ -275,6 +283,7 @@ KNOBS: tuple[Knob, ...] = (
         applies="run",
         space="fixed",
         minimum=1,
+        maximum=2**16,
         section="batch",
         word=lambda value: f"accum={value}" if value > 1 else None,
     ),

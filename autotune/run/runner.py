@@ -32,7 +32,7 @@ from autotune.search import warmstart
 from autotune.search.reporting import Reporter
 from autotune.search.settings import STORAGE_FAILED, TunerSettings, TuningOutcome
 from autotune.search.tuner import Tuner
-from autotune.space.knob_checks import check_checkpointing, check_feature_device
+from autotune.space.knob_checks import check_checkpointing, check_complete, check_feature_device
 from autotune.trial import TrialResult, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.trial.slurm_nodes import check_nodes, check_parallel
@@ -112,6 +112,7 @@ def prepare(request: RunRequest) -> RunPlan:
         world_size=world_size,
         global_batch_size=request.global_batch,
     )
+    check_complete(space, str(space_file))
     check_feature_device(space, workload.name, workload.feature_devices, str(space_file))
     check_checkpointing(space, workload.name, workload.checkpointing is not None, str(space_file))
     if settings.sampler == "grid":
@@ -134,14 +135,14 @@ def prepare(request: RunRequest) -> RunPlan:
         study_name += f"-ws{world_size}" + (f"-gb{request.global_batch}" if request.global_batch else "")
     if nodes > 1:  # M nodes of N ranks is not N*M ranks of one machine: neither compared nor warm-started together
         study_name += f"-nodes{nodes}"
+    options = {**workload.options, **request.workload_options}
+    option_notes = tuple(workload.check_options(options, data)) if workload.check_options else ()
     created = make_folders([out_path.parent, *([Path(request.results_dir)] if request.storage is None else [])])
     try:
         study = _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
     except UserError:
         remove_empty(created)
         raise
-    options = {**workload.options, **request.workload_options}
-    option_notes = tuple(workload.check_options(options, data)) if workload.check_options else ()
     warm = warmstart.plan_warm_start(
         study,
         out_path=out_path,

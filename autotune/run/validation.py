@@ -35,6 +35,19 @@ DEVICES = ("auto", "cuda", "cpu")
 # run would end "no stable configuration" for a reason that is not the configurations'.
 MIN_BUDGET_S = 60.0
 MAX_SEED = 2**32 - 1  # NumPy's and so Optuna's samplers take seeds in [0, 2**32 - 1]
+# The ranges that can produce a measurement. A trial starts a process, warms up and times a window: under half a
+# minute it cannot (a GPU's start alone takes 25-30 s), and a window must leave its trial room to start and warm up.
+MIN_TRIAL_TIMEOUT_S = 30.0
+MAX_TRIAL_TIMEOUT_S = 24 * 3600.0
+MAX_WINDOW_S = 3600.0
+MAX_TRIALS = 100_000
+MAX_CONFIRM = 1000
+MAX_DEVICES = 2**16  # as the world_size knob (knobs/declarations.py)
+MAX_GLOBAL_BATCH = 2**24  # samples per optimizer step
+MAX_EPOCH_SAMPLES = 10**12
+MAX_EPOCH_HOURS = 10**6
+# An audio crop per sample: a tenth of a second holds ten fbank frames; ten minutes is past any recipe's crop.
+CROP_RANGE_S = (0.1, 600.0)
 # Workload options that must be positive, with the command-line option that also sets them.
 _POSITIVE_OPTIONS = {"crop_s": "--crop-seconds"}
 
@@ -62,7 +75,8 @@ def check_request(request: RunRequest) -> None:
     _require(settings.sampler in SAMPLERS, f"unknown sampler {settings.sampler!r}; use {', '.join(SAMPLERS)}")
     _require(request.device in DEVICES, f"unknown device {request.device!r}; use {', '.join(DEVICES)}")
     _require(
-        isinstance(settings.trials, int) and settings.trials >= 1, f"--trials must be at least 1, got {settings.trials}"
+        isinstance(settings.trials, int) and 1 <= settings.trials <= MAX_TRIALS,
+        f"--trials must be between 1 and {MAX_TRIALS:,}, got {settings.trials}",
     )
     _require(
         settings.budget_s is None or (_finite(settings.budget_s) and settings.budget_s > 0),
@@ -79,10 +93,18 @@ def check_request(request: RunRequest) -> None:
         f"--trial-timeout must be a positive duration, e.g. 90s or 5m, got {settings.trial_timeout_s:g} s",
     )
     _require(
+        MIN_TRIAL_TIMEOUT_S <= settings.trial_timeout_s <= MAX_TRIAL_TIMEOUT_S,
+        f"--trial-timeout {settings.trial_timeout_s:g} s cannot hold a trial: it starts a process, warms up and times "
+        f"a window; give between {MIN_TRIAL_TIMEOUT_S:g} s and {MAX_TRIAL_TIMEOUT_S / 3600:g} h (the default is 5m)",
+    )
+    _require(
         isinstance(settings.seed, int) and 0 <= settings.seed <= MAX_SEED,
         f"--seed must be between 0 and {MAX_SEED} (2**32 - 1), got {settings.seed}",
     )
-    _require(settings.confirm_top_k >= 0, f"--confirm must be 0 or more, got {settings.confirm_top_k}")
+    _require(
+        0 <= settings.confirm_top_k <= MAX_CONFIRM,
+        f"--confirm must be between 0 and {MAX_CONFIRM}, got {settings.confirm_top_k}",
+    )
     _require(settings.parallel >= 1, f"--parallel must be at least 1 (trials in flight), got {settings.parallel}")
     _require(
         settings.parallel == 1 or request.slurm is not None,
@@ -93,7 +115,16 @@ def check_request(request: RunRequest) -> None:
         _finite(timing.window_s) and timing.window_s > 0,
         f"--window must be a positive number of seconds, got {timing.window_s}",
     )
-    _require(timing.warmup_steps >= 1, f"--warmup-steps must be at least 1, got {timing.warmup_steps}")
+    _require(
+        timing.window_s <= min(MAX_WINDOW_S, settings.trial_timeout_s / 2),
+        f"--window {timing.window_s:g} s leaves its trial no room to start and warm up within --trial-timeout "
+        f"{settings.trial_timeout_s:g} s; give at most half the trial timeout (and at most {MAX_WINDOW_S:g} s)",
+    )
+    _require(
+        1 <= timing.warmup_steps <= timing.max_warmup_steps,
+        f"--warmup-steps must be between 1 and {timing.max_warmup_steps} (warm-up ends there whatever it is), "
+        f"got {timing.warmup_steps}",
+    )
     _require(
         _finite(timing.memory_headroom_fraction) and 0 <= timing.memory_headroom_fraction < 1,
         f"--headroom must be a fraction in [0, 1), e.g. 0.1, got {timing.memory_headroom_fraction}",
@@ -112,10 +143,18 @@ def check_request(request: RunRequest) -> None:
         _finite(request.drift_threshold) and 0 < request.drift_threshold < 1,
         f"--drift-threshold must be in (0, 1), e.g. 0.10, got {request.drift_threshold}",
     )
-    _require(request.devices is None or request.devices >= 1, f"--devices must be at least 1, got {request.devices}")
+    _require(
+        request.devices is None or 1 <= request.devices <= MAX_DEVICES,
+        f"--devices must be between 1 and {MAX_DEVICES:,}, got {request.devices}",
+    )
     _require(
         request.global_batch is None or request.global_batch >= 1,
         f"--global-batch must be at least 1, got {request.global_batch}",
+    )
+    _require(
+        request.global_batch is None or request.global_batch <= MAX_GLOBAL_BATCH,
+        f"--global-batch {request.global_batch} is past any recipe's batch; give at most {MAX_GLOBAL_BATCH:,} "
+        "samples per optimizer step",
     )
     check_path_text(request.results_dir, "--results-dir")
     if request.out is not None:
@@ -124,16 +163,23 @@ def check_request(request: RunRequest) -> None:
         _require(not out.is_dir(), f"--out {out} is a folder; give a file path, e.g. {out / 'result.yaml'}")
         _require(out.name not in ("", ".", ".."), f"--out {request.out!r} names no file; give a file path")
     for value, option in ((request.data, "--data"), (request.space, "--space"), (request.storage, "--storage")):
+        _require(
+            value is None or bool(value.strip()),
+            f"{option} is empty; give a value, or leave the option out for its default",
+        )
         if value is not None:  # each is recorded in the result: text that cannot be written must not get that far
             check_path_text(value, option)
 
 
 def _check_epoch(request: RunRequest) -> None:
     samples, hours = request.epoch_samples, request.epoch_hours
-    _require(samples is None or samples >= 1, f"--epoch-samples must be at least 1, got {samples}")
     _require(
-        hours is None or (_finite(hours) and hours > 0),
-        f"--epoch-hours must be positive (hours of audio per epoch), got {hours}",
+        samples is None or 1 <= samples <= MAX_EPOCH_SAMPLES,
+        f"--epoch-samples must be between 1 and {MAX_EPOCH_SAMPLES:,}, got {samples}",
+    )
+    _require(
+        hours is None or (_finite(hours) and 0 < hours <= MAX_EPOCH_HOURS),
+        f"--epoch-hours must be positive (hours of audio per epoch, at most {MAX_EPOCH_HOURS:,}), got {hours}",
     )
     _require(samples is None or hours is None, "--epoch-hours cannot be combined with --epoch-samples; give one")
 
@@ -170,8 +216,14 @@ def check_workload_options(workload: Workload, options: dict[str, Any]) -> None:
         flag = f"--option {key}"
         if key in _POSITIVE_OPTIONS:
             flag = f"{_POSITIVE_OPTIONS[key]} (--option {key})"
-            if problem is None and not value > 0:
+            if problem is None and _finite(value) and not value > 0:
                 raise UserError(f"{_POSITIVE_OPTIONS[key]} must be positive (--option {key} too), got {value!r}")
+            low, high = CROP_RANGE_S
+            if problem is None and _finite(value) and not low <= value <= high:
+                raise UserError(
+                    f"{_POSITIVE_OPTIONS[key]} {value!r} s cannot be cropped and trained (--option {key} too): give "
+                    f"between {low:g} and {high:g} s (the recipe's crop is {default!r} s)"
+                )
         if problem is not None:
             raise UserError(f"{flag} must be {problem} for {workload.name} (default {default!r}), got {value!r}")
 

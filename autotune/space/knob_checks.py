@@ -5,16 +5,38 @@ knobs/checkpointing.py say why)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING
 
 from autotune.errors import SpaceError
 from autotune.knobs.checkpointing import KNOB as CHECKPOINTING
+from autotune.knobs.config import TrialConfig
 from autotune.knobs.feature_device import KNOB as FEATURE_DEVICE
 
 if TYPE_CHECKING:
     from autotune.space.search_space import SearchSpace
 
-__all__ = ["check_checkpointing", "check_feature_device", "feature_device_values"]
+__all__ = ["REQUIRED_KNOBS", "check_checkpointing", "check_complete", "check_feature_device", "feature_device_values"]
+
+
+# The TrialConfig fields without a default (per_device_batch_size): every configuration a run measures needs one.
+REQUIRED_KNOBS = tuple(
+    item.name for item in fields(TrialConfig) if item.default is MISSING and item.default_factory is MISSING
+)
+
+
+def check_complete(space: SearchSpace, origin: str) -> None:
+    """Refuse, before any trial, a space that neither searches nor fixes a knob every configuration needs.
+
+    Raises:
+        SpaceError: one line naming the knob.
+    """
+    for name in REQUIRED_KNOBS:
+        if name not in space.fixed and all(param.name != name for param in space.params):
+            raise SpaceError(
+                f"{origin}: the space neither searches nor fixes {name}, which every configuration needs; add it "
+                "under params (or fixed)"
+            )
 
 
 def feature_device_values(space: SearchSpace) -> set[str]:

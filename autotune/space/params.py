@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CORE_PARAMS",
+    "MAXIMUM",
     "MINIMUM",
     "RECIPE_SETTINGS",
     "Param",
@@ -41,6 +42,9 @@ MINIMUM: dict[str, int] = {
     knob.name: knob.minimum for knob in knobs.KNOBS if knob.space == "searched" and knob.minimum is not None
 }
 _DECLARED = {knob.name: knob for knob in knobs.KNOBS}
+# The most a count knob's value may be: a fixed, baseline or seed value past it (a typo's batch of 10**12) is refused,
+# not trained. A range may reach past it: the search measures what its sampler picks and learns where it fails.
+MAXIMUM: dict[str, int] = {knob.name: knob.maximum for knob in knobs.KNOBS if knob.maximum is not None}
 # Recipe settings a space may fix (in `fixed`, so for every configuration, the baseline included) but not search.
 RECIPE_SETTINGS: dict[str, type] = {knob.name: knob.type for knob in knobs.KNOBS if knob.space == "fixed"}
 
@@ -110,6 +114,8 @@ def check_value(name: str, value: Any, where: str, *, auto: bool = False) -> Non
         assert not isinstance(value, str)  # every knob with a minimum is an int, so _is_type above let no word by
         if value < MINIMUM[name]:
             raise SpaceError(f"{where}: {value!r} is below the least {name} ({MINIMUM[name]})")
+    if name in MAXIMUM and isinstance(value, int) and value > MAXIMUM[name]:
+        raise SpaceError(f"{where}: {value!r} is above the most {name} autotune trains ({MAXIMUM[name]:,})")
 
 
 def check_fixed(values: Any, known: dict[str, Any], origin: str) -> dict[str, Any]:

@@ -40,12 +40,15 @@ SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin":
 # 3D-Speaker's WavSVDataset featurises in the workers, and the same Kaldi fbank can run batch-wise in the step;
 # SpeechBrain's Fbank follows its on-device augmentation in compute_forward, so it has no choice to make.
 FEATURE_DEVICES: dict[str, tuple[str, ...]] = {"3d-speaker": (WORKERS, DEVICE), "speechbrain": ()}
+OPTIMIZERS = ("sgd", "adam")  # 3D-Speaker's SGD with Nesterov momentum, SpeechBrain's Adam
 
 
 def speaker_optimizer(name: str, lr: float, parameters: Any, implementation: str = DEFAULT_OPTIMIZER) -> Any:
     """The recipe's optimizer (`name`: sgd or adam) stepping with `implementation` (knobs/optimizer_kernels.py)."""
     import torch
 
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer {name!r} is not one of {', '.join(OPTIMIZERS)}")
     if name == "sgd":
         recipe: dict[str, Any] = {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-4}
         return build_optimizer(torch.optim.SGD, parameters, implementation, lr=lr, **recipe)
@@ -62,6 +65,8 @@ def load_speaker_data(path: str | None) -> Any:
 def _option_errors(options: dict[str, Any]) -> list[str]:
     """What is wrong with the pipeline options a run was given (empty when nothing is)."""
     errors = []
+    if options.get("optimizer", "sgd") not in OPTIMIZERS:
+        errors.append(f"optimizer must be one of {', '.join(OPTIMIZERS)} (the recipes'), got {options['optimizer']!r}")
     copies = options.get("augment_copies", 0)
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
         errors.append(f"augment_copies must be a whole number >= 0 (SpeechBrain's recipe: 4), got {copies!r}")

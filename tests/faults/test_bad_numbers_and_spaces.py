@@ -37,6 +37,18 @@ BATCH = "  per_device_batch_size: {type: categorical, choices: [8, 16]}\n"
         (["--budget", "nan"], "cannot read duration 'nan'"),
         (["--space", "/s/sp\udcffce.yaml"], "--space /s/sp\\xffce.yaml is not a valid UTF-8 name"),
         (["--option", "optimizer=sg\udcffd"], "--option optimizer sg\\xffd is not a valid UTF-8 name"),
+        (["--trial-timeout", "1s"], "--trial-timeout 1 s cannot hold a trial"),
+        (["--trial-timeout", "48h"], "give between 30 s and 24 h"),
+        (["--window", "1e308"], "--window 1e+308 s leaves its trial no room to start and warm up"),
+        (["--warmup-steps", "1000000000"], "--warmup-steps must be between 1 and 1000"),
+        (["--crop-seconds", "1e-9"], "--crop-seconds 1e-09 s cannot be cropped and trained"),
+        (["--crop-seconds", "1e9"], "give between 0.1 and 600 s"),
+        (["--global-batch", "1000000000000"], "--global-batch 1000000000000 is past any recipe's batch"),
+        (["--trials", "10000000"], "--trials must be between 1 and 100,000"),
+        (["--devices", "1000000"], "--devices must be between 1 and 65,536"),
+        (["--epoch-samples", "10000000000000"], "--epoch-samples must be between 1 and"),
+        (["--storage", ""], "--storage is empty; give a value, or leave the option out"),
+        (["--option", "optimizer=evil"], "optimizer must be one of sgd, adam"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
 )
@@ -70,6 +82,8 @@ def _load(tmp_path: Path, text: str, **kwargs) -> space.SearchSpace:
         ("params:\n" + BATCH + "fixed: {precision: bf16}\n" + "cpu: {fixed: {precision: tf32}}\n", "tf32"),
         ("params:\n" + BATCH + "baseline: {per_device_batch_size: abc}\n", "'abc' is not a int"),
         ("params:\n" + BATCH + "baseline: {pin_memory: 1}\n", "baseline pin_memory: 1 is not a bool"),
+        ("params:\n" + BATCH + "baseline: {per_device_batch_size: 1000000000000}\n", "above the most"),
+        ("params:\n" + BATCH + "fixed: {num_workers: 100000}\n", "fixed num_workers: 100000 is above the most"),
         ("params:\n" + BATCH + "seeds: [{num_workers: [1, wide]}]\n", "seeds num_workers: 'wide' is not a int"),
         (
             "params:\n  num_workers: {type: int, low: 0, high: 2}\n"
@@ -128,4 +142,16 @@ def test_a_bad_space_stops_the_run_before_anything_is_made(tmp_path, tiny_corpus
         ["run", "--model", "cam++", "--data", str(tiny_corpus), "--space", str(path), "--results-dir", str(results)]
     )
     assert result.exit_code == 2 and "unknown precision 'evil'" in error_line(result.stderr)
+    assert not results.exists()
+
+
+def test_a_space_without_a_batch_is_refused_before_anything_is_created(tmp_path):
+    """Every configuration needs a per-device batch: a space that neither searches nor fixes one once created the
+    study and the results folder, then failed with a TypeError."""
+    path = tmp_path / "space.yaml"
+    path.write_text("workload: cam++\nparams: {num_workers: {type: int, low: 0, high: 2}}\n")
+    results = tmp_path / "results"
+    result = invoke(["run", "--model", "cam++", "--space", str(path), "--results-dir", str(results)])
+    assert result.exit_code == 2, result.output
+    assert "neither searches nor fixes per_device_batch_size" in error_line(result.stderr)
     assert not results.exists()
