@@ -184,9 +184,16 @@ def _notes(context: ExportContext, recipe: Recipe) -> tuple[str, ...]:
 
 
 def _pin_notes(context: ExportContext) -> list[str]:
-    if not context.on_cuda or context.config.pin_memory:
-        return []
-    return ["ESPnet always pins memory on GPU (pin_memory=ngpu>0); the tuned run did not"]
+    """ESPnet pins memory exactly when it trains on GPUs (pin_memory=ngpu>0): a tuned value that differs is said."""
+    pinned = context.config.pin_memory
+    if context.on_cuda and not pinned:
+        return ["ESPnet always pins memory on GPU (pin_memory=ngpu>0); the tuned run did not"]
+    if not context.on_cuda and pinned:
+        return [
+            "pin_memory was tuned on, but ESPnet pins memory only when it trains on GPUs (pin_memory=ngpu>0): on "
+            "the CPU it trains unpinned, as this export's command will"
+        ]
+    return []
 
 
 def _unexposed(name: str) -> KnobNotes:

@@ -359,7 +359,7 @@ def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         KeyError: a required knob or its section is missing (the caller says the file is not an autotune result).
         TypeError: a section is not a mapping.
-        ValueError: a word knob holds a word it does not take.
+        ValueError: a value of the wrong type, out of its bounds, or a word the knob does not take.
     """
     values: dict[str, Any] = {}
     for knob in KNOBS:
@@ -367,15 +367,26 @@ def read_result(data: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(section, Mapping):  # `threads: [2]`: not a result, never a default read past it
             raise TypeError(f"section {knob.section!r} is a {type(section).__name__}, not a mapping")
         if knob.required or knob.result_key in section:
-            values[knob.name] = _checked_choice(knob, section[knob.result_key])
+            values[knob.name] = _checked(knob, section[knob.result_key])
     return values
 
 
-def _checked_choice(knob: Knob, value: Any) -> Any:
-    """A word knob's value as a result holds it: one of its choices (`optimizer: {implementation: apex}` is not an
-    autotune result, and would otherwise fail only where the value is used)."""
-    if knob.choices and value not in knob.choices and (knob.required or value is not None):
-        raise ValueError(f"{knob.section}.{knob.result_key} {value!r} is not one of {', '.join(knob.choices)}")
+def _checked(knob: Knob, value: Any) -> Any:
+    """A knob's value as a result holds it: of the knob's type (None only where the knob may be unset), a count
+    within its bounds, a word one of its choices. A hand-edited `batch_size: abc` or `implementation: apex` is not an
+    autotune result, and would otherwise fail only where the value is used, or be exported as is."""
+    where = f"{knob.section}.{knob.result_key}"
+    if value is None and not knob.required:
+        return value
+    right_type = isinstance(value, knob.type) and not (knob.type is int and isinstance(value, bool))
+    if not right_type:
+        raise ValueError(f"{where} {value!r} is not a{'n' if knob.type is int else ''} {knob.type.__name__}")
+    if knob.choices and value not in knob.choices:
+        raise ValueError(f"{where} {value!r} is not one of {', '.join(knob.choices)}")
+    if knob.minimum is not None and value < knob.minimum:
+        raise ValueError(f"{where} {value!r} is below the least ({knob.minimum})")
+    if knob.maximum is not None and value > knob.maximum:
+        raise ValueError(f"{where} {value!r} is above the most ({knob.maximum:,})")
     return value
 
 

@@ -88,7 +88,7 @@ class ScheduleRequest:
 
     model: str
     at: str
-    workdir: str = field(default_factory=os.getcwd)
+    workdir: str = field(default_factory=lambda: _working_folder())
     run_args: tuple[str, ...] = ()
     log_file: str = ""
     executable: tuple[str, ...] = field(default_factory=default_executable)
@@ -143,6 +143,14 @@ class ScheduleRequest:
     def marker(self) -> str:
         """The trailing comment that identifies this model's line in a crontab."""
         return f"# autotune:{self.model}"
+
+
+def _working_folder() -> str:
+    """The folder the job runs in: this one, which must still exist (a shell can stand in a deleted folder)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UserError("the current folder no longer exists; cd to an existing folder and schedule again") from None
 
 
 def _option_value(args: Sequence[str], name: str) -> str | None:

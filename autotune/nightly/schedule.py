@@ -64,8 +64,11 @@ def cron_line(request: ScheduleRequest) -> str:
         ]
     ).replace("%", "\\%")
     line = f"{minute} {hour} * * * {command}"
-    if len(line) >= _CRON_LINE_LIMIT:
-        logger.warning("the crontab line is %d characters; some cron versions cut lines at 1000", len(line))
+    if len(line) >= _CRON_LINE_LIMIT:  # installed, it would be cut or refused every night, silently
+        raise UserError(
+            f"the crontab line would be {len(line):,} characters, and cron refuses or cuts lines of "
+            f"{_CRON_LINE_LIMIT:,}: use --systemd, or shorten the run arguments (a --space file, a shorter folder)"
+        )
     return line
 
 

@@ -154,7 +154,12 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
         if not isinstance(row, dict):
             logger.warning("%s line %d is not a history record; skipped", path, number)
             continue
-        yield row
+        scalars = {key: value for key, value in row.items() if value is None or isinstance(value, (str, int, float))}
+        if len(scalars) < len(row):  # a list or a mapping where a cell belongs: shown as unknown, not a crash
+            logger.warning(
+                "%s line %d: %s not single values; shown as unknown", path, number, sorted(row.keys() - scalars.keys())
+            )
+        yield scalars
 
 
 def load(results_dir: str | os.PathLike[str], model: str) -> pd.DataFrame:

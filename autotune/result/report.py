@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from autotune.errors import UserError
+from autotune.errors import OutputError, UserError, describe_os_error
 from autotune.knobs import declarations as knobs
 from autotune.result.measurements import Measurements
 from autotune.result.plots import GIB, Marks, hardware_line, make_plots
@@ -233,8 +233,18 @@ def build_report(
     frame = trials_frame(load_study(tuned, storage))
     fingerprint = tuned.hardware.get("fingerprint") or result_path.stem
     folder = Path(out_dir) if out_dir is not None else result_path.parent / f"report-{fingerprint}"
-    plots = make_plots(frame, tuned, folder)
-    page = write_html(frame, tuned, plots, folder / "report.html")
-    csv_path = write_csv(frame, csv) if csv is not None else None
+    try:
+        plots = make_plots(frame, tuned, folder)
+        page = write_html(frame, tuned, plots, folder / "report.html")
+    except OSError as error:  # a file where the folder goes, a read-only folder, a full disk
+        raise OutputError(
+            f"cannot write the report in {folder} ({describe_os_error(error)}); choose another --out"
+        ) from None
+    try:
+        csv_path = write_csv(frame, csv) if csv is not None else None
+    except OSError as error:
+        raise OutputError(
+            f"cannot write the trial table {csv} ({describe_os_error(error)}); choose another --csv"
+        ) from None
     logger.info("report for %d trials: %s", len(frame), page)
     return ReportFiles(out_dir=folder, html=page, plots=tuple(plots), csv=csv_path, trials=len(frame))

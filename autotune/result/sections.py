@@ -8,9 +8,20 @@ itself. docs/result.md says what each key means to a user.
 
 from __future__ import annotations
 
+import types
+import typing
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
-__all__ = ["ClusterSection", "DataSection", "HardwareSection", "Metrics", "SearchSection", "WorkloadSection"]
+__all__ = [
+    "ClusterSection",
+    "DataSection",
+    "HardwareSection",
+    "Metrics",
+    "SearchSection",
+    "WorkloadSection",
+    "check_sections",
+]
 
 
 class WorkloadSection(TypedDict, total=False):
@@ -103,3 +114,62 @@ class ClusterSection(TypedDict, total=False):
     launcher: str
     hosts: list[str]
     interconnect: dict[str, Any]
+
+
+# The sections a result holds, in the order it writes them; all but cluster (one machine) are always there.
+SECTIONS: dict[str, type] = {
+    "workload": WorkloadSection,
+    "metrics": Metrics,
+    "hardware": HardwareSection,
+    "data": DataSection,
+    "search": SearchSection,
+    "cluster": ClusterSection,
+}
+
+
+def check_sections(data: Mapping[str, Any]) -> None:
+    """One check of a result file's sections against their declared types, on every read: a section that is not a
+    mapping, or a key whose value is not of its type (a model that is a list, a speedup that is "fast"), is refused
+    here, naming the field, rather than failing as an AttributeError wherever it is used. Keys a newer autotune
+    added pass unchecked.
+
+    Raises:
+        ValueError: the first field that does not fit.
+    """
+    for name, declared in SECTIONS.items():
+        if name not in data and name == "cluster":
+            continue
+        section = data[name]
+        if not isinstance(section, Mapping):
+            raise ValueError(f"{name} is a {type(section).__name__}, not a mapping")
+        for key, hint in typing.get_type_hints(declared).items():
+            if key in section and not _fits(section[key], hint):
+                raise ValueError(f"{name}.{key} {_shown(section[key])} is not {_described(hint)}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_fits(value, option) for option in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint) or hint
+    if origin is float:  # YAML writes a whole float as an int
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin)
+
+
+def _described(hint: Any) -> str:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return " or ".join(_described(option) for option in typing.get_args(hint))
+    names = {str: "text", int: "a whole number", float: "a number", bool: "true or false", dict: "a mapping"}
+    names |= {list: "a list", type(None): "empty (null)"}
+    return names.get(typing.get_origin(hint) or hint, str(hint))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -24,6 +24,7 @@ from autotune.result.sections import (
     Metrics,
     SearchSection,
     WorkloadSection,
+    check_sections,
 )
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ class TunedConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TunedConfig:
+        check_sections(data)
         config = TrialConfig(**knobs.read_result(data), workload_knobs=dict(data.get("workload_knobs") or {}))
         return cls(
             workload=data["workload"],
@@ -244,7 +246,8 @@ class TunedConfig:
         )
 
     def to_yaml(self, path_hint: str = "RESULT.yaml") -> str:
-        return _HEADER.format(path=path_hint) + yamlio.dump_yaml(self.to_dict())
+        shown = "".join(char if char.isprintable() else "?" for char in path_hint)  # a comment line stays one line
+        return _HEADER.format(path=shown) + yamlio.dump_yaml(self.to_dict())
 
     @classmethod
     def from_yaml(cls, text: str) -> TunedConfig:

@@ -20,7 +20,11 @@ def check_writable(path: Path) -> None:
     """Fail now, with one line, if a file could not be created where it must be written later. Creates nothing: a
     refused run must leave no empty folders behind (folders are made by `make_folders` once every input passed)."""
     existing = next(folder for folder in (path.parent.absolute(), *path.parent.absolute().parents) if folder.exists())
-    if path.is_dir():
+    longest = _name_max(existing)
+    too_long = [part for part in path.absolute().relative_to(existing).parts if len(os.fsencode(part)) > longest]
+    if too_long:  # before anything stats the path: a name past the limit is an OSError there
+        problem = f"the name {too_long[0][:40]}... is longer than the file system allows ({longest} bytes)"
+    elif path.is_dir():
         problem = "a folder of that name is in the way"
     elif not existing.is_dir():
         problem = f"{existing} is a file, not a folder"
@@ -31,6 +35,14 @@ def check_writable(path: Path) -> None:
         except OSError as error:
             problem = f"{describe_os_error(error)}: {existing}"
     raise OutputError(f"cannot write {path} ({problem}); choose a writable --out or --results-dir")
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name the file system under `folder` takes (255 bytes on most)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def check_replaceable(path: Path, *, force: bool) -> None:

@@ -11,12 +11,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import optuna
 
 from autotune import __version__, storage, workloads, yamlio
 from autotune import space as space_module
+from autotune.data import DataSource
 from autotune.errors import MachineFailure, UserError, WorkloadError
 from autotune.knobs.config import TrialConfig
 from autotune.machine.hardware import Hardware, probe
@@ -61,16 +62,22 @@ class RunReport:
     written: bool = True  # False: the previous YAML was kept as it was (no churn)
 
 
-def _load_data(workload: workloads.Workload, path: str | None) -> Any:
+def _load_data(workload: workloads.Workload, path: str | None) -> DataSource:
     """The workload's data; a plugin's load_data that raises (or calls sys.exit) is one line naming it, not a
     traceback nor a silent exit 0."""
     try:
-        return workload.load_data(path)
+        data = workload.load_data(path)
     except UserError:
         raise
     except (Exception, SystemExit) as error:
         said = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
         raise WorkloadError(f"workload {workload.name}: load_data({path!r}) raised {said}") from None
+    if not isinstance(data, DataSource):
+        raise WorkloadError(
+            f"workload {workload.name}: load_data({path!r}) returned {type(data).__name__}, not a DataSource; return "
+            "autotune.data.load_source(path) or default_source()"
+        )
+    return data
 
 
 def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: TunerSettings) -> optuna.Study:

@@ -75,9 +75,9 @@ def check_request(request: RunRequest) -> None:
     _require(settings.sampler in SAMPLERS, f"unknown sampler {settings.sampler!r}; use {', '.join(SAMPLERS)}")
     _require(request.device in DEVICES, f"unknown device {request.device!r}; use {', '.join(DEVICES)}")
     _require(
-        isinstance(settings.trials, int) and 1 <= settings.trials <= MAX_TRIALS,
-        f"--trials must be between 1 and {MAX_TRIALS:,}, got {settings.trials}",
+        isinstance(settings.trials, int) and settings.trials >= 1, f"--trials must be at least 1, got {settings.trials}"
     )
+    _require(settings.trials <= MAX_TRIALS, f"--trials must be at most {MAX_TRIALS:,}, got {settings.trials}")
     _require(
         settings.budget_s is None or (_finite(settings.budget_s) and settings.budget_s > 0),
         "--budget must be positive, e.g. 15m or 1h (or none for no budget)",
@@ -143,9 +143,10 @@ def check_request(request: RunRequest) -> None:
         _finite(request.drift_threshold) and 0 < request.drift_threshold < 1,
         f"--drift-threshold must be in (0, 1), e.g. 0.10, got {request.drift_threshold}",
     )
+    _require(request.devices is None or request.devices >= 1, f"--devices must be at least 1, got {request.devices}")
     _require(
-        request.devices is None or 1 <= request.devices <= MAX_DEVICES,
-        f"--devices must be between 1 and {MAX_DEVICES:,}, got {request.devices}",
+        request.devices is None or request.devices <= MAX_DEVICES,
+        f"--devices must be at most {MAX_DEVICES:,}, got {request.devices}",
     )
     _require(
         request.global_batch is None or request.global_batch >= 1,
@@ -157,10 +158,17 @@ def check_request(request: RunRequest) -> None:
         "samples per optimizer step",
     )
     check_path_text(request.results_dir, "--results-dir")
+    for value, option in ((request.results_dir, "--results-dir"), (request.out, "--out")):
+        try:
+            Path(value).resolve() if value is not None else None
+        except (RuntimeError, OSError) as error:  # a symlink loop (RuntimeError before Python 3.13)
+            raise UserError(
+                f"{option} {value} cannot be followed ({error}); fix the link or choose another path"
+            ) from None
     if request.out is not None:
         check_path_text(request.out, "--out")
         out = Path(request.out)
-        _require(not out.is_dir(), f"--out {out} is a folder; give a file path, e.g. {out / 'result.yaml'}")
+        _require(not _is_dir(out), f"--out {out} is a folder; give a file path, e.g. {out / 'result.yaml'}")
         _require(out.name not in ("", ".", ".."), f"--out {request.out!r} names no file; give a file path")
     for value, option in ((request.data, "--data"), (request.space, "--space"), (request.storage, "--storage")):
         _require(
@@ -171,11 +179,20 @@ def check_request(request: RunRequest) -> None:
             check_path_text(value, option)
 
 
+def _is_dir(path: Path) -> bool:
+    """Whether path is a folder; a name the file system refuses (too long) is not one (run/output.py says why)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def _check_epoch(request: RunRequest) -> None:
     samples, hours = request.epoch_samples, request.epoch_hours
+    _require(samples is None or samples >= 1, f"--epoch-samples must be at least 1, got {samples}")
     _require(
-        samples is None or 1 <= samples <= MAX_EPOCH_SAMPLES,
-        f"--epoch-samples must be between 1 and {MAX_EPOCH_SAMPLES:,}, got {samples}",
+        samples is None or samples <= MAX_EPOCH_SAMPLES,
+        f"--epoch-samples must be at most {MAX_EPOCH_SAMPLES:,}, got {samples}",
     )
     _require(
         hours is None or (_finite(hours) and 0 < hours <= MAX_EPOCH_HOURS),
@@ -186,12 +203,15 @@ def _check_epoch(request: RunRequest) -> None:
 
 def check_path_text(path: str, option: str) -> None:
     """A path must be text that files and logs can hold: a name that is not valid UTF-8 (it reaches Python as lone
-    surrogates) cannot be written into the result, the history or a SQLite URL."""
+    surrogates) cannot be written into the result, the history or a SQLite URL, and a control character (a newline)
+    would break the line it is written on."""
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
         shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bytes as `ls -b` shows them
         raise UserError(f"{option} {shown} is not a valid UTF-8 name; rename it or choose another path") from None
+    if any(ord(char) < 32 or ord(char) == 127 for char in str(path)):  # a newline would end a line of the result
+        raise UserError(f"{option} {str(path)!r} holds a control character (a newline?); choose a plain path")
 
 
 def check_workload_options(workload: Workload, options: dict[str, Any]) -> None:

@@ -42,6 +42,8 @@ __all__ = [
     "with_installed_driver",
 ]
 
+# Databases SQLAlchemy drives (the scheme before any +driver), and the journal.
+_KNOWN_SCHEMES = {"sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql", "journal"}
 URL_FORMS = "sqlite:///path/to/file.db, postgresql://user@host/db or journal:///path/to/file.log"
 
 
@@ -124,7 +126,9 @@ def open_storage(
     Raises:
         UserError: an unknown scheme, a missing driver, an unreachable or unwritable database.
     """
-    with storage_errors(url, doing="open", fix=f"use {URL_FORMS}"):
+    known = url.split("://", 1)[0].split("+", 1)[0].lower() in _KNOWN_SCHEMES
+    fix = "check the file or the server it names" if known else f"use {URL_FORMS}"
+    with storage_errors(url, doing="open", fix=fix):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -155,14 +159,23 @@ def storage_errors(url: str, *, doing: str, fix: str) -> Iterator[None]:
     the user. A UserError passes through as it is.
 
     Raises:
-        UserError: "cannot {doing} storage URL (ErrorType); {fix}".
+        UserError: "cannot {doing} storage URL (what the database or the OS said); {fix}".
     """
     try:
         yield
     except UserError:
         raise
     except Exception as error:
-        raise UserError(f"cannot {doing} storage {redact_url(url)} ({type(error).__name__}); {fix}") from None
+        said = describe_failure(error)
+        password = _password(url)
+        if password:  # the database's own words may quote the URL it was given
+            said = said.replace(password, "***")
+        raise UserError(f"cannot {doing} storage {redact_url(url)} ({said}); {fix}") from None
+
+
+def _password(url: str) -> str:
+    match = re.match(r"[^:]+://[^/:@]*:([^@]*)@", url)
+    return match.group(1) if match else ""
 
 
 def storage_failures() -> tuple[type[BaseException], ...]:

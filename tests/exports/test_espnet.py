@@ -343,3 +343,12 @@ def test_espnet_has_no_compile_option_and_the_note_names_where_the_model_is_buil
     assert "ESPnet has no option for torch.compile" in notes and "module.compile(dynamic=True)" in notes
     assert "main_worker, after cls.build_model(args=args)" in notes
     assert "torch.compile" not in notes_text(_export())
+
+
+@pytest.mark.parametrize(
+    ("device_type", "pinned", "said"), [("cpu", True, True), ("cuda", False, True), ("cpu", False, False)]
+)
+def test_a_pin_memory_espnet_does_not_follow_is_said(device_type, pinned, said):
+    """ESPnet pins exactly when it trains on GPUs (pin_memory=ngpu>0): a tuned value that differs gets a note."""
+    notes = notes_text(_export(device_type=device_type, pin_memory=pinned))
+    assert ("pin" in notes and "ngpu>0" in notes) is said

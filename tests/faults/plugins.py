@@ -23,3 +23,7 @@ def raising_load_data() -> Workload:
 
 def exiting_load_data() -> Workload:
     return dataclasses.replace(faulty(), name="exits-in-load-data", load_data=_exit)
+
+
+def none_load_data() -> Workload:
+    return dataclasses.replace(faulty(), name="none-from-load-data", load_data=lambda path: None)

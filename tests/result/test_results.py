@@ -44,7 +44,7 @@ def make_tuned(config: TrialConfig = WITH_WORKERS, device_type: str = "cpu") -> 
         metrics={"winner": {"status": "ok", "samples_per_second": 123.456, "measurements": 3}, "speedup": 1.7},
         hardware=make_cpu().to_dict(),
         data={"source": "synthetic", "utterances": 12},
-        search={"trials": 20, "sampler": "TPESampler", "space": "search_spaces/cam++.yaml"},
+        search={"trials": 20, "sampler": "TPESampler", "space_file": "search_spaces/cam++.yaml", "space": {}},
         created="2025-01-02T03:04:05+00:00",
         autotune_version="0.1.0",
         notes=["prefetch_factor: recipe 16 -> 8 (outside this machine's space)"],
