@@ -176,6 +176,10 @@ def print_summary(console: Console, report: RunReport) -> None:
         ("data_wait_fraction", "data-wait fraction"),
         ("measurements", "measurements"),
     ):
+        if key == "spread_fraction":  # one window has no spread: 0.000 would read as exact
+            base = _spread(baseline) if baseline.ok else _fmt(_baseline_figure(baseline, key))
+            table.add_row(label, _spread(winner), base)
+            continue
         table.add_row(label, _fmt(getattr(winner, key)), _fmt(_baseline_figure(baseline, key)))
     if winner.compile_s is not None:  # torch.compile's one-off cost, charged in samples/s over the run length
         table.add_row("compile s / recompiles", f"{winner.compile_s:.0f} / {winner.recompiles or 0}", "-")
@@ -191,13 +195,7 @@ def print_summary(console: Console, report: RunReport) -> None:
     console.print(table)
     speedup = tuned.metrics.get("speedup")
     if speedup:
-        spread = tuned.metrics.get("speedup_range") or {}
-        within = (
-            f" ({spread['low']:.2f}-{spread['high']:.2f}x across {spread['winner_measurements']} winner and "
-            f"{spread['baseline_measurements']} baseline window(s))"
-            if spread
-            else ""
-        )
+        within = _speedup_range(speedup, tuned.metrics)
         console.print(f"[bold green]speedup over the recipe: {speedup:.2f}x[/bold green]{within}", highlight=False)
     epoch = tuned.metrics.get("epoch") or {}
     if epoch.get("winner_minutes") is not None:
@@ -265,6 +263,31 @@ def _print_failures(console: Console, records: list[TrialRecord]) -> None:
             str(record.number), plain(record.config.short()), record.result.status, plain(record.result.reason)
         )
     console.print(table)
+
+
+def _speedup_range(speedup: float, metrics: Metrics) -> str:
+    """What the measurements support: the windows' worst and best pairings, and, where the run measured its noise
+    and the windows' range is narrower (a baseline of one window carries none), the speedup within that noise."""
+    spread = metrics.get("speedup_range") or {}
+    if not spread:
+        return ""
+    said = (
+        f"{spread['low']:.2f}-{spread['high']:.2f}x across {spread['winner_measurements']} winner and "
+        f"{spread['baseline_measurements']} baseline window(s)"
+    )
+    noise = (metrics.get("noise") or {}).get("median_spread_fraction")
+    if noise and (spread["high"] - spread["low"]) / speedup < 2 * noise:
+        low, high = min(spread["low"], speedup * (1 - noise)), max(spread["high"], speedup * (1 + noise))
+        one = "the baseline rests on one window, and " if spread["baseline_measurements"] == 1 else ""
+        said += f"; {one}repeated windows here disagree by {noise:.0%}: about {low:.2f}-{high:.2f}x"
+    elif spread["baseline_measurements"] == 1:
+        said += "; the baseline rests on one window"
+    return f" ({said})"
+
+
+def _spread(measured: Measurements) -> str:
+    """A configuration's spread across its windows; one window has none to show."""
+    return "- (one window)" if measured.measurements == 1 else _fmt(measured.spread_fraction)
 
 
 def _fmt(value: object) -> str:

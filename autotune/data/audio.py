@@ -9,6 +9,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from autotune.data.pcm import sample_problem
 from autotune.data.sources import Utterance
 from autotune.errors import DataError
 
@@ -67,4 +68,7 @@ def read_segment(utt: Utterance, *, crop_s: float | None = None) -> tuple[torch.
     except AUDIO_READ_ERRORS as exc:
         raise unreadable_audio(utt, exc) from exc
     mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
+    problem = sample_problem(mono)
+    if problem is not None:  # a trial must not train on it: its loss would diverge for the file's sake
+        raise DataError(f"audio file {utt.path} (utterance {utt.utt_id}) holds {problem}; fix or remove it")
     return torch.from_numpy(np.ascontiguousarray(mono)), rate

@@ -27,6 +27,7 @@ import soundfile as sf
 
 from autotune.data.lists import ACCEPTED, Row, read_rows
 from autotune.data.lists import one_line_error as _error
+from autotune.data.pcm import sample_problem
 from autotune.yamlio import special_file
 
 __all__ = ["DataSource", "Utterance", "default_source", "load_source"]
@@ -148,6 +149,28 @@ def _probe(path: str, where: str) -> tuple[int, int]:
     return info.samplerate, info.frames
 
 
+# The input check decodes the first SAMPLED_SECONDS of SAMPLED_FILES files; a bad file beyond them is named by the
+# trial that reads it.
+SAMPLED_FILES = 16
+SAMPLED_SECONDS = 30
+
+
+def _check_samples(rows: list[Row], seed: int) -> None:
+    """Decode the start of a seeded sample of the listed files and refuse samples no recording holds (non-finite, absurd
+    amplitude): a header says nothing of them. Every read in a trial checks its crop the same way (data/audio.py)."""
+    paths = sorted({row.path: row.where for row in rows}.items())
+    chosen = random.Random(seed).sample(paths, min(SAMPLED_FILES, len(paths)))
+    for path, where in chosen:
+        try:
+            with sf.SoundFile(path) as audio:  # the first SAMPLED_SECONDS: a long recording costs no more
+                samples = audio.read(SAMPLED_SECONDS * audio.samplerate, dtype="float32", always_2d=True)
+        except Exception:  # readable a moment ago (_probe): a decoding failure is the trial's to report
+            continue
+        problem = sample_problem(samples)
+        if problem is not None:
+            raise _error(f"{where}: audio file {path} holds {problem}; fix or remove the entry")
+
+
 def _to_utterance(row: Row, sample_rate: int, frames: int) -> Utterance:
     """An Utterance from a parsed row and its file's header, converting a segment's seconds into samples."""
     start = stop = None
@@ -211,6 +234,7 @@ def load_source(path: str | os.PathLike[str], *, max_utterances: int | None = 20
         if row.path not in probed:
             probed[row.path] = _probe(row.path, row.where)
         utterances.append(_to_utterance(row, *probed[row.path]))
+    _check_samples(rows, seed)
     source = DataSource(
         kind=kind,
         path=str(given),

@@ -87,7 +87,9 @@ def export_lightning(context: ExportContext) -> Export:
         lines.append(f"compile_kwargs = {compiled!r}  # network.compile(**compile_kwargs) in your LightningModule")
     if dynamic:
         lines += _batch_sampler_lines(context)
-        lines.append(_call("train_loader = DataLoader", loader, first=["train_dataset", "batch_sampler=batch_sampler"]))
+        lines.append("# collate_fn: your padding collate of variable-length items (torch's default cannot stack them)")
+        first = ["train_dataset", "batch_sampler=batch_sampler", "collate_fn=collate_fn"]
+        lines.append(_call("train_loader = DataLoader", loader, first=first))
     else:
         loader = {"batch_size": config.per_device_batch_size, "shuffle": True, **loader, "drop_last": True}
         lines.append(_call("train_loader = DataLoader", loader, first=["train_dataset"]))
@@ -144,8 +146,8 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
         batch = (
             f"Bucket batches: an item below boundaries[i] frames goes to bucket i, whose batches hold "
             f"batch_sizes[i] items per device ({list(plan.batch_sizes)}); the batches are shuffled each epoch and "
-            "dealt whole, as many to every rank (needs autotune installed; define train_frames). Lightning's "
-            "distributed sampler is off: the sampler takes the rank's share itself"
+            "dealt whole, as many to every rank (needs autotune installed; define train_frames and collate_fn, your "
+            "padding collate). Lightning's distributed sampler is off: the sampler takes the rank's share itself"
         )
     elif context.max_frames_in_batch is None:
         batch = (
@@ -157,7 +159,9 @@ def _notes(context: ExportContext) -> tuple[str, ...]:
         batch = (
             f"Dynamic batching: each batch packs length-sorted items while the padded batch stays within "
             f"max_frames_in_batch={context.max_frames_in_batch} frames per device (needs autotune installed; define "
-            "train_frames). Each rank batches its own stride of the dataset, so use_distributed_sampler is off"
+            "train_frames and collate_fn, your padding collate). Each rank batches its own stride of the dataset, so "
+            "use_distributed_sampler is off; each epoch's last batch, however short, is kept (WeNet's batching keeps "
+            "it too)"
         )
     return (batch,)
 

@@ -122,3 +122,20 @@ def test_a_trial_whose_epochs_mix_moved_its_figure_shows_the_windows_own_rate_be
     assert "window 29.2, x0.94 for the epoch's mix" in _mix_text(moved)
     assert _mix_text(TrialResult(status="ok", window_samples_per_second=29.0, epoch_mix_factor=0.99)) == ""
     assert _mix_text(TrialResult(status="ok", window_samples_per_second=29.0)) == ""  # fixed-length crops
+
+
+def test_the_speedup_range_says_what_the_measurements_support():
+    """A baseline of one window carries this machine's noise unmeasured: where the run measured its noise and the
+    windows' range is narrower, the line gives the speedup within that noise, and says the baseline had one window."""
+    from autotune.cli.display import _speedup_range, _spread
+    from autotune.result.measurements import Measurements
+
+    windows = {"low": 3.85, "high": 4.0, "winner_measurements": 2, "baseline_measurements": 1}
+    noisy = _speedup_range(3.93, {"speedup_range": windows, "noise": {"median_spread_fraction": 0.17}})
+    assert "3.85-4.00x across 2 winner and 1 baseline window(s)" in noisy
+    assert "the baseline rests on one window, and repeated windows here disagree by 17%: about 3.26-4.60x" in noisy
+    quiet = _speedup_range(3.93, {"speedup_range": windows, "noise": {"median_spread_fraction": 0.01}})
+    assert quiet == " (3.85-4.00x across 2 winner and 1 baseline window(s); the baseline rests on one window)"
+    assert _spread(Measurements.from_dict({"status": "ok", "samples_per_second": 2.2, "measurements": 1})) == (
+        "- (one window)"
+    )

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from autotune.data.buckets import BucketPlan
 from autotune.exports import export
@@ -159,13 +160,56 @@ def test_dynamic_snippet_trains_with_its_batch_sampler(tmp_path: Path, monkeypat
     )
     frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400]
     probe = _Probe()
-    namespace = {"train_dataset": _dataset(len(frames)), "train_frames": frames}
+    namespace = {"train_dataset": _dataset(len(frames)), "train_frames": frames, "collate_fn": default_collate}
     trainer = _fit(export(tuned, "lightning").python_text or "", namespace, probe)
     loader = trainer.train_dataloader
     assert loader.batch_size is None and loader.num_workers == 1
     assert sum(probe.batch_sizes) == len(frames) and max(probe.batch_sizes) > 1  # every item once, real batches
     batches = list(namespace["batch_sampler"])
     assert all(max(frames[i] for i in batch) * len(batch) <= 400 or len(batch) == 1 for batch in batches)
+
+
+class _VariableLength(torch.utils.data.Dataset):
+    """Items of different lengths (frames x 8), as speech is: torch's default collate cannot stack them."""
+
+    def __init__(self, frames: list[int]) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.items = [
+            (torch.randn(count // 10, 8, generator=generator), index % 4) for index, count in enumerate(frames)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.items[index]
+
+
+def _pad_collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padding collate, as a speech recipe has one: pad to the longest, then pool over time for the tiny model."""
+    padded = torch.nn.utils.rnn.pad_sequence([features for features, _ in items], batch_first=True)
+    return padded.mean(dim=1), torch.tensor([label for _, label in items])
+
+
+@pytest.mark.slow
+def test_dynamic_snippet_trains_variable_length_items_with_the_users_padding_collate(tmp_path, monkeypatch) -> None:
+    """Pasted over a loader of variable-length audio, the snippet keeps the loader's padding collate: without it the
+    first batch fails to stack ("stack expects each tensor to be equal size")."""
+    monkeypatch.chdir(tmp_path)
+    tuned = make_tuned(
+        model="conformer",
+        dynamic=True,
+        precision="fp32-default",
+        device_type="cpu",
+        workers=0,
+        pin_memory=False,
+        workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 400},
+    )
+    frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400]
+    probe = _Probe()
+    namespace = {"train_dataset": _VariableLength(frames), "train_frames": frames, "collate_fn": _pad_collate}
+    _fit(export(tuned, "lightning").python_text or "", namespace, probe)
+    assert sum(probe.batch_sizes) == len(frames) and max(probe.batch_sizes) > 1
 
 
 def test_bucket_batching_emits_autotunes_bucket_sampler() -> None:
@@ -188,6 +232,7 @@ def test_bucket_snippet_trains_each_item_once_per_epoch_reshuffled(tmp_path: Pat
     frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400, 120, 130]
     probe = _Probe()
     namespace: dict[str, Any] = {"train_dataset": _dataset(len(frames)), "train_frames": frames}
+    namespace["collate_fn"] = default_collate
     exec(compile(ast.parse(export(tuned, "lightning").python_text or ""), "<autotune export>", "exec"), namespace)
     sampler = namespace["batch_sampler"]
     trainer = namespace["trainer"]
