@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from autotune.cli.output import fail
+from autotune.cli.output import ConsoleLogHandler, fail
 from autotune.errors import UserError
 
 __all__ = ["app", "main", "setup_logging"]
@@ -28,12 +28,8 @@ app = typer.Typer(
 
 
 def setup_logging(verbose: bool) -> None:
-    """Log to stderr, in detail with --verbose; Optuna's own logger follows."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """Log to the stderr console (above the live progress), in detail with --verbose; Optuna's own logger follows."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[ConsoleLogHandler()])
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)

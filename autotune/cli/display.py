@@ -52,8 +52,8 @@ class _PlanProgress(Progress):
     plan_text = ""
 
     def get_renderables(self) -> Iterable[RenderableType]:
-        if self.plan_text:
-            yield Text(self.plan_text, style="dim")
+        if self.plan_text:  # one line, cut to the terminal: a wrapped live line leaves fragments in the scrollback
+            yield Text(self.plan_text, style="dim", no_wrap=True, overflow="ellipsis")
         yield self.make_tasks_table(self.tasks)
 
 
@@ -96,13 +96,14 @@ class RichReporter:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
+            TextColumn("[dim]{task.fields[counted]}"),
             TimeElapsedColumn(),
             console=console,
             transient=True,
         )
-        self.task = self.progress.add_task(
-            "starting", total=settings.trials + settings.confirm_top_k * settings.confirm_repeats
-        )
+        confirmations = settings.confirm_top_k * settings.confirm_repeats
+        counted = f"(--trials {settings.trials} + {confirmations} confirmations)" if confirmations else ""
+        self.task = self.progress.add_task("starting", total=settings.trials + confirmations, counted=counted)
 
     def __enter__(self) -> RichReporter:
         self.progress.start()

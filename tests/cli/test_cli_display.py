@@ -139,3 +139,36 @@ def test_the_speedup_range_says_what_the_measurements_support():
     assert _spread(Measurements.from_dict({"status": "ok", "samples_per_second": 2.2, "measurements": 1})) == (
         "- (one window)"
     )
+
+
+def test_the_live_display_fits_80_and_120_columns():
+    """Each live line is cut to the terminal's width: a line wider than the terminal wraps, and every redraw of a
+    wrapped live line leaves its fragments in the scrollback."""
+    from rich.console import Group
+
+    from autotune.cli.display import RichReporter
+    from autotune.search.budget import BudgetPlan, Stage
+    from autotune.search.settings import TunerSettings
+
+    plan = BudgetPlan(
+        budget_s=900.0,
+        elapsed_s=186.0,
+        stages=(
+            Stage(name="set-up", done=1, spent_s=60.0),
+            Stage(name="AMP check", done=1, spent_s=120.0),
+            Stage(name="baseline", planned=1, expected_s=130.0),
+            Stage(name="seeds", planned=2, expected_s=120.0),
+            Stage(name="search", note="the time the others leave"),
+            Stage(name="confirmation", note="once two configurations are measured"),
+            Stage(name="ceiling", planned=1, expected_s=60.0),
+        ),
+    )
+    for width in (80, 120):
+        console = Console(file=io.StringIO(), width=width, force_terminal=True)
+        reporter = RichReporter(console, TunerSettings())
+        reporter.progress.plan_text = plan.describe()
+        reporter.progress.update(reporter.task, description="#12 search: bs=32 w=1 pf=4 persist bf16 thr=2")
+        console.print(Group(*reporter.progress.get_renderables()))
+        lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+        assert len(plan.describe()) > 120 and len(lines) == 2, lines  # the plan and the bar, one line each
+        assert "(--trials 24 + 6 confirmations)" in console.file.getvalue() or width == 80  # type: ignore[attr-defined]
