@@ -145,9 +145,14 @@ def prepare(request: RunRequest) -> RunPlan:
     options = {**workload.options, **request.workload_options}
     option_notes = tuple(workload.check_options(options, data)) if workload.check_options else ()
     created = make_folders([out_path.parent, *([Path(request.results_dir)] if request.storage is None else [])])
+    default_db = Path(request.results_dir) / "studies.db" if request.storage is None else None
+    fresh_db = default_db is not None and not default_db.exists()
     try:
         study = _open_study(storage_url, study_name, space, settings)  # a bad URL fails now, before any work
     except UserError:
+        if fresh_db and default_db is not None:  # a database this run began and could not finish is no study
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                Path(f"{default_db}{suffix}").unlink(missing_ok=True)
         remove_empty(created)
         raise
     warm = warmstart.plan_warm_start(

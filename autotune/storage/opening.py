@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 from optuna.storages import BaseStorage
 
-from autotune.errors import UserError
+from autotune.errors import MachineFailure, UserError
 from autotune.storage.heartbeats import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, retry_once
 
 __all__ = [
@@ -170,7 +170,16 @@ def storage_errors(url: str, *, doing: str, fix: str) -> Iterator[None]:
         password = _password(url)
         if password:  # the database's own words may quote the URL it was given
             said = said.replace(password, "***")
+        if _machine_failed(error):  # a full or read-only disk is the machine's failure, not the URL's (exit 4)
+            raise MachineFailure(f"cannot {doing} storage {redact_url(url)} ({said}); free space and rerun") from None
         raise UserError(f"cannot {doing} storage {redact_url(url)} ({said}); {fix}") from None
+
+
+def _machine_failed(error: BaseException) -> bool:
+    """Whether a storage error is the machine's (a full disk, a read-only one), found under Optuna's and SQLAlchemy's
+    wrappers."""
+    text = describe_failure(error).lower()
+    return any(words in text for words in ("disk is full", "no space left", "disk quota", "read-only file system"))
 
 
 def _password(url: str) -> str:

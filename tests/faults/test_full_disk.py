@@ -154,3 +154,31 @@ def test_a_folder_where_the_default_result_goes_is_found_before_any_trial(tmp_pa
     with pytest.raises(OutputError, match=r"is a file, not a folder"):
         run_output.check_writable(tmp_path / "file" / "deeper" / "r.yaml")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "taken.yaml"]
+
+
+def test_a_full_disk_when_the_study_is_created_is_exit_4_and_leaves_no_database(tiny_corpus, tmp_path, small_disk):
+    """Before any trial: the study's database cannot be created on a full disk. The machine failed (exit 4, its own
+    words), and the half-made database is removed with the folders the run made."""
+    disk = small_disk(64)
+    filler = fill(disk)
+    results = disk / "results"
+    result = invoke(run_args(tiny_corpus, results, *ONE_TRIAL))
+    assert result.exit_code == 4, result.output
+    line = error_line(result.stderr)
+    assert "storage" in line and ("full" in line or "No space left" in line) and "free space" in line, line
+    assert list(disk.iterdir()) == [filler]
+
+
+def test_a_full_disk_when_the_study_is_created_injected(tiny_corpus, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        import sqlalchemy.exc
+
+        (tmp_path / "results" / "studies.db").write_bytes(b"half")  # what SQLite left before it failed
+        raise sqlalchemy.exc.OperationalError("CREATE TABLE", {}, Exception("database or disk is full"))
+
+    monkeypatch.setattr(optuna, "create_study", full)
+    results = tmp_path / "results"
+    result = invoke(run_args(tiny_corpus, results, *ONE_TRIAL))
+    assert result.exit_code == 4, result.output
+    assert "database or disk is full" in error_line(result.stderr)
+    assert not results.exists()
