@@ -4,6 +4,7 @@ strict=True, and with the same weights it computes the reference's numbers."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -68,46 +69,53 @@ def test_voxceleb2_classifier_under_speed_perturbation() -> None:
     assert CosineClassifier(512, 3 * 5994).weight.numel() == 9_206_784
 
 
+# 3D-Speaker's own classes, where its package is installed (PyPI's speakerlab, the frameworks extra): run beside ours
+# on this machine, with the same weights and input.
+LIVE_REFERENCES = {
+    "campplus": ("speakerlab.models.campplus.DTDNN", "CAMPPlus"),
+    "eres2net": ("speakerlab.models.eres2net.ERes2Net", "ERes2Net"),
+    "eres2net_large": ("speakerlab.models.eres2net.ERes2Net", "ERes2Net"),
+}
+
+
+def _live_reference(name: str, reference: dict[str, Any]) -> nn.Module | None:
+    module_name, class_name = LIVE_REFERENCES[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    live = getattr(module, class_name)(**reference["arguments"])
+    live.load_state_dict(deterministic_state(reference["state_dict"]), strict=True)
+    return live
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["campplus", "eres2net", "eres2net_large"])
 def test_same_weights_same_outputs_as_3d_speaker(name: str) -> None:
     """The reference's outputs were recorded with these deterministic weights and input (eval and train mode), by
-    3D-Speaker's code on 2 intra-op threads. Train mode normalises with the statistics of a batch of two, which turns
-    the last bits of a reduction into percent: at 1 thread eval mode still agrees to 1e-5 and train mode differs by
-    ~2%, so the comparison runs on the recording's thread count (and is then bit for bit)."""
+    3D-Speaker's code on 2 intra-op threads. Eval mode agrees with the recording on any CPU to 1e-5. Train mode
+    normalises with the statistics of a batch of two, which turns the last bits of a reduction into percent: they
+    differ by thread count (~2% at 1 thread) and by CPU (the recording's reductions are not an AVX-512 machine's,
+    0.5% apart), so train mode is compared with 3D-Speaker's own class run here, bit for bit, where its package is
+    installed, and with the recording (on the recording's thread count) where it is not."""
     torch.set_num_threads(2)  # the conftest fixture restores the session's count
     reference = load_reference(name)
     model = OURS[name]()
     model.load_state_dict(deterministic_state(reference["state_dict"]), strict=True)
+    live = _live_reference(name, reference)
     features = deterministic_features()
     for mode in ("eval", "train"):
         getattr(model, mode)()
         with torch.no_grad():
             output = model(features)
+        if mode == "train" and live is not None:
+            live.train()
+            with torch.no_grad():
+                torch.testing.assert_close(output, live(features), rtol=0, atol=0, msg=f"{name} in train mode, live")
+            continue
         expected = torch.tensor(reference["outputs"][mode], dtype=torch.float32)
         torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5, msg=f"{name} in {mode} mode")
-
-
-@pytest.mark.slow
-def test_same_weights_same_outputs_and_gradients_as_speechbrain() -> None:
-    """SpeechBrain's own ECAPA_TDNN (PyPI package, same file as at 9c826ef) and ours, same weights, same numbers.
-    C=512 only: C=1024 runs the same code four times wider (its key list is checked above)."""
-    ecapa = pytest.importorskip("speechbrain.lobes.models.ECAPA_TDNN")
-    args: dict[str, Any] = load_reference("ecapa_tdnn_512")["arguments"]
-    channels = args["channels"][0]
-    torch.manual_seed(0)
-    theirs = ecapa.ECAPA_TDNN(**args)
-    ours = ECAPATDNN(channels=channels, embedding_size=args["lin_neurons"])
-    ours.load_state_dict(theirs.state_dict(), strict=True)
-    features = deterministic_features(batch=3)
-    for mode in ("eval", "train"):
-        theirs.train(mode == "train")
-        ours.train(mode == "train")
-        their_out, our_out = theirs(features).squeeze(1), ours(features)
-        torch.testing.assert_close(our_out, their_out, rtol=1e-5, atol=1e-6)
-        their_out.square().sum().backward()
-        our_out.square().sum().backward()
-        for (key, theirs_p), ours_p in zip(theirs.named_parameters(), ours.parameters(), strict=True):
-            torch.testing.assert_close(ours_p.grad, theirs_p.grad, rtol=1e-4, atol=1e-6, msg=key)
-        theirs.zero_grad()
-        ours.zero_grad()
+        if live is not None:  # the installed package computes the recorded commit's numbers: it is that reference
+            live.eval()
+            with torch.no_grad():
+                torch.testing.assert_close(live(features), expected, rtol=1e-4, atol=1e-5, msg=f"{name}, live")
