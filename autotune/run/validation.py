@@ -35,9 +35,9 @@ DEVICES = ("auto", "cuda", "cpu")
 # run would end "no stable configuration" for a reason that is not the configurations'.
 MIN_BUDGET_S = 60.0
 MAX_SEED = 2**32 - 1  # NumPy's and so Optuna's samplers take seeds in [0, 2**32 - 1]
-# The ranges that can produce a measurement. A trial starts a process, warms up and times a window: under half a
-# minute it cannot (a GPU's start alone takes 25-30 s), and a window must leave its trial room to start and warm up.
-MIN_TRIAL_TIMEOUT_S = 30.0
+# The ranges that can produce a measurement. A trial starts a process (seconds: the Python and torch imports), warms up
+# and times a window: under ten seconds none can, and a window must leave its trial room to start and warm up.
+MIN_TRIAL_TIMEOUT_S = 10.0
 MAX_TRIAL_TIMEOUT_S = 24 * 3600.0
 MAX_WINDOW_S = 3600.0
 MAX_TRIALS = 100_000

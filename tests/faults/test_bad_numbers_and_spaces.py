@@ -38,7 +38,7 @@ BATCH = "  per_device_batch_size: {type: categorical, choices: [8, 16]}\n"
         (["--space", "/s/sp\udcffce.yaml"], "--space /s/sp\\xffce.yaml is not a valid UTF-8 name"),
         (["--option", "optimizer=sg\udcffd"], "--option optimizer sg\\xffd is not a valid UTF-8 name"),
         (["--trial-timeout", "1s"], "--trial-timeout 1 s cannot hold a trial"),
-        (["--trial-timeout", "48h"], "give between 30 s and 24 h"),
+        (["--trial-timeout", "48h"], "give between 10 s and 24 h"),
         (["--window", "1e308"], "--window 1e+308 s leaves its trial no room to start and warm up"),
         (["--warmup-steps", "1000000000"], "--warmup-steps must be between 1 and 1000"),
         (["--crop-seconds", "1e-9"], "--crop-seconds 1e-09 s cannot be cropped and trained"),
