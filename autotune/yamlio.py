@@ -96,6 +96,10 @@ def read_mapping(path: str | os.PathLike[str], *, what: str, error: type[UserErr
         raise error(f"{what} file {path} cannot be read ({exc.__class__.__name__}: {exc}); check the file") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: safe_load with one more check
+    except RecursionError:
+        raise error(
+            f"{what} file {path} nests deeper than any {what} (Python's stack ran out); check the file"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

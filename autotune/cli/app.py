@@ -36,8 +36,29 @@ def setup_logging(verbose: bool) -> None:
 
 
 def main() -> None:
-    """Console-script entry point (`autotune.cli:main`, which has registered every command)."""
+    """Console-script entry point (`autotune.cli:main`, which has registered every command). Every way a command line
+    can be wrong ends the same: one `error:` line and exit code 2."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except UserError as error:  # raised outside a command's own handling (e.g. while parsing): the same one line
         sys.exit(fail(str(error), error.exit_code).exit_code)
+    except Exception as error:
+        sys.exit(_parse_failure(error))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _parse_failure(error: Exception) -> int:
+    """click's usage errors (a bad value, an unknown option or command) as the one error line, with the help that
+    says the rest; a bare invocation shows the help, as before. Anything else is a bug and is raised."""
+    show, message = getattr(error, "show", None), getattr(error, "format_message", None)
+    if type(error).__name__ == "NoArgsIsHelpError" and show is not None:
+        show()  # `autotune` alone: the help, and click's code for it (2), as before
+        return int(getattr(error, "exit_code", 2))
+    if message is None or not isinstance(getattr(error, "exit_code", None), int):
+        if type(error).__name__ == "Abort":
+            return fail("aborted", 1).exit_code
+        raise error
+    context = getattr(error, "ctx", None)
+    where = getattr(context, "command_path", "autotune") if context is not None else "autotune"
+    said = " ".join(message().split()).rstrip(".")
+    return fail(f"{said}; see '{where} --help'", error.exit_code).exit_code  # type: ignore[attr-defined]

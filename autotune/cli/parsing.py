@@ -61,7 +61,7 @@ def parse_workload_options(pairs: list[str] | None, crop_seconds: float | None) 
             raise UserError(f"--option {pair!r} is not KEY=VALUE; write it like --option augment_copies=4")
         try:
             options[key.strip()] = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON (or nested past Python's stack): the text as typed
             options[key.strip()] = value
     return options
 
@@ -98,7 +98,11 @@ def parse_slurm_options(pairs: list[str] | None) -> dict[str, Any]:
         key, value = key.strip().replace("-", "_"), value.strip()
         if not sep or not key or not value:
             raise UserError(f"--slurm-option {pair!r} is not KEY=VALUE; write it like --slurm-option mem=64G")
-        options[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value.lower(), value)
+        options[key] = (
+            int(value)
+            if value.isascii() and value.isdigit()
+            else {"true": True, "false": False}.get(value.lower(), value)
+        )
     return options
 
 

@@ -20,8 +20,9 @@ def report(
     storage: Annotated[
         Optional[str], typer.Option(help="Storage URL of the study (default: the one in the result).")
     ] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Folder for report.html and the PNG plots.")] = None,
-    csv: Annotated[Optional[Path], typer.Option(help="Also save the trial table as CSV here.")] = None,
+    # Text, not Path: typer reads '' as Path('.'), and an empty value must be refused, not taken as this folder.
+    out: Annotated[Optional[str], typer.Option(help="Folder for report.html and the PNG plots.")] = None,
+    csv: Annotated[Optional[str], typer.Option(help="Also save the trial table as CSV here.")] = None,
 ) -> None:
     """Write the trial table, plots and a self-contained HTML page for a result and its study.
 

@@ -87,6 +87,12 @@ def check_run_args(model: str, args: list[str] | tuple[str, ...], workdir: str =
     for flag, path in (("--data", request.data), ("--space", request.space)):
         if path and not os.path.exists(os.path.join(workdir, os.path.expanduser(path))):
             raise UserError(f"{flag} {path} does not exist, seen from {workdir} where the job runs; fix the path")
+    if request.space:  # read as the job will read it, on this machine: a bad space would fail every night
+        from autotune import space
+        from autotune.machine.hardware import probe
+
+        path = os.path.join(workdir, os.path.expanduser(request.space))
+        space.load(path, probe(request.device), workload_knobs=tuple(workloads.get(model).knobs))
     return request
 
 

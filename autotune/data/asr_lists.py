@@ -77,8 +77,9 @@ def _bounds(obj: dict[str, Any], where: str) -> tuple[float | None, float | None
 def _parse_line(line: str, where: str) -> DataListEntry:
     try:
         obj = json.loads(line)
-    except ValueError as exc:  # a JSONDecodeError, or json's bare ValueError for an integer past 4300 digits
-        said = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError; json's bare ValueError (an integer past 4300
+        # digits); a line nested past Python's stack
+        said = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
         raise _error(
             f"{where}: not a JSON object ({said}); a WeNet raw data.list has one "
             '{"key", "wav", "txt"} object per line (shard lists of tar files are not supported)'

@@ -30,8 +30,10 @@ ACCEPTED = (
 
 
 def one_line_error(message: str) -> DataError:
-    """A DataError whose message is guaranteed to be one line."""
-    return DataError(" ".join(message.split("\n")).replace("\r", " "))
+    """A DataError whose message is guaranteed to be one line: line breaks become spaces, and any other control
+    character (a NUL in a listed path) is shown escaped, as Python writes it."""
+    flat = " ".join(message.split("\n")).replace("\r", " ")
+    return DataError("".join(char if char.isprintable() else repr(char)[1:-1] for char in flat))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ def _read_text(path: Path) -> str:
     if kind is not None:  # reading a pipe or a device blocks or never ends
         raise one_line_error(f"data list {path} is not a regular file ({kind}); give a list file or a folder")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark (Excel, Notepad) is not data
     except UnicodeDecodeError as exc:
         raise one_line_error(f"data list {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     except OSError as exc:

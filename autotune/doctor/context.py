@@ -150,9 +150,11 @@ def _check_request(request: DoctorRequest) -> None:
     }
     for name, option in options.items():
         value = getattr(request, name)
-        least = knobs.get(name).minimum
-        if value is not None and value < least:
-            raise UserError(f"{option} must be at least {least}, got {value}")
+        knob = knobs.get(name)
+        if value is not None and knob.minimum is not None and value < knob.minimum:
+            raise UserError(f"{option} must be at least {knob.minimum}, got {value}")
+        if value is not None and knob.maximum is not None and value > knob.maximum:
+            raise UserError(f"{option} must be at most {knob.maximum:,}, got {value}")
     if request.read_budget_s <= 0 or request.read_files < 1:
         raise UserError("the read sample needs a positive time budget and at least one file")
     if request.data is not None and not Path(request.data).expanduser().exists():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -146,7 +147,7 @@ def run_proof(settings: ProofSettings) -> ProofReport:
     """
     names = list(settings.steps or STEPS)
     unknown = [name for name in names if name not in STEPS]
-    if unknown or settings.time_limit_s <= 0:
+    if unknown or not settings.time_limit_s > 0 or not math.isfinite(settings.time_limit_s):  # NaN compares false
         raise UserError(
             f"unknown proof step {unknown[0]!r}; the steps are {', '.join(STEPS)}"
             if unknown

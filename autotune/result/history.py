@@ -149,7 +149,7 @@ def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
             continue
         try:
             row = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             row = None
         if not isinstance(row, dict):
             logger.warning("%s line %d is not a history record; skipped", path, number)

@@ -15,11 +15,12 @@ import pandas as pd
 
 from autotune.errors import OutputError, UserError, describe_os_error
 from autotune.knobs import declarations as knobs
+from autotune.result.history import folder_name
 from autotune.result.measurements import Measurements
 from autotune.result.plots import GIB, Marks, hardware_line, make_plots
 from autotune.result.tuned_config import TunedConfig, load_config
 from autotune.storage import local_file, open_storage, redact_url, storage_errors
-from autotune.yamlio import atomic_write_text
+from autotune.yamlio import atomic_write_text, special_file
 
 __all__ = ["ReportFiles", "TRIAL_COLUMNS", "build_report", "load_study", "trials_frame", "write_csv", "write_html"]
 
@@ -129,6 +130,28 @@ def _trial_row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     }
 
 
+_CSV_HEADER = ",".join(TRIAL_COLUMNS)  # how a trial table this command wrote starts
+
+
+def _check_csv(path: Path | None) -> None:
+    """Before anything is written: --csv names a file to create, or a trial table this command wrote before, never a
+    user's file, a pipe or a device.
+
+    Raises:
+        OutputError: what is there, and what to do instead.
+    """
+    if path is None:
+        raise OutputError("--csv is empty; give the path of a CSV file to write, or leave the option out")
+    special = special_file(path)
+    if special is not None:
+        raise OutputError(f"--csv {path} is not a regular file ({special}); give the path of a CSV file to write")
+    if path.exists():
+        with open(path, encoding="utf-8", errors="replace") as table:
+            first = table.readline(4096).rstrip("\n")
+        if not first.startswith(_CSV_HEADER):
+            raise OutputError(f"--csv {path} holds a file autotune did not write; choose another --csv")
+
+
 def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
     """The trial table as CSV, written atomically."""
     return atomic_write_text(path, frame.to_csv(index=False))
@@ -229,9 +252,13 @@ def build_report(
         UserError: the result, its storage or its study cannot be read, or matplotlib is missing.
     """
     result_path = Path(result_path)
+    if out_dir is not None and not str(out_dir):
+        raise OutputError("--out is empty; give a folder for the report, or leave the option out")
+    if csv is not None:
+        _check_csv(Path(csv) if str(csv) else None)
     tuned = load_config(result_path)
     frame = trials_frame(load_study(tuned, storage))
-    fingerprint = tuned.hardware.get("fingerprint") or result_path.stem
+    fingerprint = folder_name(str(tuned.hardware.get("fingerprint") or result_path.stem))  # a folder beside the result
     folder = Path(out_dir) if out_dir is not None else result_path.parent / f"report-{fingerprint}"
     try:
         plots = make_plots(frame, tuned, folder)

@@ -177,6 +177,12 @@ def check_request(request: RunRequest) -> None:
         )
         if value is not None:  # each is recorded in the result: text that cannot be written must not get that far
             check_path_text(value, option)
+    storage = (request.storage or "").strip().lower()
+    _require(
+        storage not in ("sqlite://", "sqlite:///:memory:") and not storage.startswith("sqlite:///:memory:?"),
+        f"--storage {request.storage} is an in-memory database, which ends with the run (and the study with it); "
+        "give a file, e.g. sqlite:///results/studies.db, or leave the option out",
+    )
 
 
 def _is_dir(path: Path) -> bool:

@@ -46,6 +46,7 @@ SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 SECTIONS = ("workload", "description", "params", "fixed", "recipe_batch", "baseline", "seeds", "cpu", "cuda")
 DEVICE_SECTIONS = ("params", "fixed", "baseline", "seeds")  # what `cpu:` and `cuda:` may hold
 NOT_INHERITED = ("workload", "description")
+MAX_EXTENDS = 32  # files in one chain of `extends`: a space and the ones it builds on
 _SUFFIXES = (".yaml", ".yml")
 
 
@@ -66,6 +67,10 @@ def builtin_names() -> list[str]:
 
 
 def _read(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    if len(chain) >= MAX_EXTENDS:
+        raise SpaceError(
+            f"{chain[0]}: 'extends' goes {len(chain)} files deep; a space builds on at most {MAX_EXTENDS - 1} others"
+        )
     data = yamlio.read_mapping(path, what="search space", error=SpaceError)
     return _resolve(data, origin=str(path), folder=path.parent, chain=(*chain, path.resolve()))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import re
 import time
 import urllib.parse
@@ -26,6 +27,7 @@ from optuna.storages import BaseStorage
 
 from autotune.errors import MachineFailure, UserError
 from autotune.storage.heartbeats import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, retry_once
+from autotune.yamlio import special_file
 
 __all__ = [
     "JOURNAL_PREFIX",
@@ -235,4 +237,31 @@ def _journal(url: str) -> BaseStorage:
     path = Path(url[len(JOURNAL_PREFIX) :]).expanduser()
     if not path.name or not path.parent.is_dir():
         raise UserError(f"journal storage {url}: folder {path.parent} does not exist; create it or use {URL_FORMS}")
+    problem = _not_a_journal(path)
+    if problem is not None:  # Optuna would append its records to it, then fail reading it back
+        raise UserError(f"journal storage {url}: {path} {problem}; give a new file or an Optuna journal")
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+def _not_a_journal(path: Path) -> str | None:
+    """Why an existing file is not an Optuna journal (None for a journal, an empty file or none at all): a
+    journal's every line is a JSON record with an op_code, so its first line says."""
+    special = special_file(path)
+    if special is not None:
+        return f"is not a regular file ({special})"
+    try:
+        with open(path, "rb") as journal:
+            first = journal.readline(64 * 1024)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if not first.strip():
+        return None
+    try:
+        record = json.loads(first)
+    except (ValueError, RecursionError):
+        record = None
+    if not isinstance(record, dict) or "op_code" not in record:
+        return "holds something else than an Optuna journal (its first line is not a journal record)"
+    return None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from collections.abc import Callable
 
 from autotune.errors import WorkloadError
@@ -61,6 +63,12 @@ def _load_plugin(reference: str) -> Workload:
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise WorkloadError(f"plugin {reference!r}: module {module_name!r} has no callable {attribute!r}")
+    if not (inspect.isroutine(factory) or inspect.isclass(factory) or isinstance(factory, functools.partial)):
+        # an object that is merely callable (a typer app, a model) would run as it runs, not build a workload
+        raise WorkloadError(
+            f"plugin {reference!r}: {attribute!r} is a {type(factory).__name__}, not a function or class that returns "
+            "an autotune.Workload"
+        )
     try:
         workload = factory()
     except (Exception, SystemExit) as error:  # sys.exit() in a factory must not end the run silently
