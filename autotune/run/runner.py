@@ -18,7 +18,7 @@ import optuna
 from autotune import __version__, storage, workloads, yamlio
 from autotune import space as space_module
 from autotune.data import DataSource
-from autotune.errors import MachineFailure, UserError, WorkloadError
+from autotune.errors import MachineFailure, UserError
 from autotune.knobs.config import TrialConfig
 from autotune.machine.hardware import Hardware, probe
 from autotune.result import history
@@ -37,6 +37,7 @@ from autotune.space.knob_checks import check_checkpointing, check_complete, chec
 from autotune.trial import TrialResult, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.trial.slurm_nodes import check_nodes, check_parallel
+from autotune.workloads.registry import call_plugin
 
 if TYPE_CHECKING:
     from autotune.data.offline import Preparation
@@ -65,19 +66,12 @@ class RunReport:
 def _load_data(workload: workloads.Workload, path: str | None) -> DataSource:
     """The workload's data; a plugin's load_data that raises (or calls sys.exit) is one line naming it, not a
     traceback nor a silent exit 0."""
-    try:
-        data = workload.load_data(path)
-    except UserError:
-        raise
-    except (Exception, SystemExit) as error:
-        said = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
-        raise WorkloadError(f"workload {workload.name}: load_data({path!r}) raised {said}") from None
-    if not isinstance(data, DataSource):
-        raise WorkloadError(
-            f"workload {workload.name}: load_data({path!r}) returned {type(data).__name__}, not a DataSource; return "
-            "autotune.data.load_source(path) or default_source()"
-        )
-    return data
+    return call_plugin(
+        lambda: workload.load_data(path),
+        f"workload {workload.name}: load_data({path!r})",
+        DataSource,
+        "not a DataSource; return autotune.data.load_source(path) or default_source()",
+    )
 
 
 def _open_study(url: str, name: str, space: space_module.SearchSpace, settings: TunerSettings) -> optuna.Study:

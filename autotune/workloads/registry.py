@@ -6,11 +6,12 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable
+from typing import TypeVar
 
 from autotune.errors import WorkloadError
 from autotune.workloads.base import Workload
 
-__all__ = ["WORKLOADS", "register", "get", "is_plugin", "names"]
+__all__ = ["WORKLOADS", "call_plugin", "register", "get", "is_plugin", "names"]
 
 WORKLOADS: dict[str, Workload] = {}
 
@@ -69,13 +70,26 @@ def _load_plugin(reference: str) -> Workload:
             f"plugin {reference!r}: {attribute!r} is a {type(factory).__name__}, not a function or class that returns "
             "an autotune.Workload"
         )
+    return call_plugin(
+        factory, f"plugin {reference!r}: the factory", Workload, "not autotune.Workload; see docs/adding-a-model.md"
+    )
+
+
+_T = TypeVar("_T")
+
+
+def call_plugin(call: Callable[[], object], what: str, expected: type[_T], fix: str) -> _T:
+    """A plugin's code, called: whatever it raises (sys.exit too: a run must not end silently) is one line naming
+    `what` raised it, and a result of another type says what it returned and `fix`.
+
+    Raises:
+        WorkloadError: "{what} raised Type: message", or "{what} returned Type, {fix}".
+    """
     try:
-        workload = factory()
-    except (Exception, SystemExit) as error:  # sys.exit() in a factory must not end the run silently
-        raise WorkloadError(f"plugin {reference!r}: the factory raised {type(error).__name__}: {error}") from None
-    if not isinstance(workload, Workload):
-        raise WorkloadError(
-            f"plugin {reference!r}: the factory returned {type(workload).__name__}, not autotune.Workload; see the "
-            "README's 'Your own model'"
-        )
-    return workload
+        result = call()
+    except (Exception, SystemExit) as error:
+        said = " ".join(str(error).split())[:300]
+        raise WorkloadError(f"{what} raised {type(error).__name__}: {said}") from None
+    if not isinstance(result, expected):
+        raise WorkloadError(f"{what} returned {type(result).__name__}, {fix}")
+    return result

@@ -60,6 +60,7 @@ def test_dynamic_batching_emits_the_batch_sampler() -> None:
     loader = call_kwargs(text, "DataLoader")
     assert loader == {
         "batch_sampler": "batch_sampler",
+        "collate_fn": "collate_fn",  # the user's padding collate: torch's default cannot stack variable-length items
         "num_workers": 4,
         "pin_memory": True,
         "prefetch_factor": 4,
@@ -146,19 +147,27 @@ def test_snippet_trains_with_the_tuned_values(precision: str, tmp_path: Path, mo
     assert torch.get_num_threads() == 1
 
 
-@pytest.mark.slow
-def test_dynamic_snippet_trains_with_its_batch_sampler(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    tuned = make_tuned(
+FRAMES = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400]  # each item's frames, for the dynamic batch sampler
+
+
+def _dynamic_cpu_result(workers: int) -> Any:
+    """A conformer result with WeNet's dynamic batches (400 frames per batch), measured on the CPU."""
+    return make_tuned(
         model="conformer",
         dynamic=True,
         precision="fp32-default",
         device_type="cpu",
-        workers=1,
+        workers=workers,
         pin_memory=False,
         workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 400},
     )
-    frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400]
+
+
+@pytest.mark.slow
+def test_dynamic_snippet_trains_with_its_batch_sampler(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    tuned = _dynamic_cpu_result(workers=1)
+    frames = FRAMES
     probe = _Probe()
     namespace = {"train_dataset": _dataset(len(frames)), "train_frames": frames, "collate_fn": default_collate}
     trainer = _fit(export(tuned, "lightning").python_text or "", namespace, probe)
@@ -196,16 +205,8 @@ def test_dynamic_snippet_trains_variable_length_items_with_the_users_padding_col
     """Pasted over a loader of variable-length audio, the snippet keeps the loader's padding collate: without it the
     first batch fails to stack ("stack expects each tensor to be equal size")."""
     monkeypatch.chdir(tmp_path)
-    tuned = make_tuned(
-        model="conformer",
-        dynamic=True,
-        precision="fp32-default",
-        device_type="cpu",
-        workers=0,
-        pin_memory=False,
-        workload_knobs={"batch_type": "dynamic", "max_frames_in_batch": 400},
-    )
-    frames = [100, 200, 100, 300, 50, 150, 250, 100, 200, 400]
+    tuned = _dynamic_cpu_result(workers=0)
+    frames = FRAMES
     probe = _Probe()
     namespace = {"train_dataset": _VariableLength(frames), "train_frames": frames, "collate_fn": _pad_collate}
     _fit(export(tuned, "lightning").python_text or "", namespace, probe)
