@@ -172,3 +172,17 @@ def test_the_live_display_fits_80_and_120_columns():
         lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
         assert len(plan.describe()) > 120 and len(lines) == 2, lines  # the plan and the bar, one line each
         assert "(--trials 24 + 6 confirmations)" in console.file.getvalue() or width == 80  # type: ignore[attr-defined]
+
+
+def test_a_library_warning_prints_through_the_console_as_a_word_not_a_logger_line(monkeypatch):
+    """Log records go through the stderr console (above a live display, not through it), as 'warning: ...'."""
+    import logging
+
+    from autotune.cli import output
+
+    console = Console(file=io.StringIO(), width=120)
+    monkeypatch.setattr(output, "stderr_console", console)
+    logger = logging.getLogger("autotune.search.confirmation")
+    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "budget spent [%s]", ("x",), None)
+    output.ConsoleLogHandler().emit(record)
+    assert console.file.getvalue() == "warning: budget spent [x]\n"  # type: ignore[attr-defined]

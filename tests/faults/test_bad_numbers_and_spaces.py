@@ -49,6 +49,7 @@ BATCH = "  per_device_batch_size: {type: categorical, choices: [8, 16]}\n"
         (["--epoch-samples", "10000000000000"], "--epoch-samples must be at most"),
         (["--storage", ""], "--storage is empty; give a value, or leave the option out"),
         (["--option", "optimizer=evil"], "optimizer must be one of sgd, adam"),
+        (["--option", "reverb=/dev/null", "--option", "aug_prob=0.5"], "reverb list /dev/null is not a regular file"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
 )
