@@ -25,6 +25,7 @@ ORDER = (
     ("search", "exports"),
     ("result",),
     ("storage",),
+    ("probe",),
     ("trial",),
     ("workloads",),
     ("models",),

@@ -227,6 +227,10 @@ class TrialResult:
     # The node the trial's job asked for (a leader's confirmation: in_flight.on_node); "" where any would do. Unlike
     # `node`, the asked node was down or drained, or not free within the queue wait (trial/slurm_pinning.py).
     asked_node: str = ""
+    # Own training (autotune/probe): the knob values the training really ran with, read inside it by the probe, and
+    # per knob whether the trial's value was in force ({"asked", "ran", "in_force", "by", "note"}); None elsewhere.
+    observed: dict[str, Any] | None = None
+    in_force: dict[str, dict[str, Any]] | None = None
     log_tail: str = ""
 
     def __post_init__(self) -> None:

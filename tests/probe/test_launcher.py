@@ -1,0 +1,151 @@
+"""Own training measured for real: the example training script run as a trial under the probe, in a subprocess, with
+its own argparse, config file, DataLoader and loop. What the probe saw is checked against what the script did."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.probe.command import TrainingCommand
+from autotune.probe.launcher import CommandLauncher
+from tests.probe.conftest import spec_for
+
+pytestmark = pytest.mark.slow
+PYTHON = sys.executable
+TEMPLATE = (
+    f"{PYTHON} train.py --config {{config}} --num-workers {{num_workers}} --pin-memory {{pin_memory}} "
+    "--checkpoint model.pt"
+)
+
+
+def _launcher(project: Path, template: str = TEMPLATE, **kwargs: object) -> CommandLauncher:
+    command = TrainingCommand.checked(
+        template,
+        config_path=str(project / "train.yaml"),
+        sets=["train.batch_size={per_device_batch_size}"],
+        cwd=str(project),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return CommandLauncher(command=command)
+
+
+def _no_process_left(project: Path) -> bool:
+    """No process runs the training any more (its workers included)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                runs_training = b"train.py" in (entry / "cmdline").read_bytes()
+                if runs_training and (entry / "cwd").resolve() == project.resolve():
+                    return False
+            except OSError:
+                continue
+    return True
+
+
+def test_the_training_is_measured_its_values_in_force_and_ended_cleanly(tmp_path: Path, training: Path) -> None:
+    spec = spec_for(tmp_path, per_device_batch_size=24, num_workers=1, prefetch_factor=2, pin_memory=False)
+    result = _launcher(training)(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", result.reason + result.log_tail
+    assert result.samples_per_second and result.samples_per_second > 0
+    assert result.window_steps >= 2 and result.window_s and result.window_s >= 1.0
+    assert result.all_losses_finite is True
+    assert result.observed is not None and result.observed["per_device_batch_size"] == 24
+    assert result.in_force is not None
+    assert {name: entry["in_force"] for name, entry in result.in_force.items()} == {
+        "per_device_batch_size": True,
+        "num_workers": True,
+        "pin_memory": True,
+    }
+    assert result.in_force["per_device_batch_size"]["by"] == "config"
+    accounting = result.epoch_accounting
+    assert accounting is not None and accounting["dataset_size"] == 96 and accounting["samples_per_epoch"] == 96
+    assert accounting["built_at"].endswith("train.py:67")
+    assert (training / "train.yaml").read_text().count("batch_size: 16") == 1  # the user's file untouched
+    assert _no_process_left(training)
+    checkpoint = training / "model.pt"  # ended at a step boundary: any checkpoint the script saved is whole
+    if checkpoint.exists():
+        torch.load(checkpoint, weights_only=True)
+
+
+def test_a_value_the_training_ignores_is_reported_not_in_force(tmp_path: Path, training: Path) -> None:
+    spec = spec_for(tmp_path, num_workers=2, prefetch_factor=2)
+    result = _launcher(training, TEMPLATE + " --ignore-workers")(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", result.reason
+    verdict = result.in_force["num_workers"]  # type: ignore[index]
+    assert verdict["in_force"] is False and verdict["ran"] == 0 and verdict["asked"] == 2
+    assert verdict["note"].startswith("num_workers: your training ran with 0, not 2: the value does not reach its ")
+    assert "train.py:67 builds the DataLoader" in verdict["note"]
+
+
+def test_the_probe_applies_a_dataloader_knob_the_training_does_not_carry(tmp_path: Path, training: Path) -> None:
+    template = f"{PYTHON} train.py --config {{config}} --ignore-workers"
+    spec = spec_for(tmp_path, num_workers=1, prefetch_factor=3, persistent_workers=True)
+    launcher = _launcher(training, template, apply=["num_workers", "prefetch_factor", "persistent_workers"])
+    result = launcher(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", result.reason + result.log_tail
+    assert result.observed["num_workers"] == 1 and result.observed["prefetch_factor"] == 3  # type: ignore[index]
+    verdict = result.in_force["num_workers"]  # type: ignore[index]
+    assert verdict["in_force"] is True and verdict["by"] == "autotune" and "applied by autotune" in verdict["note"]
+
+
+def test_a_command_that_never_steps_is_told_so(tmp_path: Path, training: Path) -> None:
+    command = TrainingCommand.checked(f"{PYTHON} -c 'import torch, time; time.sleep(60)'", cwd=str(training))
+    result = CommandLauncher(command=command, first_step_timeout_s=4)(
+        spec_for(tmp_path), workdir=tmp_path / "trial", timeout_s=60
+    )
+    assert result.status == "error"
+    assert result.reason.startswith("no optimizer step in 4 s: is this a training command?")
+    assert result.wall_s is not None and result.wall_s < 30
+
+
+def test_a_command_that_fails_at_import_names_the_error(tmp_path: Path, training: Path) -> None:
+    command = TrainingCommand.checked(f"{PYTHON} -c 'import torch, no_such_module_here'", cwd=str(training))
+    result = CommandLauncher(command=command)(spec_for(tmp_path), workdir=tmp_path / "trial", timeout_s=60)
+    assert result.status == "error"
+    assert result.reason == (
+        "the training failed after 0 optimizer steps: ModuleNotFoundError: No module named 'no_such_module_here'"
+    )
+
+
+def test_a_program_that_does_not_exist_is_one_line(tmp_path: Path, training: Path) -> None:
+    command = TrainingCommand.checked("no-such-program-anywhere train.py", cwd=str(training))
+    result = CommandLauncher(command=command)(spec_for(tmp_path), workdir=tmp_path / "trial", timeout_s=60)
+    assert result.status == "error" and "could not start" in result.reason
+
+
+def test_a_training_too_short_for_its_window_says_so(tmp_path: Path, training: Path) -> None:
+    text = (training / "train.yaml").read_text().replace("epochs: 50", "epochs: 1")
+    (training / "train.yaml").write_text(text)
+    result = _launcher(training)(spec_for(tmp_path, num_workers=0), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "error"
+    assert "optimizer steps, before its window was measured" in result.reason
+
+
+def test_a_loss_that_is_not_finite_is_caught(tmp_path: Path, training: Path) -> None:
+    script = (
+        (training / "train.py")
+        .read_text()
+        .replace(
+            "loss = torch.nn.functional.cross_entropy(", "loss = float('nan') * torch.nn.functional.cross_entropy("
+        )
+    )
+    (training / "train.py").write_text(script)
+    result = _launcher(training)(spec_for(tmp_path, num_workers=0), workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "nonfinite" and result.all_losses_finite is False
+
+
+def test_a_sitecustomize_the_probe_shadows_still_runs(tmp_path: Path, training: Path) -> None:
+    own = tmp_path / "own_site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    template = f"{PYTHON} -c 'import os, sys; sys.exit(0 if os.environ.get(\"USER_SITE_RAN\") else 3)'"
+    command = TrainingCommand.checked(template, cwd=str(training))
+    launcher = CommandLauncher(command=command, environment={"PYTHONPATH": str(own)})
+    result = launcher(spec_for(tmp_path), workdir=tmp_path / "trial", timeout_s=60)
+    assert "exited with code 3" not in result.reason
+    assert "without an optimizer step" in result.reason
+    assert os.environ.get("USER_SITE_RAN") is None
