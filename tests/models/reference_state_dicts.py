@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["REFERENCE_DIR", "load_reference", "pattern", "pattern_state", "shapes_of"]
+__all__ = ["REFERENCE_DIR", "full_rank_pattern_state", "load_reference", "pattern", "pattern_state", "shapes_of"]
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 # Buffers the reference computes from its configuration rather than learns: left as each model builds them.
+_SCRAMBLE_STRIDE = 7919  # a prime: i -> i * stride mod n permutes the flat index of every tensor here
 _COMPUTED_BUFFERS = ("pe", "position_enc", "pitch_bins", "energy_bins")
 
 
@@ -62,4 +63,21 @@ def pattern_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             filled[key] = 1.0 + pattern(value.shape, seed, scale=0.5) ** 2
         else:
             filled[key] = pattern(value.shape, seed)
+    return filled
+
+
+def full_rank_pattern_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`pattern_state`, with every tensor of two or more dimensions at amplitude 1.0 and its values scrambled.
+
+    pattern_state's matrices, scale * sin(0.91 * (row * columns + column) + seed), have rank 2 and scale 0.2: the
+    attention is then nearly uniform and a wrong mask moves the loss by under 1e-5. Value i of the flat tensor taken
+    from position i * 7919 mod n breaks the rank; at amplitude 1.0 the same mistakes move the loss by about 1%.
+    """
+    filled = pattern_state(state)
+    for key, value in filled.items():
+        if value.is_floating_point() and value.dim() >= 2:
+            count = value.numel()
+            assert math.gcd(_SCRAMBLE_STRIDE, count) == 1, key
+            order = torch.arange(count) * _SCRAMBLE_STRIDE % count
+            filled[key] = 5.0 * value.flatten()[order].reshape(value.shape)
     return filled
