@@ -19,6 +19,7 @@ kills. A training that ends, or fails, before its window is measured leaves a no
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -100,6 +101,9 @@ def _set_hooks(settings: ProbeSettings, torch: ModuleType) -> None:
     original_next, original_backward = iterator_class.__next__, torch.Tensor.backward
     signature = inspect.signature(original_init)
 
+    # functools.wraps: whoever inspects these sees the originals' signatures (Lightning's DataLoader re-creation
+    # reads DataLoader.__init__'s parameters to find the dataset argument).
+    @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it replaces DataLoader.__init__
         if settings.apply:
             bound = signature.bind(self, *args, **kwargs)
@@ -109,17 +113,20 @@ def _set_hooks(settings: ProbeSettings, torch: ModuleType) -> None:
         original_init(self, *args, **kwargs)
         session.on_loader_built(self)
 
+    @functools.wraps(original_iterator)
     def _get_iterator(self: Any) -> Any:
         iterator: Any = original_iterator(self)
         iterator._autotune_loader = self
         return iterator
 
+    @functools.wraps(original_next)
     def __next__(self: Any) -> Any:  # noqa: N807
         started = time.perf_counter()
         batch = original_next(self)
         session.on_batch(self, batch, time.perf_counter() - started)
         return batch
 
+    @functools.wraps(original_backward)
     def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
         session.on_loss(self)
         return original_backward(self, *args, **kwargs)
@@ -155,20 +162,10 @@ class Session:
 
     def __init__(self, settings: ProbeSettings, torch: ModuleType) -> None:
         self.settings, self.torch = settings, torch
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.result_path = rank_result_path(settings.result_path, self.rank)
         self.started_at = time.perf_counter()
-        cuda = settings.device_type == "cuda"
-        self.clock = StepClock(
-            timing=settings.timing,
-            rank=self.rank,
-            world_size=self.world_size,
-            plan_path=settings.result_path + PLAN_SUFFIX,
-            spent_before_s=self._since_launch,
-            synchronize=self._synchronize if cuda else None,
-            require_settled=cuda or self.world_size > 1,
-        )
+        self._clock: StepClock | None = None
+        self.rank, self.world_size = 0, 1
+        self.result_path = settings.result_path
         self.loaders: dict[int, LoaderSeen] = {}
         self.maths: dict[str, Any] | None = None
         self.loss_sum: Any = None
@@ -176,6 +173,32 @@ class Session:
         self.first_batch_at: float | None = None
         self.exception: tuple[str, str] | None = None
         self._maths_hook: Any = None
+
+    @property
+    def clock(self) -> StepClock:
+        """The clock, made at the first batch or step: by then a distributed training has its process group, whose
+        rank this process is (a launcher's environment says it otherwise: torchrun's RANK, Lightning's LOCAL_RANK)."""
+        if self._clock is None:
+            self.rank, self.world_size = self._place()
+            self.result_path = rank_result_path(self.settings.result_path, self.rank)
+            cuda = self.settings.device_type == "cuda"
+            self._clock = StepClock(
+                timing=self.settings.timing,
+                rank=self.rank,
+                world_size=self.world_size,
+                plan_path=self.settings.result_path + PLAN_SUFFIX,
+                spent_before_s=self._since_launch,
+                synchronize=self._synchronize if cuda else None,
+                require_settled=cuda or self.world_size > 1,
+            )
+        return self._clock
+
+    def _place(self) -> tuple[int, int]:
+        distributed = self.torch.distributed
+        if distributed.is_available() and distributed.is_initialized():
+            return int(distributed.get_rank()), int(distributed.get_world_size())
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        return int(rank), int(os.environ.get("WORLD_SIZE", "1"))
 
     def _since_launch(self) -> float:
         launched_at = os.environ.get(LAUNCHED_AT_ENV)
@@ -200,7 +223,7 @@ class Session:
                 seen.window_items.append(items)
 
     def on_loss(self, loss: Any) -> None:
-        if self.clock.phase != "done" and loss.numel() == 1 and loss.is_floating_point():
+        if (self._clock is None or self._clock.phase != "done") and loss.numel() == 1 and loss.is_floating_point():
             value = loss.detach().float().reshape(())
             self.loss_sum = value if self.loss_sum is None else self.loss_sum + value
 
@@ -305,9 +328,10 @@ class Session:
 
     def on_exit(self) -> None:
         """The training ended without the probe ending it: say where it was (or what it raised), for the parent."""
-        if self.clock.steps == 0 and self.exception is None:
+        if (self._clock is None or self._clock.steps == 0) and self.exception is None:
             return  # not a training process (torchrun's agent, a DataLoader worker) or no step at all: the parent says
-        note: dict[str, Any] = {"steps": self.clock.steps, "phase": self.clock.phase}
+        steps, phase = (self._clock.steps, self._clock.phase) if self._clock is not None else (0, "warmup")
+        note: dict[str, Any] = {"steps": steps, "phase": phase}
         if self.exception is not None:
             note["status"], note["reason"] = self.exception
         try:

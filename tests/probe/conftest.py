@@ -47,3 +47,10 @@ def spec_for(tmp_path: Path, timing: TimingSettings = FAST_TIMING, **config: obj
         device_type="cpu",
         result_path=str(tmp_path / "trial" / "result.json"),
     )
+
+
+@pytest.fixture
+def lightning_training(training: Path) -> Path:
+    """The project with the Lightning version of the example training beside the plain one."""
+    shutil.copy(EXAMPLE / "train_lightning.py", training / "train_lightning.py")
+    return training
