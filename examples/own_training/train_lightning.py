@@ -13,7 +13,6 @@ from pathlib import Path
 import lightning
 import torch
 import yaml
-
 from train import Crops, model_for
 
 
