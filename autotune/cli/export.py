@@ -17,7 +17,14 @@ __all__ = ["export"]
 @app.command()
 def export(
     result: Annotated[Path, typer.Argument(help="A result YAML written by 'autotune run'.")],
-    to: Annotated[str, typer.Option("--to", help="3d-speaker, wenet, speechbrain, espnet or lightning.")],
+    to: Annotated[
+        Optional[str],
+        typer.Option(
+            "--to",
+            help="3d-speaker, wenet, speechbrain, espnet or lightning; a result of 'autotune run --command' without "
+            "--to prints its command.",
+        ),
+    ] = None,
     world_size: Annotated[Optional[int], typer.Option(help="Devices to train on (default: as measured).")] = None,
 ) -> None:
     """Print the configuration as an override for a training framework, with its real keys and batch semantics.
@@ -25,10 +32,17 @@ def export(
     Example: autotune export results/cam++/cpu-x2-cec72d5a08.yaml --to 3d-speaker --world-size 4
     """
     from autotune.exports import export as make_export
+    from autotune.exports.own_training import OWN_TASK, command_text
     from autotune.result.tuned_config import load_config
 
     try:
-        text = make_export(load_config(result), to, world_size=world_size).render()
+        tuned = load_config(result)
+        if to is None and tuned.workload.get("task") == OWN_TASK:
+            text = command_text(tuned, result)
+        elif to is None:
+            raise UserError("give --to TARGET: 3d-speaker, wenet, speechbrain, espnet or lightning")
+        else:
+            text = make_export(tuned, to, world_size=world_size).render()
     except UserError as error:
         raise fail(str(error)) from None
     typer.echo(text)

@@ -42,6 +42,9 @@ winner as YAML.
 
   autotune run --model cam++ --storage journal:///shared/cam.log   [dim]# several processes on one host[/dim]
 
+  autotune run --command 'python train.py --config {config} --num-workers {num_workers}' \\
+      --config-file conf/train.yaml --set train.batch_size={per_device_batch_size}   [dim]# your own training[/dim]
+
 A rerun on the same data and hardware continues the study: it re-measures the previous winner and its best \
 neighbours first, searches with --warm-fraction of the trials and budget, and compares: a previous winner slower \
 than its recorded throughput by more than --drift-threshold is a regression (with what changed: torch, CUDA, \
@@ -58,8 +61,48 @@ completed trials stay in the study).
 @app.command(help=RUN_HELP)
 def run(
     model: Annotated[
-        str, typer.Option("--model", "-m", help="Workload name (see 'autotune models') or package.module:factory.")
-    ],
+        Optional[str],
+        typer.Option(
+            "--model",
+            "-m",
+            help="Workload name (see 'autotune models') or package.module:factory; with --command, the name of the "
+            "result (default: the training script's).",
+        ),
+    ] = None,
+    command: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Your own training command, with {knob} placeholders for the values to tune (result YAML names: "
+            "{per_device_batch_size}, {num_workers}, ...; {config}: the tuned copy of --config-file), e.g. "
+            "'python train.py --config {config} --num-workers {num_workers}' (docs/own-training.md).",
+        ),
+    ] = None,
+    config_file: Annotated[
+        Optional[Path],
+        typer.Option(help="--command: your training's config file (YAML or JSON); trials read a tuned copy of it."),
+    ] = None,
+    set_key: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set",
+            help="--command: KEY=VALUE in the copy of --config-file, dotted, e.g. "
+            "train.batch_size={per_device_batch_size}; repeatable. The key must be in the file.",
+        ),
+    ] = None,
+    apply: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="--command: a DataLoader knob autotune sets inside your training (num_workers, pin_memory, "
+            "prefetch_factor, persistent_workers); repeatable."
+        ),
+    ] = None,
+    baseline: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="--command: KNOB=VALUE, your training's value today (per_device_batch_size=32); repeatable. "
+            "Default: the --set keys' values in the file, else torch's defaults."
+        ),
+    ] = None,
     data: Annotated[
         Optional[str],
         typer.Option(
@@ -255,7 +298,9 @@ def run(
     try:
         request = run_request(**params)
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
-        if data is None:
+        if command is not None:
+            stderr_console.print("[dim]running your training once to see which values reach it...[/dim]")
+        if data is None and command is None:
             stderr_console.print(
                 "[dim]no --data: using the embedded synthetic corpus "
                 "(generated once into the cache, about 300 MB)[/dim]"

@@ -25,7 +25,7 @@ __all__ = ["run_request"]
 
 def run_request(
     *,
-    model: str,
+    model: str | None,
     data: str | None,
     trials: int,
     budget: str | None,
@@ -62,17 +62,36 @@ def run_request(
     parallel: int,
     nodes: int,
     force: bool = False,
+    command: str | None = None,
+    config_file: Path | None = None,
+    set_key: list[str] | None = None,
+    apply: list[str] | None = None,
+    baseline: list[str] | None = None,
 ) -> RunRequest:
     """The RunRequest `autotune run` makes of its options (what `autotune schedule` checks its run arguments with).
 
     Raises:
         UserError: a value that cannot be read (a duration, an option, an executor).
     """
+    from autotune.errors import UserError
+    from autotune.probe.command import TrainingCommand
     from autotune.run.plan import RunRequest
     from autotune.search.settings import TunerSettings
     from autotune.trial import TimingSettings
     from autotune.trial.amp_curves import AmpCheckSettings
 
+    if command is None and not model:
+        raise UserError("give --model NAME (see 'autotune models') or --command 'YOUR TRAINING COMMAND'")
+    if command is None and (config_file or set_key or apply or baseline):
+        raise UserError("--config-file, --set, --apply and --baseline go with --command (your own training)")
+    training = None
+    if command is not None:
+        training = TrainingCommand.checked(
+            command,
+            config_path=str(config_file) if config_file else None,
+            sets=set_key or [],
+            apply=apply or [],
+        )
     timing = TimingSettings(
         warmup_steps=warmup_steps,
         window_s=window,
@@ -91,7 +110,7 @@ def run_request(
         timing=timing,
     )
     return RunRequest(
-        model=model,
+        model=model or "",
         data=data,
         space=str(space) if space else None,
         storage=storage,
@@ -113,4 +132,6 @@ def run_request(
         slurm=parse_executor(executor, slurm_partition, slurm_option, slurm_pin_wait),
         nodes=nodes,
         force=force,
+        command=training,
+        baseline=tuple(baseline or ()),
     )

@@ -175,6 +175,7 @@ KNOBS: tuple[Knob, ...] = (
         maximum=4096,
         section="dataloader",
         word=lambda value: f"w={value}",
+        torch_default=0,
     ),
     Knob(
         name="prefetch_factor",
@@ -266,7 +267,15 @@ KNOBS: tuple[Knob, ...] = (
         required=False,
         word=_labelled("thr"),
     ),
-    Knob(name="cudnn_benchmark", type=bool, applies="process", space="searched", section="precision", word=_unshown),
+    Knob(
+        name="cudnn_benchmark",
+        type=bool,
+        applies="process",
+        space="searched",
+        section="precision",
+        word=_unshown,
+        torch_default=False,
+    ),
     Knob(
         name="world_size",
         type=int,

@@ -22,11 +22,13 @@ from autotune.knobs.config import TrialConfig
 from autotune.probe import config_file
 from autotune.probe.settings import APPLICABLE
 
-__all__ = ["CONFIG_PLACEHOLDER", "TrainingCommand", "fill_value"]
+__all__ = ["CONFIG_PLACEHOLDER", "OWN_TASK", "TrainingCommand", "fill_value"]
 
 CONFIG_PLACEHOLDER = "config"
+OWN_TASK = "own-training"  # a result's workload task when it measured the user's own command
 # The knobs a command may carry: those a training takes as an argument (not the run's shape nor autotune's own
-# machinery: world_size is the user's launcher's, preloading and feature placement are the built-in recipes').
+# machinery: world_size is the user's launcher's, preloading and feature placement are the built-in recipes'; the
+# accumulation is a fixed recipe setting in every space, read back by the probe, not searched).
 COMMAND_KNOBS = (
     "per_device_batch_size",
     "num_workers",
@@ -34,7 +36,6 @@ COMMAND_KNOBS = (
     "pin_memory",
     "persistent_workers",
     "precision",
-    "grad_accum_steps",
     "intra_op_threads",
     "cudnn_benchmark",
 )
@@ -183,6 +184,17 @@ class TrainingCommand:
             "apply": list(self.apply),
             "cwd": self.cwd,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainingCommand:
+        """A command as a result recorded it (not checked again: its config file may have moved since)."""
+        return cls(
+            template=str(data["template"]),
+            config_path=data.get("config_path"),
+            sets=tuple(_parse_set(text) for text in data.get("sets", ())),
+            apply=tuple(data.get("apply", ())),
+            cwd=str(data.get("cwd", ".")),
+        )
 
 
 def _parse_set(text: str) -> tuple[str, str]:

@@ -20,7 +20,7 @@ import yaml
 from autotune import yamlio
 from autotune.errors import UserError
 
-__all__ = ["check_key", "diff", "read", "safe_scalar", "set_key", "write_changed"]
+__all__ = ["check_key", "diff", "read", "safe_scalar", "set_key", "tuned_folder", "walk", "write_changed"]
 
 _KEY_LINE = re.compile(
     r"^(?P<indent>\s*)(?P<dash>-\s+)?(?P<key>[^\s#'\"{\[][^:#]*?|'[^']*'|\"[^\"]*\"):(?P<gap>\s+|$)"
@@ -42,7 +42,7 @@ def safe_scalar(text: str) -> Any:
     return value if isinstance(value, (str, int, float, bool)) or value is None else text
 
 
-def _walk(document: Any, key: str) -> tuple[Any, str | int]:
+def walk(document: Any, key: str) -> tuple[Any, str | int]:
     """The container holding a dotted key's last part, and that part (an index for a list)."""
     parts = key.split(".")
     node = document
@@ -64,7 +64,7 @@ def _walk(document: Any, key: str) -> tuple[Any, str | int]:
 def check_key(document: dict[str, Any], key: str, path: str) -> None:
     """A --set key must name a value already in the file: a typo must not add a key the training never reads."""
     try:
-        container, index = _walk(document, key)
+        container, index = walk(document, key)
     except KeyError as error:
         raise UserError(f"--set {key}: {error.args[0]} in {path}; give a key the file has") from None
     if isinstance(container[index], (dict, list)):
@@ -72,7 +72,7 @@ def check_key(document: dict[str, Any], key: str, path: str) -> None:
 
 
 def set_key(document: dict[str, Any], key: str, value: Any) -> None:
-    container, index = _walk(document, key)
+    container, index = walk(document, key)
     container[index] = value
 
 
@@ -129,3 +129,8 @@ def diff(source: str, changed: Path) -> str:
     before = Path(source).read_text(encoding="utf-8").splitlines(keepends=True)
     after = changed.read_text(encoding="utf-8").splitlines(keepends=True)
     return "".join(difflib.unified_diff(before, after, fromfile=source, tofile=str(changed)))
+
+
+def tuned_folder(result_path: Path) -> Path:
+    """Where a result's copy of the user's config file is written: beside the result, named after it."""
+    return result_path.resolve().parent / f"{result_path.stem}.config"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from autotune import space as space_module
 from autotune import workloads
 from autotune.machine.hardware import Hardware
+from autotune.probe.command import TrainingCommand
 from autotune.run import drift
 from autotune.search import warmstart
 from autotune.search.settings import TunerSettings
@@ -20,6 +21,7 @@ from autotune.trial.slurm import SlurmSettings
 
 if TYPE_CHECKING:
     from autotune.data.offline import Preparation
+    from autotune.run.own_training import ReachCheck
 
 __all__ = ["RunRequest", "RunPlan"]
 
@@ -28,7 +30,7 @@ __all__ = ["RunRequest", "RunPlan"]
 class RunRequest:
     """Everything the user asked for."""
 
-    model: str
+    model: str  # a workload's name; with --command, the result's name ("" : the training script's)
     data: str | None = None
     space: str | None = None
     storage: str | None = None
@@ -50,6 +52,10 @@ class RunRequest:
     slurm: SlurmSettings | None = None  # --executor slurm: each trial a SLURM job (trial/slurm.py); None: local
     nodes: int = 1  # --nodes: SLURM nodes per trial, `devices` ranks on each (trial/multinode.py)
     force: bool = False  # --force: the result may replace a file at --out that autotune did not write
+    # --command: the user's own training instead of a built-in workload (run/own_training.py); --baseline KNOB=VALUE
+    # items: its values today
+    command: TrainingCommand | None = None
+    baseline: tuple[str, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,3 +79,5 @@ class RunPlan:
     option_notes: tuple[str, ...] = ()  # what the workload says about its options (Workload.check_options)
     preparation: Preparation | None = None  # the workload's one-off data preparation, done by execute()
     started_s: float = field(default_factory=time.monotonic)  # when the run began checking its inputs (its budget)
+    reach: ReachCheck | None = None  # --command: which of its values reached the training (run/own_training.py)
+    written_beside: list[str] = field(default_factory=list)  # --command: the winner's command and config file

@@ -21,9 +21,10 @@ from autotune.data import DataSource
 from autotune.errors import MachineFailure, UserError
 from autotune.knobs.config import TrialConfig
 from autotune.machine.hardware import Hardware, probe
+from autotune.probe.launcher import CommandLauncher
 from autotune.result import history
 from autotune.result.tuned_config import TunedConfig
-from autotune.run import assessment, drift, preflight
+from autotune.run import assessment, drift, own_training, preflight
 from autotune.run import conclusion as run_result
 from autotune.run import preload_probe as preloading
 from autotune.run.output import check_replaceable, check_writable, make_folders, remove_empty, write_result
@@ -99,20 +100,31 @@ def prepare(request: RunRequest) -> RunPlan:
         check_parallel(request.slurm, request.settings.parallel)  # no more trials in flight than nodes
         check_nodes(request.slurm, request.nodes, request.settings.parallel)  # M nodes per trial, xN in flight
     settings = request.settings
-    workload = workloads.get(request.model)
+    if request.command is not None:
+        check_own_training(request)
+        # No AMP check (it trains autotune's model, not the user's) and no compute-only ceiling (it needs the model's
+        # batches in memory): the probe's own checks stand for them (the loss, the values in force).
+        request = dataclasses.replace(request, amp_check=None, compute_ceiling=False)
+        workload = own_training.command_workload(request.command, request.model or None)  # type: ignore[arg-type]
+    else:
+        workload = workloads.get(request.model)
     check_workload_options(workload, request.workload_options)
     hardware = probe(request.device)
     nodes = request.nodes
     world_size = resolve_world_size(request, hardware) * nodes  # --devices is per node: every node's ranks count
     space_file = Path(request.space) if request.space else space_module.space_path(workload.space_file or workload.name)
-    space = space_module.load(
-        space_file,
-        # `auto` threads are one rank's share of its node's cores: the space divides by all ranks, of every node
-        dataclasses.replace(hardware, cpu_cores=hardware.cpu_cores * nodes),
-        workload_knobs=tuple(workload.knobs),
-        world_size=world_size,
-        global_batch_size=request.global_batch,
-    )
+    if request.command is not None:
+        baseline = own_training.baseline_values(request.command, list(request.baseline))
+        space = own_training.command_space(request.command, baseline, hardware)
+    else:
+        space = space_module.load(
+            space_file,
+            # `auto` threads are one rank's share of its node's cores: the space divides by all ranks, of every node
+            dataclasses.replace(hardware, cpu_cores=hardware.cpu_cores * nodes),
+            workload_knobs=tuple(workload.knobs),
+            world_size=world_size,
+            global_batch_size=request.global_batch,
+        )
     check_complete(space, str(space_file))
     check_feature_device(space, workload.name, workload.feature_devices, str(space_file))
     check_checkpointing(space, workload.name, workload.checkpointing is not None, str(space_file))
@@ -138,6 +150,17 @@ def prepare(request: RunRequest) -> RunPlan:
         study_name += f"-nodes{nodes}"
     options = {**workload.options, **request.workload_options}
     option_notes = tuple(workload.check_options(options, data)) if workload.check_options else ()
+    reach = None
+    if request.command is not None:  # the user's training, run once after every other check, before anything is made
+        reach = own_training.reach_check(
+            request.command, space, workload.name, hardware.device_type, settings.trial_timeout_s
+        )
+        space = own_training.after_reach(space, reach, request.command)
+        for note in reach.notes():
+            logger.warning("%s", note)
+        if request.epoch_samples is None and request.epoch_hours is None and reach.dataset_size:
+            # the epoch of the prediction: the training's own dataset, as its DataLoader reports it
+            request = dataclasses.replace(request, epoch_samples=reach.dataset_size)
     created = make_folders([out_path.parent, *([Path(request.results_dir)] if request.storage is None else [])])
     default_db = Path(request.results_dir) / "studies.db" if request.storage is None else None
     fresh_db = default_db is not None and not default_db.exists()
@@ -179,7 +202,28 @@ def prepare(request: RunRequest) -> RunPlan:
         warm_start=warm,
         option_notes=option_notes,
         started_s=started_s,
+        reach=reach,
     )
+
+
+def check_own_training(request: RunRequest) -> None:
+    """What a run of the user's own command cannot take: its launcher, not autotune, starts its ranks; autotune's
+    own data, space and trial machinery are not its."""
+    refused = {
+        "--devices": request.devices is not None,
+        "--global-batch": request.global_batch is not None,
+        "--data": request.data is not None,
+        "--space": request.space is not None,
+        "--option": bool(request.workload_options),
+        "--executor slurm": request.slurm is not None,
+        "--nodes": request.nodes != 1,
+    }
+    for option, given in refused.items():
+        if given:
+            raise UserError(
+                f"{option} does not apply to --command: your command starts its own ranks and reads its own data "
+                "(put torchrun or your launcher's options in the command)"
+            )
 
 
 def resolve_world_size(request: RunRequest, hardware: Hardware) -> int:
@@ -271,10 +315,12 @@ def _tune(plan: RunPlan, reporter: Reporter | None) -> _Searched:
     settings = machine.settings
 
     make_spec = spec_maker(plan, settings, data_file)
+    launcher: Callable[..., TrialResult] | None = None  # trial.launch
+    if request.command is not None:  # the user's own training
+        launcher = CommandLauncher(command=request.command)
     study = _open_study(plan.storage_url, plan.study_name, plan.space, settings)
     machine = preflight.check_precisions(machine, plan, make_spec)  # the trials get what is left of the budget
     search_settings, amp = machine.settings, machine.amp
-    launcher = None  # trial.launch
     if request.slurm is not None:  # each job checks that its node is like this machine (the study's fingerprint)
         fingerprint, budget_s = plan.hardware.fingerprint(), search_settings.budget_s  # budget: the pin wait's default
         launcher = SlurmLauncher(settings=request.slurm, fingerprint=fingerprint, budget_s=budget_s)
@@ -288,10 +334,12 @@ def _tune(plan: RunPlan, reporter: Reporter | None) -> _Searched:
         world_size=plan.world_size,
         global_batch_size=request.global_batch,
         workload_knobs=tuple(plan.workload.knobs),
-        strict_baseline=workloads.is_plugin(request.model),
+        strict_baseline=workloads.is_plugin(request.model) or request.command is not None,
         warm_start=plan.warm_start.trials() if plan.warm_start else (),
         rejected_precisions=amp.rejected() if amp else None,
-        preload_probe=preloading.preload_probe(
+        preload_probe=None
+        if request.command is not None  # the training reads its own data: autotune cannot preload it
+        else preloading.preload_probe(
             model=request.model,
             data=plan.data.describe(),
             world_size=plan.world_size // plan.nodes,  # the ranks that share one node's RAM
@@ -332,6 +380,8 @@ def _conclude(plan: RunPlan, searched: _Searched) -> tuple[TunedConfig, drift.Dr
         busy = f"; {machine.load.describe()}: tune when it is quieter" if machine.load.busy else ""
         raise TuningFailed(f"no stable configuration among {len(outcome.records)} trials: {common}{busy}")
     tuned = preflight.record(machine, run_result.tuned_config(plan, outcome), outcome.records)
+    if plan.reach is not None:
+        tuned = dataclasses.replace(tuned, notes=[*tuned.notes, *plan.reach.notes()])
     assessed = assessment.assess(
         tuned.winner,
         tuned.config,
@@ -359,6 +409,8 @@ def _write(plan: RunPlan, outcome: TuningOutcome, tuned: TunedConfig, verdict: d
     accepted: TunedConfig | None = tuned
     if verdict.write:
         result_path = write_result(tuned, plan.out_path)
+        if plan.request.command is not None:
+            plan.written_beside = own_training.write_back(plan, tuned, result_path)
     else:
         result_path = plan.out_path
         again = drift.remeasured(outcome)

@@ -3,6 +3,7 @@ its own argparse, config file, DataLoader and loop. What the probe saw is checke
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 
 from autotune.probe.command import TrainingCommand
 from autotune.probe.launcher import CommandLauncher
-from tests.probe.conftest import spec_for
+from tests.probe.conftest import FAST_TIMING, spec_for
 
 pytestmark = pytest.mark.slow
 PYTHON = sys.executable
@@ -31,6 +32,12 @@ def _launcher(project: Path, template: str = TEMPLATE, **kwargs: object) -> Comm
         **kwargs,  # type: ignore[arg-type]
     )
     return CommandLauncher(command=command)
+
+
+def _loader_line(project: Path) -> int:
+    """The line of train.py that builds its DataLoader."""
+    lines = (project / "train.py").read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if "torch.utils.data.DataLoader(" in line)
 
 
 def _no_process_left(project: Path) -> bool:
@@ -63,7 +70,7 @@ def test_the_training_is_measured_its_values_in_force_and_ended_cleanly(tmp_path
     assert result.in_force["per_device_batch_size"]["by"] == "config"
     accounting = result.epoch_accounting
     assert accounting is not None and accounting["dataset_size"] == 96 and accounting["samples_per_epoch"] == 96
-    assert accounting["built_at"].endswith("train.py:67")
+    assert accounting["built_at"] == f"train.py:{_loader_line(training)}"
     assert (training / "train.yaml").read_text().count("batch_size: 16") == 1  # the user's file untouched
     assert _no_process_left(training)
     checkpoint = training / "model.pt"  # ended at a step boundary: any checkpoint the script saved is whole
@@ -78,7 +85,7 @@ def test_a_value_the_training_ignores_is_reported_not_in_force(tmp_path: Path, t
     verdict = result.in_force["num_workers"]  # type: ignore[index]
     assert verdict["in_force"] is False and verdict["ran"] == 0 and verdict["asked"] == 2
     assert verdict["note"].startswith("num_workers: your training ran with 0, not 2: the value does not reach its ")
-    assert "train.py:67 builds the DataLoader" in verdict["note"]
+    assert f"train.py:{_loader_line(training)} builds the DataLoader" in verdict["note"]
 
 
 def test_the_probe_applies_a_dataloader_knob_the_training_does_not_carry(tmp_path: Path, training: Path) -> None:
@@ -120,9 +127,11 @@ def test_a_program_that_does_not_exist_is_one_line(tmp_path: Path, training: Pat
 def test_a_training_too_short_for_its_window_says_so(tmp_path: Path, training: Path) -> None:
     text = (training / "train.yaml").read_text().replace("epochs: 50", "epochs: 1")
     (training / "train.yaml").write_text(text)
-    result = _launcher(training)(spec_for(tmp_path, num_workers=0), workdir=tmp_path / "trial", timeout_s=120)
+    timing = dataclasses.replace(FAST_TIMING, min_window_steps=50)  # more steps than one epoch (six) holds
+    spec = spec_for(tmp_path, timing, num_workers=0)
+    result = _launcher(training)(spec, workdir=tmp_path / "trial", timeout_s=120)
     assert result.status == "error"
-    assert "optimizer steps, before its window was measured" in result.reason
+    assert result.reason.startswith("the training ended after 6 optimizer steps, before its window was measured")
 
 
 def test_a_loss_that_is_not_finite_is_caught(tmp_path: Path, training: Path) -> None:
