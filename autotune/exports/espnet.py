@@ -133,6 +133,11 @@ def _unsupported_reason(context: ExportContext) -> str:
             "ESPnet's FastSpeech2 (egs2/ljspeech/tts1) trains on durations from a teacher model (tts.sh's "
             "--teacher_dumpdir), not on the recipe autotune measured (ming024's); no command is given"
         )
+    if context.tuned.workload.get("task") == "asr":
+        return (
+            "ESPnet's ASR recipes with a wav2vec2 front end (egs2/*/asr1 with an S3PRL upstream) train ESPnet's own "
+            "encoder-decoder configuration, not SpeechBrain's wav2vec2 + DNN + CTC recipe that was measured"
+        )
     return (
         "ESPnet's speaker recipes (egs2/voxceleb/spk1) train ECAPA-TDNN, RawNet3, SKA-TDNN, MFA-Conformer and "
         "x-vectors, not this model"

@@ -1,4 +1,5 @@
-"""SpeechBrain: the VoxCeleb ECAPA-TDNN recipe's command with the tuned values as command-line overrides.
+"""SpeechBrain: the VoxCeleb ECAPA-TDNN recipe's and the CommonVoice wav2vec2 CTC recipe's command with the tuned
+values as command-line overrides.
 
 SpeechBrain (speechbrain/speechbrain 9c826ef; PyPI 1.1.2) parses run options (--precision,
 --grad_accumulation_factor, --device) with its own parser (speechbrain/utils/run_opts.py) and turns every other
@@ -13,6 +14,7 @@ disabled, torch's own defaults apply (matmuls IEEE, cuDNN convolutions TF32): ex
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.exports.base import (
@@ -36,19 +38,69 @@ from autotune.exports.knob_notes import (
 )
 from autotune.knobs.precision import TORCH_DEFAULT_FP32
 
-# recipes/VoxCeleb/SpeakerRec: the script and hparams file, run from that folder.
-RECIPE_SCRIPT = "train_speaker_embeddings.py"
-RECIPE_HPARAMS = "hparams/train_ecapa_tdnn.yaml"
-_ECAPA = {"ecapa-tdnn": None, "ecapa-tdnn-512": 512}
 _QUIRK_OFF = "SB_DISABLE_QUIRKS=allow_tf32"
-# hparams/train_ecapa_tdnn.yaml's opt_class (9c826ef): `!name:torch.optim.Adam` with these arguments. An override
-# replaces it whole, so the tuned implementation's flag is passed with the recipe's arguments.
-_RECIPE_OPTIMIZER = "!name:torch.optim.Adam {lr: !ref <lr>, weight_decay: 0.000002"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Recipe:
+    """One SpeechBrain recipe: where it runs, its data, what its loader keeps, and its optimizers as hparams keys.
+
+    ``optimizers`` are (hparams key, the yaml's `!name:` value up to its closing brace, the optimizer_impl values the
+    class takes): an override replaces the key whole, so the tuned flag is passed with the recipe's arguments.
+    """
+
+    folder: str
+    script: str
+    hparams: str
+    data_folder: str
+    data: str
+    drop_last: bool
+    order: str
+    validation: str
+    modules: str
+    optimizers: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+_BOTH_KERNELS = ("foreach", "fused")
+# recipes/VoxCeleb/SpeakerRec (9c826ef): opt_class `!name:torch.optim.Adam` with lr and weight_decay 2e-6.
+_ECAPA_RECIPE = _Recipe(
+    folder="recipes/VoxCeleb/SpeakerRec",
+    script="train_speaker_embeddings.py",
+    hparams="hparams/train_ecapa_tdnn.yaml",
+    data_folder="/path/to/VoxCeleb",
+    data="your VoxCeleb folder",
+    drop_last=True,
+    order="its shuffle stays",
+    validation="The recipe passes the same options to its validation loader",
+    modules="compute_features, mean_var_norm, embedding_model, classifier",
+    optimizers=(("opt_class", "!name:torch.optim.Adam {lr: !ref <lr>, weight_decay: 0.000002", _BOTH_KERNELS),),
+)
+# recipes/CommonVoice/ASR/CTC (v1.0.0 a8b67d9; the same keys at 9c826ef): Adam for wav2vec2, Adadelta for the head
+# (torch has no fused Adadelta: the workload steps it with foreach where that is tuned, torch's default otherwise).
+# The script turns the loader's shuffle off for sorting: ascending; its loader keeps the last short batch.
+_WAV2VEC2_RECIPE = _Recipe(
+    folder="recipes/CommonVoice/ASR/CTC",
+    script="train_with_wav2vec.py",
+    hparams="hparams/train_fr_with_wav2vec.yaml",
+    data_folder="/path/to/cv-corpus/fr",
+    data="your CommonVoice language folder",
+    drop_last=False,
+    order="the script still turns shuffle off for sorting ascending or descending",
+    validation="Its validation and test loaders keep test_dataloader_options",
+    modules="wav2vec2, enc, ctc_lin",
+    optimizers=(
+        ("wav2vec_opt_class", "!name:torch.optim.Adam {lr: !ref <lr_wav2vec>", _BOTH_KERNELS),
+        ("model_opt_class", "!name:torch.optim.Adadelta {lr: !ref <lr>, rho: 0.95, eps: 1.e-8", ("foreach",)),
+    ),
+)
+_RECIPES = {"ecapa-tdnn": _ECAPA_RECIPE, "ecapa-tdnn-512": _ECAPA_RECIPE, "wav2vec2-ctc": _WAV2VEC2_RECIPE}
+_ECAPA_CHANNELS = {"ecapa-tdnn-512": 512}
 
 
 @register("speechbrain")
 def export_speechbrain(context: ExportContext) -> Export:
-    if context.model_name not in _ECAPA:
+    recipe = _RECIPES.get(context.model_name)
+    if recipe is None:
         return unsupported("speechbrain", context, _unsupported_reason(context))
     config = context.config
     options: dict[str, Any] = {
@@ -56,16 +108,16 @@ def export_speechbrain(context: ExportContext) -> Export:
         "num_workers": config.num_workers,
         "pin_memory": config.pin_memory,
         **context.loader_extras(),
-        "drop_last": True,
     }
+    if recipe.drop_last:
+        options["drop_last"] = True
     words = [
-        f"{RECIPE_SCRIPT} {RECIPE_HPARAMS} --data_folder /path/to/VoxCeleb",
+        f"{recipe.script} {recipe.hparams} --data_folder {recipe.data_folder}",
         f"--dataloader_options {shlex.quote(_flow_mapping(options))}",
     ]
-    flag = context.optimizer_flag()
-    if flag:
-        (key,) = flag
-        words.append(f"--opt_class {shlex.quote(f'{_RECIPE_OPTIMIZER}, {key}: true}}')}")
+    words += _optimizer_words(recipe, config.optimizer_impl)
+    if context.model_name == "wav2vec2-ctc":
+        words += _wav2vec2_option_words(context)
     precision = _precision_flag(context)
     if precision is not None:
         words.append(f"--precision {precision}")
@@ -78,8 +130,32 @@ def export_speechbrain(context: ExportContext) -> Export:
     if context.nodes > 1:  # SpeechBrain reads torchrun's RANK/LOCAL_RANK/WORLD_SIZE, on every node alike
         launcher = context.multinode_torchrun()
     command = context.env_prefix() + _tf32_env(context) + f"{launcher} " + " \\\n    ".join(words)
-    notes = _notes(context) + tuple(filter(None, [context.multinode_note()]))
+    notes = _notes(context, recipe) + tuple(filter(None, [context.multinode_note()]))
     return Export(target="speechbrain", command=command, notes=notes)
+
+
+def _optimizer_words(recipe: _Recipe, implementation: str) -> list[str]:
+    """The recipe's optimizer keys that take the tuned implementation's flag, each with the recipe's arguments."""
+    words = []
+    for key, opening, takes_flag in recipe.optimizers:
+        if implementation in takes_flag:
+            words.append(f"--{key} {shlex.quote(f'{opening}, {implementation}: true}}')}")
+    return words
+
+
+# The wav2vec2-ctc workload's options that are the recipe's hparams keys, with the recipe's values.
+_WAV2VEC2_HPARAMS = {"sorting": ("sorting", "ascending"), "max_duration_s": ("avoid_if_longer_than", 10.0)}
+_WAV2VEC2_HPARAMS |= {"lr": ("lr", 1.0), "lr_wav2vec": ("lr_wav2vec", 0.0001)}
+
+
+def _wav2vec2_option_words(context: ExportContext) -> list[str]:
+    """The measured workload options that differ from the recipe's, as overrides of its hparams keys."""
+    options = context.tuned.workload.get("options") or {}
+    return [
+        f"--{key} {options[name]}"
+        for name, (key, recipe) in _WAV2VEC2_HPARAMS.items()
+        if options.get(name, recipe) != recipe
+    ]
 
 
 def _unsupported_reason(context: ExportContext) -> str:
@@ -119,24 +195,47 @@ def _tf32_env(context: ExportContext) -> str:
     return _QUIRK_OFF + " " + (TF32_OFF_ENV + " " if context.precision == "fp32" else "")
 
 
-def _notes(context: ExportContext) -> tuple[str, ...]:
+def _notes(context: ExportContext, recipe: _Recipe) -> tuple[str, ...]:
     config = context.config
     notes = [
-        "Run from SpeechBrain's recipes/VoxCeleb/SpeakerRec with --data_folder set to your VoxCeleb folder (the "
-        "recipe's !PLACEHOLDER)",
-        f"--dataloader_options is merged into the recipe's dataloader_options (its shuffle stays); batch_size "
+        f"Run from SpeechBrain's {recipe.folder} with --data_folder set to {recipe.data} (the recipe's !PLACEHOLDER)",
+        f"--dataloader_options is merged into the recipe's dataloader_options ({recipe.order}); batch_size "
         f"{config.per_device_batch_size} is per process (each DDP process loads its own batches): global batch "
         f"{context.global_batch_size} with {context.world_size} process(es) and grad_accumulation_factor "
-        f"{config.grad_accum_steps}. The recipe passes the same options to its validation loader",
+        f"{config.grad_accum_steps}. {recipe.validation}",
     ]
-    if _ECAPA[context.model_name]:
+    if context.model_name in _ECAPA_CHANNELS:
         notes.append(
-            f"ECAPA-TDNN with C={_ECAPA[context.model_name]}: set embedding_model's channels to [512, 512, 512, 512, "
-            "1536] in hparams/train_ecapa_tdnn.yaml (the recipe trains C=1024)"
+            f"ECAPA-TDNN with C={_ECAPA_CHANNELS[context.model_name]}: set embedding_model's channels to [512, 512, "
+            "512, 512, 1536] in hparams/train_ecapa_tdnn.yaml (the recipe trains C=1024)"
         )
+    if context.model_name == "wav2vec2-ctc":
+        notes += _wav2vec2_notes(context)
     if context.max_frames_in_batch is not None:
         notes.append("max_frames_in_batch does not apply to this recipe's fixed-length crops: not exported")
     return tuple(notes)
+
+
+def _wav2vec2_notes(context: ExportContext) -> list[str]:
+    options = context.tuned.workload.get("options") or {}
+    notes = []
+    if options.get("size") == "reduced":
+        notes.append(
+            "The result measured the reduced wav2vec2 (option size=reduced); the command trains the recipe's "
+            "LeBenchmark wav2vec2-FR-7K-large, whose speed with these values was not measured: rerun autotune with "
+            "the full size on the training machine before relying on its batch size"
+        )
+    if options.get("wav_augment") is False:
+        notes.append(
+            "Measured without wav_augment (option wav_augment=false): remove wav_augment from the recipe's yaml to "
+            "train as measured (compute_forward augments whenever the key exists)"
+        )
+    if context.config.optimizer_impl == "fused":
+        notes.append(
+            "fused reaches wav2vec_opt_class (Adam) only: torch has no fused Adadelta, so model_opt_class keeps the "
+            "recipe's, as was measured"
+        )
+    return notes
 
 
 def _precision_notes(context: ExportContext) -> list[str]:
@@ -181,10 +280,10 @@ def _compile_notes(context: ExportContext) -> list[str]:
     kwargs = context.compile_kwargs()
     if kwargs is None:
         return []
+    modules = _RECIPES.get(context.model_name, _ECAPA_RECIPE).modules
     notes = [
-        "--compile compiles every module in the recipe's `modules` (compute_features, mean_var_norm, "
-        "embedding_model, classifier) with torch.compile; the trials compiled the network and its loss head, and "
-        "computed features in the loader workers"
+        f"--compile compiles every module in the recipe's `modules` ({modules}) with torch.compile; the trials "
+        "compiled the network and its loss head"
     ]
     if not kwargs.get("dynamic"):
         notes.append(
@@ -207,8 +306,11 @@ KNOB_TABLE = knob_table(
         "in_order": takes(_LOADER_OPTIONS.how, notes=unordered_note("SpeechBrain", carried=True)),
         "precision": takes("--precision, SB_DISABLE_QUIRKS and the TF32 environment", notes=_precision_notes),
         "optimizer_impl": takes(
-            "--opt_class (the recipe's Adam with the flag)",
-            notes=optimizer_note("--opt_class, the recipe's !name:torch.optim.Adam plus the flag"),
+            "--opt_class, or --wav2vec_opt_class and --model_opt_class (the recipe's optimizers with the flag)",
+            notes=optimizer_note(
+                "the recipe's optimizer keys (--opt_class; for wav2vec2 CTC --wav2vec_opt_class and "
+                "--model_opt_class), each the recipe's !name:torch.optim class and arguments plus the flag"
+            ),
         ),
         "activation_checkpointing": cannot(
             checkpointing_note(

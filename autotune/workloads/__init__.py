@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from autotune.workloads import asr as _asr  # noqa: F401  (registers the built-ins)
+from autotune.workloads import naturalspeech2 as _naturalspeech2  # noqa: F401
 from autotune.workloads import speaker as _speaker  # noqa: F401
 from autotune.workloads import tts as _tts  # noqa: F401
+from autotune.workloads import wav2vec2 as _wav2vec2  # noqa: F401
 from autotune.workloads.base import TrainingSetup, Workload, WorkloadContext, move_to_device
 from autotune.workloads.registry import WORKLOADS, get, is_plugin, names, register
 

@@ -17,7 +17,7 @@ from autotune.knobs.config import TrialConfig
 from autotune.result.tuned_config import TunedConfig
 
 RECIPES = Path(__file__).parent / "recipes"
-NAMES = ("3d-speaker", "wenet", "speechbrain", "espnet", "lightning")
+NAMES = ("3d-speaker", "wenet", "speechbrain", "espnet", "lightning", "amphion")
 PRECISIONS = ("fp32", "fp32-default", "tf32", "bf16", "fp16")
 # A workload each target has a recipe for (Lightning takes any).
 MODEL_FOR = {
@@ -26,6 +26,7 @@ MODEL_FOR = {
     "speechbrain": ("ecapa-tdnn", "speaker-verification"),
     "espnet": ("ecapa-tdnn", "speaker-verification"),
     "lightning": ("cam++", "speaker-verification"),
+    "amphion": ("naturalspeech2", "tts"),
 }
 TASKS = {
     "cam++": "speaker-verification",
@@ -35,6 +36,8 @@ TASKS = {
     "ecapa-tdnn-512": "speaker-verification",
     "conformer": "asr",
     "fastspeech2": "tts",
+    "wav2vec2-ctc": "asr",
+    "naturalspeech2": "tts",
 }
 
 
@@ -114,7 +117,9 @@ def bash_words(command: str | None, cwd: Path | None = None) -> tuple[dict[str, 
         if not run_sh.exists():
             run_sh.write_text(f'#!/usr/bin/env bash\nset -- "$0" "$@"; {_CAPTURE}\n')
             run_sh.chmod(0o755)
-        stubs = "".join(f'{name}() {{ set -- {name} "$@"; {_CAPTURE}; }}; ' for name in ("torchrun", "python"))
+        stubs = "".join(
+            f'{name}() {{ set -- {name} "$@"; {_CAPTURE}; }}; ' for name in ("torchrun", "python", "accelerate")
+        )
         env_out, argv_out = Path(scratch) / "env", Path(scratch) / "argv"
         clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ENV_OUT": str(env_out), "ARGV_OUT": str(argv_out)}
         subprocess.run(["bash", "-c", stubs + "\n" + command + "\n"], cwd=workdir, env=clean, check=True)

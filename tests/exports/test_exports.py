@@ -43,7 +43,7 @@ def test_contract(target: str, precision: str, workers: int, world_size: int, dy
         ast.parse(result.python_text)
     if result.command is not None:
         environment, argv = bash_words(result.command)  # valid bash, every word where bash puts it
-        assert argv[0] in ("torchrun", "python", "./run.sh")
+        assert argv[0] in ("torchrun", "python", "./run.sh", "accelerate")
         assert (TF32_OFF_ENV.split("=")[0] in environment) == (precision == "fp32" and device == "cuda")
     assert result.notes and all(note.strip() and "\n" not in note for note in result.notes)
     assert any(note.startswith(f"Measured: {precision}") for note in result.notes)
@@ -60,9 +60,10 @@ def test_contract(target: str, precision: str, workers: int, world_size: int, dy
 SUPPORTED = {
     "3d-speaker": {"cam++", "eres2net", "eres2net-large", "ecapa-tdnn", "ecapa-tdnn-512"},
     "wenet": {"conformer"},
-    "speechbrain": {"ecapa-tdnn", "ecapa-tdnn-512"},
+    "speechbrain": {"ecapa-tdnn", "ecapa-tdnn-512", "wav2vec2-ctc"},
     "espnet": {"ecapa-tdnn", "ecapa-tdnn-512", "conformer"},
     "lightning": set(TASKS),
+    "amphion": {"naturalspeech2"},
 }
 
 

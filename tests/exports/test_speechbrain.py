@@ -4,6 +4,7 @@ hyperpyyaml, and trained a few steps by a Brain on generated audio."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from autotune.exports import export
+from autotune.result.tuned_config import TunedConfig
 from tests.exports.common import RECIPES, TUNED, bash_words, cpu_result, loader_settings, make_tuned, notes_text
 
 RECIPE = RECIPES / "speechbrain_train_ecapa_tdnn.yaml"  # speechbrain/speechbrain 9c826ef, recorded
@@ -280,3 +282,100 @@ def test_dynamic_batch_sampler_sizes_buckets_by_one_budget_only() -> None:
     batches = list(sampler)
     assert all(len({bucket_of(frames[i], plan.boundaries) for i in batch}) == 1 for batch in batches)
     assert sorted(i for batch in batches for i in batch) == list(range(200))
+
+
+# --- the CommonVoice wav2vec2 CTC recipe ---------------------------------------------------------------------------
+
+WAV2VEC2_RECIPE = RECIPES / "speechbrain_train_fr_with_wav2vec.yaml"  # speechbrain/speechbrain 9c826ef, recorded
+# A stand-in for the recipe's wav2vec2 (LeBenchmark/wav2vec2-FR-7K-large, fetched from the hub when built), written
+# into the test's copy of the recipe (hyperpyyaml builds the recipe's own entry even when an override replaces it).
+_STAND_IN = "wav2vec2: !new:torch.nn.Linear\n    in_features: 4\n    out_features: 4\n\n"
+
+
+def _wav2vec2_hparams(argv: list[str], tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(hparams, run_opts) as the recipe script makes them: SpeechBrain's parser, then hyperpyyaml on the recipe."""
+    import speechbrain as sb
+    from hyperpyyaml import load_hyperpyyaml
+
+    assert argv[:3] == ["python", "train_with_wav2vec.py", "hparams/train_fr_with_wav2vec.yaml"]
+    (tmp_path / "hparams").mkdir(exist_ok=True)
+    recipe, replaced = re.subn(r"(?ms)^wav2vec2: !new:.*?\n\n", _STAND_IN, WAV2VEC2_RECIPE.read_text())
+    assert replaced == 1
+    (tmp_path / "hparams" / "train_fr_with_wav2vec.yaml").write_text(recipe)
+    hparams_file, run_opts, overrides = sb.parse_arguments(argv[2:])
+    with open(tmp_path / hparams_file) as stream:
+        return load_hyperpyyaml(stream, overrides), run_opts
+
+
+@pytest.mark.parametrize(
+    ("precision", "environment"),
+    [
+        ("fp32", {"SB_DISABLE_QUIRKS": "allow_tf32", "NVIDIA_TF32_OVERRIDE": "0"}),
+        ("fp32-default", {"SB_DISABLE_QUIRKS": "allow_tf32"}),  # SpeechBrain 1.0.0-1.0.1's fp32 (speechbrain#2531)
+        ("tf32", {}),
+        ("bf16", {}),
+    ],
+)
+def test_wav2vec2_ctc_precision_and_tf32_quirk(precision: str, environment: dict[str, str]) -> None:
+    assigned, argv = bash_words(_export(model="wav2vec2-ctc", precision=precision).command)
+    assert assigned == environment
+    assert ("--precision" in argv) == (precision == "bf16")
+
+
+@pytest.mark.slow
+def test_wav2vec2_ctc_command_is_read_by_speechbrain_into_the_recipe(tmp_path: Path, monkeypatch) -> None:
+    """The recipe's yaml with the command's overrides, as SpeechBrain and hyperpyyaml read them: the loader options
+    merged (no drop_last: the recipe keeps its last batch; the script turns shuffle off itself for sorting:
+    ascending), the run options, and both optimizers with the tuned flag where the class takes it."""
+    monkeypatch.chdir(tmp_path)  # the recipe's checkpointer and logger write under results/
+    tuned = make_tuned(
+        model="wav2vec2-ctc", precision="bf16", workers=6, accum=2, optimizer_impl="foreach", per_device_batch_size=12
+    )
+    _, argv = bash_words(export(tuned, "speechbrain").command, cwd=tmp_path)
+    hparams, run_opts = _wav2vec2_hparams(argv, tmp_path)
+    assert hparams["dataloader_options"] == {
+        "batch_size": 12,
+        "num_workers": 6,
+        "pin_memory": True,
+        "prefetch_factor": 4,
+        "persistent_workers": True,
+    }
+    assert hparams["test_dataloader_options"] == {"batch_size": 4, "num_workers": 6}  # untouched
+    assert run_opts["precision"] == "bf16" and run_opts["grad_accumulation_factor"] == 2
+    assert hparams["sorting"] == "ascending" and hparams["batch_size"] == 12  # the recipe's own keys, unchanged
+    adam, adadelta = hparams["wav2vec_opt_class"], hparams["model_opt_class"]
+    assert adam.func is torch.optim.Adam and adam.keywords == {"lr": 0.0001, "foreach": True}
+    assert adadelta.func is torch.optim.Adadelta
+    assert adadelta.keywords == {"lr": 1.0, "rho": 0.95, "eps": 1e-8, "foreach": True}
+    adadelta(torch.nn.Linear(2, 2).parameters())  # the partial builds
+
+
+@pytest.mark.slow
+def test_wav2vec2_ctc_fused_reaches_adam_only(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = _export(model="wav2vec2-ctc", optimizer_impl="fused", device_type="cpu")
+    _, argv = bash_words(result.command, cwd=tmp_path)
+    hparams, run_opts = _wav2vec2_hparams(argv, tmp_path)
+    assert hparams["wav2vec_opt_class"].keywords == {"lr": 0.0001, "fused": True}
+    assert hparams["model_opt_class"].keywords == {"lr": 1.0, "rho": 0.95, "eps": 1e-8}  # no fused Adadelta
+    assert run_opts["device"] == "cpu" and "fused reaches wav2vec_opt_class (Adam) only" in notes_text(result)
+
+
+def test_wav2vec2_ctc_notes_name_the_recipe_and_a_reduced_measurement() -> None:
+    tuned = make_tuned(model="wav2vec2-ctc")
+    notes = notes_text(export(tuned, "speechbrain"))
+    assert "recipes/CommonVoice/ASR/CTC" in notes and "test_dataloader_options" in notes and "reduced" not in notes
+    reduced = TunedConfig.from_dict(
+        tuned.to_dict() | {"workload": {"name": "wav2vec2-ctc", "task": "asr", "options": {"size": "reduced"}}}
+    )
+    assert "measured the reduced wav2vec2" in notes_text(export(reduced, "speechbrain"))
+    assert "--sorting" not in bash_words(export(reduced, "speechbrain").command)[1]  # the recipe's own: not repeated
+    changed = {"size": "full", "sorting": "descending", "max_duration_s": 12.0, "wav_augment": False}
+    other = TunedConfig.from_dict(
+        tuned.to_dict() | {"workload": {"name": "wav2vec2-ctc", "task": "asr", "options": changed}}
+    )
+    _, argv = bash_words(export(other, "speechbrain").command)
+    assert (
+        argv[argv.index("--sorting") + 1] == "descending" and argv[argv.index("--avoid_if_longer_than") + 1] == "12.0"
+    )
+    assert "--lr" not in argv and "remove wav_augment" in notes_text(export(other, "speechbrain"))
