@@ -34,16 +34,16 @@ import torch.nn.functional as F
 import torchaudio
 from torch import nn
 
+from autotune.models.gpt_sovits_s2_discriminator import MultiPeriodDiscriminator
 from autotune.models.gpt_sovits_s2_modules import (
     MRTE,
     AttentionEncoder,
-    FrozenResidualQuantizer,
     HifiGanGenerator,
     MelStyleEncoder,
-    MultiPeriodDiscriminator,
     PosteriorEncoder,
     ResidualCouplingBlock,
 )
+from autotune.models.gpt_sovits_s2_quantizer import FrozenResidualQuantizer
 
 __all__ = [
     "S2_REDUCED",

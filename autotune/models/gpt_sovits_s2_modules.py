@@ -1,6 +1,6 @@
-"""GPT-SoVITS s2's building blocks: weight-normed convolutions, the relative-position transformer encoder, MRTE,
-the mel style encoder, the WaveNet stack, the coupling flow, the HiFi-GAN generator, the frozen k-means codebook and
-the multi-period/scale discriminator.
+"""GPT-SoVITS s2's generator building blocks: weight-normed convolutions, the relative-position transformer encoder,
+MRTE, the mel style encoder, the WaveNet stack, the coupling flow and the HiFi-GAN generator (the frozen k-means
+codebook: gpt_sovits_s2_quantizer; the multi-period/scale discriminator: gpt_sovits_s2_discriminator).
 
 Follows RVC-Boss/GPT-SoVITS at commit 48b1a0169a28582a8984402f82cf438d3bfa6aca: ``GPT_SoVITS/module/models.py``,
 ``modules.py``, ``attentions.py``, ``mrte_model.py``, ``quantize.py`` and ``core_vq.py``. Attribute names are the
@@ -19,16 +19,17 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "LRELU_SLOPE",
     "AttentionEncoder",
-    "FrozenResidualQuantizer",
     "HifiGanGenerator",
     "MRTE",
     "MelStyleEncoder",
-    "MultiPeriodDiscriminator",
     "PosteriorEncoder",
     "ResidualCouplingBlock",
+    "WNConv1d",
+    "WNConv2d",
     "WaveNet",
-    "kmeans",
+    "same_padding",
 ]
 
 LRELU_SLOPE = 0.1
@@ -412,7 +413,7 @@ class ResidualCouplingBlock(nn.Module):
         return x
 
 
-def _padding(kernel: int, dilation: int = 1) -> int:
+def same_padding(kernel: int, dilation: int = 1) -> int:
     return (kernel * dilation - dilation) // 2
 
 
@@ -422,9 +423,11 @@ class _ResBlock1(nn.Module):
     def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...]) -> None:
         super().__init__()
         self.convs1 = nn.ModuleList(
-            WNConv1d(channels, channels, kernel, dilation=d, padding=_padding(kernel, d)) for d in dilations
+            WNConv1d(channels, channels, kernel, dilation=d, padding=same_padding(kernel, d)) for d in dilations
         )
-        self.convs2 = nn.ModuleList(WNConv1d(channels, channels, kernel, padding=_padding(kernel)) for _ in dilations)
+        self.convs2 = nn.ModuleList(
+            WNConv1d(channels, channels, kernel, padding=same_padding(kernel)) for _ in dilations
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for conv1, conv2 in zip(self.convs1, self.convs2, strict=True):
@@ -469,176 +472,3 @@ class HifiGanGenerator(nn.Module):
             blocks = self.resblocks[i * self.kernels : (i + 1) * self.kernels]
             x = sum((block(x) for block in blocks[1:]), blocks[0](x)) / self.kernels
         return torch.tanh(self.conv_post(F.leaky_relu(x)))
-
-
-def kmeans(samples: torch.Tensor, clusters: int, iterations: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """core_vq's k-means: initial means drawn from ``samples`` with torch's RNG, Lloyd iterations on cdist; a
-    cluster left empty keeps its mean. Returns the means and the last assignment's counts.
-
-    Draws as the reference does: ``randperm`` of the rows if there are more than 10,000 (keeping 10,000), then
-    ``randperm`` (enough rows) or ``randint`` (fewer rows than clusters) for the initial means.
-    """
-    if samples.shape[0] > 10_000:
-        samples = samples[torch.randperm(samples.shape[0], device=samples.device)[:10_000]]
-    rows = samples.shape[0]
-    if rows >= clusters:
-        means = samples[torch.randperm(rows, device=samples.device)[:clusters]]
-    else:
-        means = samples[torch.randint(0, rows, (clusters,), device=samples.device)]
-    counts = torch.zeros(clusters, dtype=torch.long, device=samples.device)
-    for _ in range(iterations):
-        assignment = torch.cat([torch.cdist(chunk, means).argmin(dim=1) for chunk in samples.split(64)])
-        counts = torch.bincount(assignment, minlength=clusters)
-        sums = torch.zeros_like(means).index_add_(0, assignment, samples)
-        empty = counts == 0
-        means = torch.where(empty[:, None], means, sums / counts.clamp(min=1)[:, None].to(samples.dtype))
-    return means, counts
-
-
-class _Codebook(nn.Module):
-    """EuclideanCodebook's buffers: ``inited``, ``cluster_size``, ``embed`` and ``embed_avg``."""
-
-    inited: torch.Tensor
-    cluster_size: torch.Tensor
-    embed: torch.Tensor
-    embed_avg: torch.Tensor
-
-    def __init__(self, dim: int, size: int) -> None:
-        super().__init__()
-        self.register_buffer("inited", torch.zeros(1))
-        self.register_buffer("cluster_size", torch.zeros(size))
-        self.register_buffer("embed", torch.zeros(size, dim))
-        self.register_buffer("embed_avg", torch.zeros(size, dim))
-
-
-class _VectorQuantization(nn.Module):
-    _codebook: _Codebook
-
-    def __init__(self, dim: int, size: int) -> None:
-        super().__init__()
-        self.project_in = nn.Identity()
-        self.project_out = nn.Identity()
-        self._codebook = _Codebook(dim, size)
-
-
-class _ResidualVectorQuantization(nn.Module):
-    def __init__(self, dim: int, size: int, layers: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(_VectorQuantization(dim, size) for _ in range(layers))
-
-
-class FrozenResidualQuantizer(nn.Module):
-    """The RVQ (one codebook) as s2 training runs it with ``freeze_quantizer``: always in eval mode, so no EMA
-    update, no straight-through gradient and a commitment loss of 0. An uninitialised codebook (``inited`` 0, as a
-    fresh model has) is set by `kmeans` on the first batch: a one-off cost that draws from torch's RNG."""
-
-    def __init__(self, dim: int, size: int, kmeans_iters: int) -> None:
-        super().__init__()
-        self.kmeans_iters = kmeans_iters
-        self.vq = _ResidualVectorQuantization(dim, size, 1)
-
-    @property
-    def codebook(self) -> _Codebook:
-        """The one codebook's buffers (``vq.layers.0._codebook``)."""
-        layer = self.vq.layers[0]
-        assert isinstance(layer, _VectorQuantization)
-        return layer._codebook
-
-    @torch.no_grad()
-    def initialise(self, rows: torch.Tensor) -> None:
-        """Run the k-means initialisation on (N, dim) rows unless the codebook is already set."""
-        codebook = self.codebook
-        if bool(codebook.inited):
-            return
-        means, counts = kmeans(rows.detach(), codebook.embed.shape[0], self.kmeans_iters)
-        codebook.embed.copy_(means)
-        codebook.embed_avg.copy_(means)
-        codebook.cluster_size.copy_(counts)
-        codebook.inited.fill_(1.0)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, dim, T) features -> their nearest codes (B, dim, T), the code ids (1, B, T), the commitment loss."""
-        rows = x.transpose(1, 2).reshape(-1, x.shape[1])
-        self.initialise(rows)
-        embed = self.codebook.embed
-        distance = -(rows.pow(2).sum(1, keepdim=True) - 2 * rows @ embed.t() + embed.pow(2).sum(1)[None])
-        ids = distance.max(dim=-1).indices
-        quantized = F.embedding(ids, embed).view(x.shape[0], x.shape[2], -1).transpose(1, 2)
-        return quantized, ids.view(1, x.shape[0], x.shape[2]), x.new_zeros(())
-
-
-class _PeriodDiscriminator(nn.Module):
-    """DiscriminatorP: the waveform folded into (T / period, period) and 2-D convolutions along time."""
-
-    def __init__(self, period: int, kernel: int = 5, stride: int = 3) -> None:
-        super().__init__()
-        self.period = period
-        channels = [1, 32, 128, 512, 1024, 1024]
-        self.convs = nn.ModuleList(
-            WNConv2d(c_in, c_out, (kernel, 1), (stride if i < 4 else 1, 1), padding=(_padding(kernel), 0))
-            for i, (c_in, c_out) in enumerate(zip(channels[:-1], channels[1:], strict=True))
-        )
-        self.conv_post = WNConv2d(1024, 1, (3, 1), 1, padding=(1, 0))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        batch, channels, length = x.shape
-        if length % self.period:
-            x = F.pad(x, (0, self.period - length % self.period), "reflect")
-        x = x.view(batch, channels, -1, self.period)
-        feature_maps = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            feature_maps.append(x)
-        x = self.conv_post(x)
-        feature_maps.append(x)
-        return torch.flatten(x, 1, -1), feature_maps
-
-
-class _ScaleDiscriminator(nn.Module):
-    """DiscriminatorS: grouped strided 1-D convolutions over the raw waveform."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.convs = nn.ModuleList(
-            [
-                WNConv1d(1, 16, 15, 1, padding=7),
-                WNConv1d(16, 64, 41, 4, groups=4, padding=20),
-                WNConv1d(64, 256, 41, 4, groups=16, padding=20),
-                WNConv1d(256, 1024, 41, 4, groups=64, padding=20),
-                WNConv1d(1024, 1024, 41, 4, groups=256, padding=20),
-                WNConv1d(1024, 1024, 5, 1, padding=2),
-            ]
-        )
-        self.conv_post = WNConv1d(1024, 1, 3, 1, padding=1)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        feature_maps = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            feature_maps.append(x)
-        x = self.conv_post(x)
-        feature_maps.append(x)
-        return torch.flatten(x, 1, -1), feature_maps
-
-
-class MultiPeriodDiscriminator(nn.Module):
-    """net_d: the scale discriminator then one period discriminator per period (2, 3, 5, 7, 11 for v2; v2Pro adds
-    17 and 23), weight-normed (the recipe's ``use_spectral_norm`` is false)."""
-
-    def __init__(self, periods: tuple[int, ...] = (2, 3, 5, 7, 11)) -> None:
-        super().__init__()
-        self.discriminators = nn.ModuleList([_ScaleDiscriminator(), *(_PeriodDiscriminator(p) for p in periods)])
-
-    def forward(
-        self, real: torch.Tensor, fake: torch.Tensor
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-        """Scores and feature maps of each discriminator for the real and the generated (B, 1, samples) audio."""
-        real_scores, fake_scores, real_maps, fake_maps = [], [], [], []
-        for discriminator in self.discriminators:
-            real_score, real_map = discriminator(real)
-            fake_score, fake_map = discriminator(fake)
-            real_scores.append(real_score)
-            fake_scores.append(fake_score)
-            real_maps.append(real_map)
-            fake_maps.append(fake_map)
-        return real_scores, fake_scores, real_maps, fake_maps
