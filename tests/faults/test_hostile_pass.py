@@ -126,10 +126,11 @@ def test_a_typer_app_named_as_a_plugin_is_one_line():
     [
         (["run", "--seed", "1e3"], "Invalid value for '--seed'"),
         (["nosuch"], "No such command 'nosuch'; see '"),
-        (["run"], "Missing option '--model'"),
+        (["schedule"], "Missing option '--model'"),
+        (["run"], "give --model NAME (see 'autotune models') or --command"),
         (["models", "extra"], "unexpected extra argument"),
     ],
-    ids=["bad-value", "unknown-command", "missing-option", "extra-argument"],
+    ids=["bad-value", "unknown-command", "missing-option", "neither-model-nor-command", "extra-argument"],
 )
 def test_a_command_line_the_parser_refuses_is_one_error_line(args, words):
     """Through the console entry point itself (click's usage box is what typer prints otherwise)."""
