@@ -41,61 +41,57 @@ def _weight_from(weight_g: torch.Tensor, weight_v: torch.Tensor) -> torch.Tensor
     return weight_v * (weight_g / norm)
 
 
-def _weight_norm_parameters(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
-    """``weight_g`` (the norm over every dimension but the first) and ``weight_v`` (the weight) of a weight."""
-    weight = weight.detach()
-    norm = torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True)
-    return nn.Parameter(norm), nn.Parameter(weight)
-
-
-class WNConv1d(nn.Conv1d):
-    """A weight-normed Conv1d; ``weight_g`` and ``weight_v`` follow ``bias``, as the reference registers them."""
+class _WeightNormed(nn.Module):
+    """A convolution whose ``weight`` is replaced by ``weight_g`` (its norm over every dimension but the first) and
+    ``weight_v`` (its direction), registered after ``bias`` as the reference's weight_norm(dim=0) does."""
 
     weight_g: nn.Parameter
     weight_v: nn.Parameter
 
+    def _normalise_weight(self) -> None:
+        weight = cast(torch.Tensor, self.weight).detach()
+        norm = torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True)
+        del self.weight
+        self.weight_g, self.weight_v = nn.Parameter(norm), nn.Parameter(weight)
+
+    def normed_weight(self) -> torch.Tensor:
+        return _weight_from(self.weight_g, self.weight_v)
+
+
+class WNConv1d(_WeightNormed, nn.Conv1d):
+    """A weight-normed Conv1d."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        weight_g, weight_v = _weight_norm_parameters(self.weight)
-        del self.weight
-        self.weight_g, self.weight_v = weight_g, weight_v
+        self._normalise_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(x, _weight_from(self.weight_g, self.weight_v), self.bias)
+        return self._conv_forward(x, self.normed_weight(), self.bias)
 
 
-class WNConv2d(nn.Conv2d):
+class WNConv2d(_WeightNormed, nn.Conv2d):
     """A weight-normed Conv2d."""
 
-    weight_g: nn.Parameter
-    weight_v: nn.Parameter
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        weight_g, weight_v = _weight_norm_parameters(self.weight)
-        del self.weight
-        self.weight_g, self.weight_v = weight_g, weight_v
+        self._normalise_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(x, _weight_from(self.weight_g, self.weight_v), self.bias)
+        return self._conv_forward(x, self.normed_weight(), self.bias)
 
 
-class WNConvTranspose1d(nn.ConvTranspose1d):
+class WNConvTranspose1d(_WeightNormed, nn.ConvTranspose1d):
     """A weight-normed ConvTranspose1d (the norm over each input channel's filters, as dim=0 gives)."""
-
-    weight_g: nn.Parameter
-    weight_v: nn.Parameter
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        weight_g, weight_v = _weight_norm_parameters(self.weight)
-        del self.weight
-        self.weight_g, self.weight_v = weight_g, weight_v
+        self._normalise_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        weight = _weight_from(self.weight_g, self.weight_v)
         padding = cast(tuple[int, ...], self.padding)
-        return F.conv_transpose1d(x, weight, self.bias, self.stride, padding, 0, self.groups, self.dilation)
+        return F.conv_transpose1d(
+            x, self.normed_weight(), self.bias, self.stride, padding, 0, self.groups, self.dilation
+        )
 
 
 class ChannelLayerNorm(nn.Module):
