@@ -21,8 +21,8 @@ def export(
         Optional[str],
         typer.Option(
             "--to",
-            help="3d-speaker, wenet, speechbrain, espnet or lightning; a result of 'autotune run --command' without "
-            "--to prints its command.",
+            help="3d-speaker, wenet, speechbrain, espnet, lightning, amphion or gpt-sovits; a result of 'autotune run "
+            "--command' without --to prints its command.",
         ),
     ] = None,
     world_size: Annotated[Optional[int], typer.Option(help="Devices to train on (default: as measured).")] = None,
@@ -31,6 +31,7 @@ def export(
 
     Example: autotune export results/cam++/cpu-x2-cec72d5a08.yaml --to 3d-speaker --world-size 4
     """
+    from autotune.exports import TARGETS
     from autotune.exports import export as make_export
     from autotune.exports.own_training import OWN_TASK, command_text
     from autotune.result.tuned_config import load_config
@@ -40,7 +41,7 @@ def export(
         if to is None and tuned.workload.get("task") == OWN_TASK:
             text = command_text(tuned, result)
         elif to is None:
-            raise UserError("give --to TARGET: 3d-speaker, wenet, speechbrain, espnet or lightning")
+            raise UserError(f"give --to TARGET: one of {', '.join(sorted(TARGETS))}")
         else:
             text = make_export(tuned, to, world_size=world_size).render()
     except UserError as error:

@@ -7,7 +7,7 @@ entry per knob of autotune/knobs/declarations.py (base.knob_table): what carries
 
 from __future__ import annotations
 
-from autotune.exports import amphion, espnet, lightning, speakerlab, speechbrain, wenet  # noqa: F401  (register targets)
+from autotune.exports import amphion, espnet, gpt_sovits, lightning, speakerlab, speechbrain, wenet  # noqa: F401
 from autotune.exports.base import TARGETS, Export, ExportContext, Exporter, export, register
 
 __all__ = ["TARGETS", "Export", "ExportContext", "Exporter", "export", "register"]

@@ -17,7 +17,7 @@ from autotune.knobs.config import TrialConfig
 from autotune.result.tuned_config import TunedConfig
 
 RECIPES = Path(__file__).parent / "recipes"
-NAMES = ("3d-speaker", "wenet", "speechbrain", "espnet", "lightning", "amphion")
+NAMES = ("3d-speaker", "wenet", "speechbrain", "espnet", "lightning", "amphion", "gpt-sovits")
 PRECISIONS = ("fp32", "fp32-default", "tf32", "bf16", "fp16")
 # A workload each target has a recipe for (Lightning takes any).
 MODEL_FOR = {
@@ -27,6 +27,7 @@ MODEL_FOR = {
     "espnet": ("ecapa-tdnn", "speaker-verification"),
     "lightning": ("cam++", "speaker-verification"),
     "amphion": ("naturalspeech2", "tts"),
+    "gpt-sovits": ("gpt-sovits-s1", "tts"),
 }
 TASKS = {
     "cam++": "speaker-verification",
@@ -38,6 +39,7 @@ TASKS = {
     "fastspeech2": "tts",
     "wav2vec2-ctc": "asr",
     "naturalspeech2": "tts",
+    "gpt-sovits-s1": "tts",
 }
 
 
