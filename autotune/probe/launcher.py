@@ -21,8 +21,11 @@ from autotune import yamlio
 from autotune.probe.agent import ENDED_SUFFIX
 from autotune.probe.command import TrainingCommand
 from autotune.probe.in_force import accounting_mismatch, judge
+from autotune.probe.lifeline import CANNOT_START
 from autotune.probe.settings import PLAN_SUFFIX, PROBE_ENV, ProbeSettings, bootstrap_dir
+from autotune.python_command import module_command
 from autotune.trial.launch import ShouldPrune, describe_exit, kill_group, log_tail_of
+from autotune.trial.lifeline import parent_environment
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
 
 __all__ = ["CommandLauncher", "FIRST_STEP_TIMEOUT_S"]
@@ -62,7 +65,7 @@ class CommandLauncher:
         try:
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
-                    argv,
+                    module_command("autotune.probe.lifeline", *argv),  # the training dies with this run
                     cwd=self.command.cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -70,8 +73,8 @@ class CommandLauncher:
                     env=self._environment(settings_path),
                     start_new_session=True,
                 )
-        except OSError as error:  # the program is missing or not executable: nothing ran
-            return TrialResult(status="error", reason=f"the command could not start: {error.strerror}: {argv[0]}")
+        except OSError as error:  # this Python could not start: nothing ran
+            return TrialResult(status="error", reason=f"the command could not start: {error.strerror}")
         try:
             ending = self._wait(process, spec, timeout_s)
         finally:  # Ctrl-C in the parent too: the training never outlives the trial
@@ -88,6 +91,7 @@ class CommandLauncher:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(bootstrap_dir()), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         env[PROBE_ENV] = str(settings_path)
+        env.update(parent_environment())  # the lifeline checks that this run still lives
         env[LAUNCHED_AT_ENV] = repr(time.time())
         return env
 
@@ -190,6 +194,9 @@ def _failure(result_path: str, returncode: int | None, tail: str) -> TrialResult
     if note is not None and note.get("status"):
         reason = f"the training failed after {note.get('steps', 0)} optimizer steps: {note.get('reason', '')}"
         return TrialResult(status=str(note["status"]), reason=reason, log_tail=tail)
+    cannot_start = next((line for line in tail.splitlines() if line.startswith(CANNOT_START)), None)
+    if cannot_start is not None:
+        return TrialResult(status="error", reason=cannot_start.removeprefix("autotune: "), log_tail=tail)
     oom = _OOM.search(tail)
     if oom:
         return TrialResult(status="oom", reason=f"out of memory: {oom.group(0)}", log_tail=tail)

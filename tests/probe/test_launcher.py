@@ -4,9 +4,14 @@ its own argparse, config file, DataLoader and loop. What the probe saw is checke
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import shlex
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +164,35 @@ def test_a_sitecustomize_the_probe_shadows_still_runs(tmp_path: Path, training: 
     assert "exited with code 3" not in result.reason
     assert "without an optimizer step" in result.reason
     assert os.environ.get("USER_SITE_RAN") is None
+
+
+def test_a_training_dies_with_a_run_that_is_killed_outright(tmp_path: Path, training: Path) -> None:
+    """The run is SIGKILLed mid-trial (nothing of it can clean up): the kernel takes the training down with it."""
+    pid_file = tmp_path / "training.pid"
+    script = f"import os, time; open({json.dumps(str(pid_file))}, 'w').write(str(os.getpid())); time.sleep(120)"
+    command = f"{PYTHON} -c {shlex.quote(script)}"
+    run = (
+        "import sys\nfrom pathlib import Path\nfrom autotune.probe.command import TrainingCommand\n"
+        "from autotune.probe.launcher import CommandLauncher\nfrom tests.probe.conftest import spec_for\n"
+        f"command = TrainingCommand.checked({command!r}, cwd={str(training)!r})\n"
+        f"CommandLauncher(command=command, first_step_timeout_s=300)(spec_for(Path({str(tmp_path)!r})), "
+        f"workdir=Path({str(tmp_path / 'trial')!r}), timeout_s=300)\n"
+    )
+    parent = subprocess.Popen([PYTHON, "-c", run], cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the training never started"
+            time.sleep(0.1)
+        training_pid = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while (
+            Path(f"/proc/{training_pid}").exists()
+            and (Path(f"/proc/{training_pid}") / "stat").read_text().split()[2] != "Z"
+        ):
+            assert time.monotonic() < deadline, "the training outlived the killed run"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
