@@ -36,6 +36,7 @@ from autotune import yamlio
 from autotune.probe.readback import LoaderSeen, batch_items, built_at, maths_in_force, observed_values
 from autotune.probe.settings import PLAN_SUFFIX, ProbeSettings
 from autotune.probe.window import StepClock
+from autotune.trial.child import ProgressWriter
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, rank_result_path
 from autotune.trial.window_record import throughput_cv
 
@@ -173,6 +174,8 @@ class Session:
         self.first_batch_at: float | None = None
         self.exception: tuple[str, str] | None = None
         self._maths_hook: Any = None
+        self._progress_writer: ProgressWriter | None = None
+        self._warmup_items = 0
 
     @property
     def clock(self) -> StepClock:
@@ -216,6 +219,8 @@ class Session:
             self.first_batch_at = time.perf_counter()
         items = batch_items(batch)
         self.clock.on_batch(items, wait_s)
+        if self.clock.phase == "warmup":
+            self._warmup_items += items
         if self.clock.phase == "window":
             seen = self.loaders.get(id(getattr(iterator, "_autotune_loader", None)))
             if seen is not None:
@@ -239,7 +244,7 @@ class Session:
             return
         before = self.clock.phase
         phase = self.clock.on_step()
-        if self.clock.steps == 1 or phase != before:
+        if phase != "done":
             self._progress(phase)
         if self._maths_hook is not None and self.maths is not None:
             self._maths_hook.remove()
@@ -264,10 +269,18 @@ class Session:
         self._maths_hook = register_module_forward_pre_hook(seen)
 
     def _progress(self, phase: str) -> None:
-        if self.rank == 0:
-            elapsed = time.perf_counter() - self.started_at
-            progress = {"phase": phase, "steps": self.clock.steps, "elapsed_s": elapsed}
-            yamlio.write_json(self.result_path + PROGRESS_SUFFIX, progress)
+        """Rank 0 tells the parent how the training is going, as a trial's child does (for the first step's news and
+        for pruning): the rate so far, in the window its own, times the ranks (trial/child.py ProgressWriter)."""
+        if self.rank != 0:
+            return
+        if self._progress_writer is None:
+            self._progress_writer = ProgressWriter(self.result_path + PROGRESS_SUFFIX, scale=self.world_size)
+        now, clock = time.perf_counter(), self.clock
+        if phase == "window":
+            elapsed, samples = now - clock.window.started_at, clock.window.samples
+        else:
+            elapsed, samples = now - (self.first_batch_at or self.started_at), self._warmup_items
+        self._progress_writer(phase, samples / elapsed if elapsed > 0 else 0.0, elapsed)
 
     def _training_loader(self) -> LoaderSeen | None:
         seen = [loader for loader in self.loaders.values() if loader.window_batches]

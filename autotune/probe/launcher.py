@@ -76,10 +76,13 @@ class CommandLauncher:
         except OSError as error:  # this Python could not start: nothing ran
             return TrialResult(status="error", reason=f"the command could not start: {error.strerror}")
         try:
-            ending = self._wait(process, spec, timeout_s)
+            ending, pruned = self._wait(process, spec, timeout_s, should_prune)
         finally:  # Ctrl-C in the parent too: the training never outlives the trial
             kill_group(process)
-        result = self._result(spec, ending, process.returncode, log_path, timeout_s)
+        if ending == "pruned":
+            result = TrialResult(status="pruned", reason=pruned)
+        else:
+            result = self._result(spec, ending, process.returncode, log_path, timeout_s)
         result.wall_s = time.perf_counter() - started
         for suffix in (PROGRESS_SUFFIX, PLAN_SUFFIX):
             Path(spec.result_path + suffix).unlink(missing_ok=True)
@@ -95,18 +98,29 @@ class CommandLauncher:
         env[LAUNCHED_AT_ENV] = repr(time.time())
         return env
 
-    def _wait(self, process: subprocess.Popen[bytes], spec: TrialSpec, timeout_s: float) -> str:
-        """ "done" (the command exited, or every rank wrote its result), "timeout" or "no-step"."""
+    def _wait(
+        self, process: subprocess.Popen[bytes], spec: TrialSpec, timeout_s: float, should_prune: ShouldPrune | None
+    ) -> tuple[str, str]:
+        """("done" (the command exited, or every rank wrote its result) | "timeout" | "no-step" | "pruned", why it
+        was pruned); rank 0's progress is read a few times a second, as a trial's is."""
         started = time.monotonic()
         first_step_s = min(timeout_s, self.first_step_timeout_s)
+        progress_path = Path(spec.result_path + PROGRESS_SUFFIX)
         while True:
             if process.poll() is not None or _all_ranks_written(spec.result_path):
-                return "done"
+                return "done", ""
             waited = time.monotonic() - started
             if waited >= timeout_s:
-                return "timeout"
-            if waited >= first_step_s and not Path(spec.result_path + PROGRESS_SUFFIX).exists():
-                return "no-step"
+                return "timeout", ""
+            if waited >= first_step_s and not progress_path.exists():
+                return "no-step", ""
+            if should_prune is not None and progress_path.exists():
+                try:
+                    reason = should_prune(yamlio.read_json(progress_path))
+                except (OSError, ValueError):
+                    reason = None  # being replaced right now
+                if reason:
+                    return "pruned", reason
             time.sleep(0.1)
 
     def _result(

@@ -196,3 +196,19 @@ def test_a_training_dies_with_a_run_that_is_killed_outright(tmp_path: Path, trai
             time.sleep(0.1)
     finally:
         parent.kill()
+
+
+def test_a_hopeless_trial_is_pruned_from_the_progress_the_probe_writes(tmp_path: Path, training: Path) -> None:
+    """The parent's pruner reads rank 0's running rate as it reads a built-in trial's, and stops the training."""
+    seen: list[dict] = []
+
+    def hopeless(progress: dict) -> str | None:
+        seen.append(progress)
+        return "pruned: too slow" if progress.get("phase") == "window" else None
+
+    spec = spec_for(tmp_path, timing=dataclasses.replace(FAST_TIMING, window_s=30.0), num_workers=0)
+    result = _launcher(training)(spec, workdir=tmp_path / "trial", timeout_s=120, should_prune=hopeless)
+    assert result.status == "pruned" and result.reason == "pruned: too slow"
+    assert {"phase", "samples_per_second", "elapsed_s"} <= set(seen[-1]) and seen[-1]["samples_per_second"] > 0
+    assert result.wall_s is not None and result.wall_s < 60  # stopped, not run to its 30-s window's end
+    assert _no_process_left(training)
