@@ -33,7 +33,8 @@ def export(
     """
     from autotune.exports import TARGETS
     from autotune.exports import export as make_export
-    from autotune.exports.own_training import OWN_TASK, command_text
+    from autotune.exports.own_training import command_text
+    from autotune.probe.command import OWN_TASK
     from autotune.result.tuned_config import load_config
 
     try:

@@ -10,7 +10,7 @@ from autotune.probe import config_file
 from autotune.probe.command import OWN_TASK, TrainingCommand
 from autotune.result.tuned_config import TunedConfig
 
-__all__ = ["OWN_TASK", "command_text"]
+__all__ = ["command_text"]
 
 
 def command_text(tuned: TunedConfig, result_path: Path) -> str:

@@ -48,11 +48,12 @@ if TYPE_CHECKING:
     from autotune.run.plan import RunPlan
 
 __all__ = [
-    "OWN_TASK",
     "ReachCheck",
+    "after_reach",
     "baseline_values",
     "command_space",
     "command_workload",
+    "moved_off_baseline",
     "reach_check",
     "write_back",
 ]
@@ -175,7 +176,7 @@ class ReachCheck:
         return lines
 
 
-def _moved(space: SearchSpace, baseline: dict[str, Any], device_type: str) -> TrialConfig:
+def moved_off_baseline(space: SearchSpace, baseline: dict[str, Any], device_type: str) -> TrialConfig:
     """The baseline with every searched knob moved to another value it can take, so that a value that does not
     arrive shows (the baseline's own values may equal what a training hard-codes)."""
     values: dict[str, Any] = {**space.fixed, **baseline}
@@ -207,7 +208,7 @@ def reach_check(
         workload=name,
         workload_options={},
         data_file="",
-        config=_moved(space, space.baseline, device_type),
+        config=moved_off_baseline(space, space.baseline, device_type),
         timing=_REACH_TIMING,
         device_type=device_type,
         result_path=str(folder / "result.json"),
