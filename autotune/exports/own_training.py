@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.probe import config_file
-from autotune.probe.command import OWN_TASK, TrainingCommand
+from autotune.probe.command import TrainingCommand
 from autotune.result.tuned_config import TunedConfig
 
 __all__ = ["command_text"]
