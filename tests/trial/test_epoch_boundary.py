@@ -139,8 +139,11 @@ def test_a_trial_on_a_small_corpus_charges_the_new_epoch_it_measured(tmp_path, t
     config = dataclasses.replace(spec.config, persistent_workers=persistent)
     result = launch(dataclasses.replace(spec, config=config), workdir=tmp_path / "trial", timeout_s=120)
     assert result.status == "ok", result.reason
-    assert result.epoch_boundary_s is not None and result.epoch_boundary_s > 0
+    assert result.epoch_boundary_s is not None  # measured after the window, persistent workers too
     epoch = result.epoch_accounting["dataset_size"]
     expected = epoch / (epoch / result.window_samples_per_second + result.epoch_boundary_s)
     assert result.samples_per_second == pytest.approx(expected)
-    assert result.samples_per_second < result.window_samples_per_second
+    if not persistent:  # new worker processes: the first batch of the epoch is always a wait
+        assert result.epoch_boundary_s > 0 and result.samples_per_second < result.window_samples_per_second
+    # Persistent workers resume at once: their new epoch costs the loop what its first batches took beyond the window's
+    # mean wait per step, which a window that waited now and then can make nothing (the measure is clamped at 0).
