@@ -37,7 +37,7 @@ import torch
 
 from autotune.data.cache import build_folder_atomically
 from autotune.data.ns2_prep import NS2_PHONES, transcript_phones
-from autotune.data.offline import Preparation, cache_error, cache_root, corpus_key
+from autotune.data.offline import Preparation, cache_error, cache_root, complete_check, corpus_key
 from autotune.data.sources import Utterance
 from autotune.errors import DataError
 
@@ -105,11 +105,7 @@ def _item_name(index: int) -> str:
     return f"{index:07d}.wav"  # the recipe names items by their audio file
 
 
-def _is_complete(root: Path) -> bool:
-    try:
-        return json.loads((root / "done.json").read_text()).get("version") == PREP_VERSION
-    except (OSError, ValueError):
-        return False
+_is_complete = complete_check("done.json", PREP_VERSION)
 
 
 def ensure_s1_data(

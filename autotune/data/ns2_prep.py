@@ -35,7 +35,7 @@ import torchaudio.functional as AF
 
 from autotune.data.audio import read_segment
 from autotune.data.cache import build_folder_atomically
-from autotune.data.offline import Preparation, cache_error, cache_root, corpus_key, map_utterances
+from autotune.data.offline import Preparation, cache_error, cache_root, complete_check, corpus_key, map_utterances
 from autotune.data.sources import Utterance
 from autotune.data.tts import MelConfig, TtsFeaturizer, even_durations
 from autotune.errors import DataError
@@ -120,11 +120,7 @@ def usable_for_ns2(utterances: Sequence[Utterance]) -> tuple[Utterance, ...]:
     return tuple(utt for utt in utterances if len(transcript_phones(utt.text or "")) >= MIN_PHONES)
 
 
-def _is_complete(root: Path) -> bool:
-    try:
-        return json.loads((root / MANIFEST).read_text()).get("version") == PREP_VERSION
-    except (OSError, ValueError):
-        return False
+_is_complete = complete_check(MANIFEST, PREP_VERSION)
 
 
 def ensure_ns2_metadata(

@@ -32,6 +32,7 @@ from autotune.errors import DataError
 
 __all__ = [
     "Preparation",
+    "complete_check",
     "cache_error",
     "cache_root",
     "corpus_key",
@@ -154,3 +155,15 @@ def map_utterances(
                 yield result
     finally:
         torch.set_num_threads(torch_threads)
+
+
+def complete_check(manifest: str, version: int | str) -> Callable[[Path], bool]:
+    """Whether a prepared folder is complete and current: its manifest, written last, names this version."""
+
+    def is_complete(root: Path) -> bool:
+        try:
+            return json.loads((root / manifest).read_text()).get("version") == version
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    return is_complete

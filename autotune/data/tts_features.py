@@ -24,7 +24,7 @@ import torch
 
 from autotune.data.audio import read_segment
 from autotune.data.cache import build_folder_atomically
-from autotune.data.offline import Preparation, cache_error, cache_root, corpus_key, map_utterances
+from autotune.data.offline import Preparation, cache_error, cache_root, complete_check, corpus_key, map_utterances
 from autotune.data.sources import Utterance
 from autotune.data.tts import MelConfig, TtsFeaturizer
 from autotune.errors import DataError
@@ -77,11 +77,7 @@ class FeatureStore:
         )
 
 
-def _is_complete(root: Path) -> bool:
-    try:
-        return json.loads((root / MANIFEST).read_text()).get("version") == FEATURES_VERSION
-    except (OSError, ValueError):
-        return False
+_is_complete = complete_check(MANIFEST, FEATURES_VERSION)
 
 
 def ensure_tts_features(
