@@ -45,6 +45,8 @@ winner as YAML.
   autotune run --command 'python train.py --config {config} --num-workers {num_workers}' \\
       --config-file conf/train.yaml --set train.batch_size={per_device_batch_size}   [dim]# your own training[/dim]
 
+  autotune run --lightning mypkg.train:make --trainer devices=2   [dim]# your LightningModule, Lightning's Trainer[/dim]
+
 A rerun on the same data and hardware continues the study: it re-measures the previous winner and its best \
 neighbours first, searches with --warm-fraction of the trials and budget, and compares: a previous winner slower \
 than its recorded throughput by more than --drift-threshold is a regression (with what changed: torch, CUDA, \
@@ -75,6 +77,22 @@ def run(
             help="Your own training command, with {knob} placeholders for the values to tune (result YAML names: "
             "{per_device_batch_size}, {num_workers}, ...; {config}: the tuned copy of --config-file), e.g. "
             "'python train.py --config {config} --num-workers {num_workers}' (docs/own-training.md).",
+        ),
+    ] = None,
+    lightning: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Your Lightning training: package.module:factory (or file.py:factory), a callable returning your "
+            "LightningModule and its LightningDataModule or train DataLoader, taking the DataLoader knobs it builds "
+            "with as keyword arguments (per_device_batch_size, num_workers, ...); fitted by Lightning's Trainer with "
+            "the precision autotune searches (docs/own-training.md).",
+        ),
+    ] = None,
+    trainer: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="--lightning: KEY=VALUE given to Lightning's Trainer as is (devices=2, accumulate_grad_batches=4, "
+            "use_distributed_sampler=false, ...); repeatable.",
         ),
     ] = None,
     config_file: Annotated[
@@ -298,9 +316,9 @@ def run(
     try:
         request = run_request(**params)
         stderr_console.print("[dim]checking inputs and preparing data...[/dim]")
-        if command is not None:
+        if command is not None or lightning is not None:
             stderr_console.print("[dim]running your training once to see which values reach it...[/dim]")
-        if data is None and command is None:
+        if data is None and command is None and lightning is None:
             stderr_console.print(
                 "[dim]no --data: using the embedded synthetic corpus "
                 "(generated once into the cache, about 300 MB)[/dim]"

@@ -18,9 +18,25 @@ from autotune.cli.parsing import (
 )
 
 if TYPE_CHECKING:
+    from autotune.probe.command import TrainingCommand
     from autotune.run.plan import RunRequest
 
 __all__ = ["run_request"]
+
+
+def _lightning_training(
+    spec: str, trainer: list[str], apply: list[str], baseline: list[str]
+) -> tuple[TrainingCommand, list[str]]:
+    """The command a --lightning run's trials run, and its baseline: --baseline's values, else the factory's own
+    defaults for the knobs it takes (the training as it runs today)."""
+    from autotune.probe.lightning import describe, lightning_command, trainer_items
+
+    items = trainer_items(trainer)
+    parameters = describe(spec, [item.partition("=")[0].strip() for item in items], cwd=".")
+    given = {item.partition("=")[0].strip() for item in baseline}
+    defaults = [f"{name}={value}" for name, value in parameters.items() if value is not None and name not in given]
+    command = lightning_command(spec, parameters=list(parameters), trainer=items, apply=apply)
+    return command, [*baseline, *defaults]
 
 
 def run_request(
@@ -67,6 +83,8 @@ def run_request(
     set_key: list[str] | None = None,
     apply: list[str] | None = None,
     baseline: list[str] | None = None,
+    lightning: str | None = None,
+    trainer: list[str] | None = None,
 ) -> RunRequest:
     """The RunRequest `autotune run` makes of its options (what `autotune schedule` checks its run arguments with).
 
@@ -80,12 +98,25 @@ def run_request(
     from autotune.trial import TimingSettings
     from autotune.trial.amp_curves import AmpCheckSettings
 
-    if command is None and not model:
-        raise UserError("give --model NAME (see 'autotune models') or --command 'YOUR TRAINING COMMAND'")
-    if command is None and (config_file or set_key or apply or baseline):
+    if command is not None and lightning is not None:
+        raise UserError("give --command or --lightning, not both: --lightning makes the command itself")
+    if command is None and lightning is None and not model:
+        raise UserError(
+            "give --model NAME (see 'autotune models'), --command 'YOUR TRAINING COMMAND' or --lightning "
+            "package.module:factory"
+        )
+    if command is None and lightning is None and (config_file or set_key or apply or baseline):
         raise UserError("--config-file, --set, --apply and --baseline go with --command (your own training)")
+    if trainer and lightning is None:
+        raise UserError("--trainer goes with --lightning: the arguments of Lightning's Trainer")
+    if lightning is not None and (config_file or set_key):
+        raise UserError(
+            "--config-file and --set go with --command; your --lightning factory takes the knobs as its arguments"
+        )
     training = None
-    if command is not None:
+    if lightning is not None:
+        training, baseline = _lightning_training(lightning, trainer or [], apply or [], baseline or [])
+    elif command is not None:
         training = TrainingCommand.checked(
             command,
             config_path=str(config_file) if config_file else None,

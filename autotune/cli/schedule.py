@@ -35,6 +35,9 @@ def schedule(
     """Print (or install) a nightly retuning job; arguments after -- go to 'autotune run'.
 
     Example: autotune schedule --model cam++ --at 02:30 -- --data /data/train.csv --budget 30m
+
+    Your own training: autotune schedule --model train -- --command 'python train.py --num-workers {num_workers}' ...
+    (--model names its results).
     """
     from autotune.nightly import schedule as scheduling
     from autotune.nightly.request import ScheduleRequest
@@ -66,6 +69,7 @@ def check_run_args(model: str, args: list[str] | tuple[str, ...], workdir: str =
     """
     from autotune import workloads
     from autotune.cli.run_args import run_request
+    from autotune.run.runner import check_own_training
     from autotune.run.validation import check_request, check_workload_options
 
     if "--help" in args:  # the parser would print run's help and exit
@@ -83,6 +87,9 @@ def check_run_args(model: str, args: list[str] | tuple[str, ...], workdir: str =
     params = {name: value for name, value in context.params.items() if name != "verbose"}
     request = run_request(**params)
     check_request(request)
+    if request.command is not None:  # the user's own training: --model names its results, no workload to check
+        check_own_training(request)
+        return request
     check_workload_options(workloads.get(model), request.workload_options)
     for flag, path in (("--data", request.data), ("--space", request.space)):
         if path and not os.path.exists(os.path.join(workdir, os.path.expanduser(path))):

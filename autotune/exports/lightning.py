@@ -29,15 +29,8 @@ from autotune.exports.knob_notes import (
     preload_note,
     unordered_note,
 )
-from autotune.knobs.precision import TORCH_DEFAULT_FP32
+from autotune.knobs.precision import LIGHTNING_PRECISION, TORCH_DEFAULT_FP32
 
-_PRECISION = {
-    "fp32": "32-true",
-    TORCH_DEFAULT_FP32: "32-true",
-    "tf32": "32-true",
-    "bf16": "bf16-mixed",
-    "fp16": "16-mixed",
-}
 _TF32_LINES = {
     "fp32": [
         "torch.backends.cuda.matmul.allow_tf32 = False  # strict IEEE float32, as measured",
@@ -60,7 +53,7 @@ def export_lightning(context: ExportContext) -> Export:
     if context.world_size > 1:
         trainer["strategy"] = "ddp"
     trainer |= {
-        "precision": _PRECISION[context.precision],
+        "precision": LIGHTNING_PRECISION[context.precision],
         "accumulate_grad_batches": config.grad_accum_steps,
         "benchmark": config.cudnn_benchmark,
     }
@@ -188,7 +181,7 @@ def _precision_notes(context: ExportContext) -> list[str]:
 def _optimizer_notes(context: ExportContext) -> Sequence[str]:
     notes = optimizer_note("optimizer_kwargs, passed by your configure_optimizers (Lightning does not build it)")
     flag = context.optimizer_flag()
-    precision = _PRECISION[context.precision]
+    precision = LIGHTNING_PRECISION[context.precision]
     if flag.get("fused") and precision != "32-true":
         return [
             *notes(context),

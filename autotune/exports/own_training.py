@@ -8,6 +8,7 @@ from pathlib import Path
 from autotune.errors import UserError
 from autotune.probe import config_file
 from autotune.probe.command import TrainingCommand
+from autotune.probe.lightning import python_lines
 from autotune.result.tuned_config import TunedConfig
 
 __all__ = ["command_text"]
@@ -29,6 +30,10 @@ def command_text(tuned: TunedConfig, result_path: Path) -> str:
     ]
     if copy is not None:
         lines.append(f"# {copy}: your {command.config_path} with the tuned keys (the diff: {copy}.diff)")
+    if command.lightning is not None:
+        lines.append("# or, in your own script (the factory's values and Lightning's Trainer as measured):")
+        on_cuda = tuned.device_type == "cuda"
+        lines += [f"#   {line}" if line else "#" for line in python_lines(command, tuned.config, on_cuda=on_cuda)]
     for name in command.apply:
         value = getattr(tuned.config, name)
         lines.append(f"# {name}={value} was set inside your training by autotune (--apply): set it in your DataLoader")

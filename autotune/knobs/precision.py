@@ -30,6 +30,7 @@ __all__ = [
     "apply_backend_flags",
     "fp32_math",
     "uses_new_tf32_api",
+    "LIGHTNING_PRECISION",
     "NullScaler",
 ]
 
@@ -37,6 +38,16 @@ TORCH_DEFAULT_FP32 = "fp32-default"
 # Every precision a trial can run, from the most to the least exact maths.
 PRECISIONS = ("fp32", TORCH_DEFAULT_FP32, "tf32", "bf16", "fp16")
 _AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+# Each precision as Lightning 2.x's Trainer(precision=...) says it: float32 runs as "32-true", its TF32 flags set
+# beside the Trainer (Lightning sets none). One table for both directions: the Lightning export writes it, a
+# --lightning trial fits with it.
+LIGHTNING_PRECISION = {
+    "fp32": "32-true",
+    TORCH_DEFAULT_FP32: "32-true",
+    "tf32": "32-true",
+    "bf16": "bf16-mixed",
+    "fp16": "16-mixed",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

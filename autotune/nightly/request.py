@@ -98,8 +98,10 @@ class ScheduleRequest:
 
     def __post_init__(self) -> None:
         parse_at(self.at)
-        workload = workloads.get(self.model)  # one-line WorkloadError that lists the valid names
         run_args = tuple(self.run_args)
+        # With --command or --lightning the job tunes the user's own training and --model only names its results.
+        own = any(arg.split("=", 1)[0] in ("--command", "--lightning") for arg in run_args)
+        name = self.model if own else workloads.get(self.model).name  # one-line WorkloadError listing the names
         if {"--model", "-m"} & set(run_args) or any(arg.startswith("--model=") for arg in run_args):
             raise UserError("give the model once, as --model of 'autotune schedule', not among the run arguments")
         workdir = os.path.abspath(os.path.expanduser(self.workdir))
@@ -115,7 +117,7 @@ class ScheduleRequest:
                 "~/.pgpass (or PGPASSWORD in the job's environment)"
             )
         results_dir = _option_value(run_args, "--results-dir") or "results"
-        folder = _UNSAFE_IN_RESULTS_FOLDER.sub("_", workload.name)
+        folder = _UNSAFE_IN_RESULTS_FOLDER.sub("_", name)
         log_file = self.log_file or os.path.join(results_dir, folder, "nightly.log")
         unit_name = self.unit_name or unit_name_for(self.model)
         if not _UNIT_NAME.fullmatch(unit_name):

@@ -76,6 +76,7 @@ class TrainingCommand:
     apply: tuple[str, ...] = ()  # knobs the probe sets inside the training (APPLICABLE)
     cwd: str = "."  # where the command runs: the folder autotune was started in
     knobs_by: dict[str, str] = field(default_factory=dict)  # knob -> "command" | "config" | "autotune"
+    lightning: str | None = None  # the factory of a --lightning run (probe/lightning.py writes its template)
 
     @classmethod
     def checked(
@@ -86,6 +87,7 @@ class TrainingCommand:
         sets: list[str] | tuple[str, ...] = (),
         apply: list[str] | tuple[str, ...] = (),
         cwd: str = ".",
+        lightning: str | None = None,
     ) -> TrainingCommand:
         """The command, with every placeholder, key and knob checked against what it names; one line otherwise."""
         if not template.strip():
@@ -137,6 +139,7 @@ class TrainingCommand:
             apply=tuple(apply),
             cwd=str(Path(cwd).resolve()),
             knobs_by=knobs_by,
+            lightning=lightning,
         )
 
     @property
@@ -183,6 +186,7 @@ class TrainingCommand:
             "sets": [f"{key}={value}" for key, value in self.sets],
             "apply": list(self.apply),
             "cwd": self.cwd,
+            **({"lightning": self.lightning} if self.lightning else {}),
         }
 
     @classmethod
@@ -194,6 +198,7 @@ class TrainingCommand:
             sets=tuple(_parse_set(text) for text in data.get("sets", ())),
             apply=tuple(data.get("apply", ())),
             cwd=str(data.get("cwd", ".")),
+            lightning=data.get("lightning"),
         )
 
 

@@ -138,7 +138,10 @@ class CommandLauncher:
                 "(autotune times torch.optim optimizer steps)",
                 log_tail=tail,
             )
-        ranks = _rank_results(spec.result_path)
+        try:
+            ranks = _rank_results(spec.result_path)
+        except _Unreadable as error:
+            return TrialResult(status="error", reason=str(error), log_tail=tail)
         if ranks:
             return self._judged(spec, ranks, tail)
         return _failure(spec.result_path, returncode, tail)
@@ -177,12 +180,19 @@ def _all_ranks_written(result_path: str) -> bool:
     return all(Path(rank_result_path(result_path, rank)).exists() for rank in range(1, world_size))
 
 
+class _Unreadable(Exception):
+    """A result the probe wrote that this autotune cannot read."""
+
+
 def _rank_results(result_path: str) -> list[TrialResult]:
-    """Every rank's result, rank 0 first; empty when rank 0 wrote none."""
+    """Every rank's result, rank 0 first; empty when rank 0 wrote none; _Unreadable when rank 0's cannot be read
+    (another autotune's probe wrote it: the training's Python runs a different install)."""
     try:
         first = TrialResult.from_dict(yamlio.read_json(result_path))
-    except (OSError, ValueError):
+    except OSError:
         return []
+    except ValueError as error:
+        raise _Unreadable(f"the probe's result could not be read: {error}") from None
     results = [first]
     for rank in range(1, first.world_size):
         try:

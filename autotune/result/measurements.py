@@ -20,7 +20,7 @@ __all__ = ["NOT_MEASURED", "Measurements", "summarise_measurements", "speedup_ra
 
 
 # Figures written only where they exist (a compiled configuration's): an eager one's mapping stays what it was.
-_ONLY_WHEN_SET = ("compile_s", "recompiles", "steady_samples_per_second", "epoch_start_s")
+_ONLY_WHEN_SET = ("compile_s", "recompiles", "steady_samples_per_second", "epoch_start_s", "in_force", "observed")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,6 +59,10 @@ class Measurements:
     # A new epoch's first batch: the median extra wait a trial measured at an epoch end (trial/epoch_boundary.py),
     # charged once per epoch in samples_per_second; None where it was not measured (a long epoch, no workers)
     epoch_start_s: float | None = None
+    # Your own training (--command, --lightning): each knob's verdict as the probe read it back (asked, what the
+    # training ran with, in force or not, and where it was set), and every value the training ran with.
+    in_force: dict[str, dict[str, Any]] | None = None
+    observed: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -134,6 +138,8 @@ def summarise_measurements(results: Sequence[TrialResult]) -> Measurements:
         recompiles=max((r.recompiles for r in feasible if r.recompiles is not None), default=None),
         steady_samples_per_second=median_of("window_samples_per_second") if charged else None,
         epoch_start_s=median_of("epoch_boundary_s"),
+        in_force=first.in_force,
+        observed=first.observed,
     )
 
 

@@ -68,7 +68,11 @@ def _never_built(context: WorkloadContext) -> Any:
 
 
 def command_workload(command: TrainingCommand, name: str | None) -> Workload:
-    """The run's workload: named by --model, else by the training script (train.py -> train)."""
+    """The run's workload: named by --model, else by the training script (train.py -> train) or the Lightning
+    factory's module."""
+    if not name and command.lightning:  # pkg.train:make -> train, train.py:make -> train
+        where = command.lightning.rsplit(":", 1)[0]
+        name = Path(where).stem if where.endswith(".py") else where.rsplit(".", 1)[-1]
     if not name:
         scripts = [word for word in shlex.split(command.template) if word.endswith(".py")]
         name = Path(scripts[0]).stem if scripts else Path(shlex.split(command.template)[0]).name
@@ -150,7 +154,8 @@ def command_space(command: TrainingCommand, baseline: dict[str, Any], hardware: 
             "--command carries no knob this machine can search: put {placeholders} in it (e.g. {num_workers}), "
             "--set config keys, or --apply DataLoader knobs"
         )
-    space_baseline = {name: value for name, value in baseline.items() if name in params}
+    # None is torch's own choice (intra_op_threads): the baseline leaves the knob unset, as a recipe's does
+    space_baseline = {name: value for name, value in baseline.items() if name in params and value is not None}
     return space_from_dict(
         {"workload": "command", "params": params, "fixed": fixed, "baseline": space_baseline},
         hardware,

@@ -31,6 +31,7 @@ from autotune.run.output import check_replaceable, check_writable, make_folders,
 from autotune.run.plan import RunPlan, RunRequest
 from autotune.run.validation import check_request, check_workload_options
 from autotune.search import warmstart
+from autotune.search.budget import BudgetTooShort, cut_window_notes
 from autotune.search.reporting import Reporter
 from autotune.search.settings import STORAGE_FAILED, TunerSettings, TuningOutcome
 from autotune.search.tuner import Tuner
@@ -218,7 +219,13 @@ def check_own_training(request: RunRequest) -> None:
         "--executor slurm": request.slurm is not None,
         "--nodes": request.nodes != 1,
     }
+    lightning = request.command is not None and request.command.lightning is not None
     for option, given in refused.items():
+        if given and lightning:
+            raise UserError(
+                f"{option} does not apply to --lightning: Lightning's Trainer starts the ranks and your factory reads "
+                "the data (give --trainer devices=N, --trainer num_nodes=N)"
+            )
         if given:
             raise UserError(
                 f"{option} does not apply to --command: your command starts its own ranks and reads its own data "
@@ -349,7 +356,11 @@ def _tune(plan: RunPlan, reporter: Reporter | None) -> _Searched:
         before=machine.stages,
         launcher=launcher,
     )
-    outcome = tuner.run()
+    try:
+        outcome = tuner.run()
+    except BudgetTooShort:  # refused before the first trial: nothing of the run's trials is left behind
+        (plan.workdir / "data.json").unlink(missing_ok=True)
+        raise
     ceiling = None
     if request.compute_ceiling and outcome.stopped_by != STORAGE_FAILED:
         left_s = search_settings.budget_s - outcome.elapsed_s if search_settings.budget_s is not None else None
@@ -382,6 +393,9 @@ def _conclude(plan: RunPlan, searched: _Searched) -> tuple[TunedConfig, drift.Dr
     tuned = preflight.record(machine, run_result.tuned_config(plan, outcome), outcome.records)
     if plan.reach is not None:
         tuned = dataclasses.replace(tuned, notes=[*tuned.notes, *plan.reach.notes()])
+    cut = cut_window_notes(outcome.records)  # windows the budget shortened: kept, and said so
+    if cut:
+        tuned = dataclasses.replace(tuned, notes=[*tuned.notes, *cut])
     assessed = assessment.assess(
         tuned.winner,
         tuned.config,

@@ -2,6 +2,9 @@
 GPT-SoVITS's s1 (DistributedBucketSampler) does: under Trainer(use_distributed_sampler=True), Lightning shards that
 sampler's output again, and each of N ranks trains on 1/N^2 of the data per epoch. autotune's probe reports it
 (README: "Tune your own training"); --use-distributed-sampler false is the fix.
+
+`make` is the same training as a factory for `autotune run --lightning train_lightning:make`: it takes the DataLoader
+knobs it builds with, and Lightning's Trainer is autotune's to build (docs/own-training.md).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ class RankBucketSampler(torch.utils.data.Sampler[int]):
 
 
 class Classifier(lightning.LightningModule):
-    def __init__(self, config: dict, batch_size: int, workers: int) -> None:
+    def __init__(self, config: dict, batch_size: int, workers: int, persistent: bool | None = None) -> None:
         super().__init__()
         self.config, self.batch_size, self.workers = config, batch_size, workers
+        self.persistent = workers > 0 if persistent is None else persistent
         self.dataset = Crops(config["data"]["root"], config["data"]["crop_s"])
         self.model = model_for(len(self.dataset.speakers), config["model"]["channels"])
 
@@ -52,7 +56,7 @@ class Classifier(lightning.LightningModule):
             batch_size=self.batch_size,
             sampler=RankBucketSampler(len(self.dataset)),
             num_workers=self.workers,
-            persistent_workers=self.workers > 0,
+            persistent_workers=self.persistent and self.workers > 0,
         )
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
@@ -61,6 +65,14 @@ class Classifier(lightning.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.config["train"]["lr"])
+
+
+def make(
+    per_device_batch_size: int = 16, num_workers: int = 0, persistent_workers: bool = False, config: str = "train.yaml"
+) -> Classifier:
+    """The module, its loader built with the knobs given (`autotune run --lightning train_lightning:make`)."""
+    settings = yaml.safe_load(Path(config).read_text())
+    return Classifier(settings, per_device_batch_size, num_workers, persistent_workers)
 
 
 def main() -> None:

@@ -329,6 +329,20 @@ def test_schedule_checks_its_run_arguments_as_run_would_so_the_job_does_not_fail
     assert "* * *" not in result.output  # no job line printed
 
 
+def test_schedule_takes_your_own_training_with_model_as_its_name(tmp_path, monkeypatch):
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    command = "python train.py --num-workers {num_workers}"
+    args = ["--command", command, "--baseline", "per_device_batch_size=16", "--budget", "20m"]
+    result = _invoke(["schedule", "--model", "train", "--at", "01:00", "--", *args])
+    assert result.exit_code == 0, result.output
+    words = shlex.split(result.output.strip().split(" run ", 1)[1])
+    assert words[:4] == ["--model", "train", "--command", command]
+    refused = _invoke(["schedule", "--model", "train", "--", "--command", command, "--devices", "2"])
+    assert refused.exit_code == 2 and "--devices does not apply to --command" in _error_line(refused)
+
+
 def test_schedule_rejects_a_bad_time():
     result = _invoke(["schedule", "--model", "cam++", "--at", "25:00"])
     assert result.exit_code == 2 and "--at '25:00' is not a time of day" in _error_line(result)
