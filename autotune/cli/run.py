@@ -47,6 +47,8 @@ winner as YAML.
 
   autotune run --lightning mypkg.train:make --trainer devices=2   [dim]# your LightningModule, Lightning's Trainer[/dim]
 
+  autotune run --recipe speechbrain --command 'python train.py hparams/train.yaml --data_folder data'
+
 A rerun on the same data and hardware continues the study: it re-measures the previous winner and its best \
 neighbours first, searches with --warm-fraction of the trials and budget, and compares: a previous winner slower \
 than its recorded throughput by more than --drift-threshold is a regression (with what changed: torch, CUDA, \
@@ -77,6 +79,13 @@ def run(
             help="Your own training command, with {knob} placeholders for the values to tune (result YAML names: "
             "{per_device_batch_size}, {num_workers}, ...; {config}: the tuned copy of --config-file), e.g. "
             "'python train.py --config {config} --num-workers {num_workers}' (docs/own-training.md).",
+        ),
+    ] = None,
+    recipe: Annotated[
+        Optional[str],
+        typer.Option(
+            help="--command runs this framework's recipe (speechbrain): the tuned values go in as the framework's own "
+            "overrides, as `autotune export --to` writes them; your values today are read from the recipe's files.",
         ),
     ] = None,
     lightning: Annotated[

@@ -85,6 +85,7 @@ def run_request(
     baseline: list[str] | None = None,
     lightning: str | None = None,
     trainer: list[str] | None = None,
+    recipe: str | None = None,
 ) -> RunRequest:
     """The RunRequest `autotune run` makes of its options (what `autotune schedule` checks its run arguments with).
 
@@ -98,6 +99,11 @@ def run_request(
     from autotune.trial import TimingSettings
     from autotune.trial.amp_curves import AmpCheckSettings
 
+    if recipe is not None and command is None:
+        raise UserError(
+            f"--recipe {recipe} goes with --command: your recipe's command as you run it, e.g. --command "
+            "'python train.py hparams/train.yaml --data_folder data'"
+        )
     if command is not None and lightning is not None:
         raise UserError("give --command or --lightning, not both: --lightning makes the command itself")
     if command is None and lightning is None and not model:
@@ -113,8 +119,20 @@ def run_request(
         raise UserError(
             "--config-file and --set go with --command; your --lightning factory takes the knobs as its arguments"
         )
+    if recipe is not None and (config_file or set_key or apply):
+        raise UserError(
+            f"--config-file, --set and --apply do not go with --recipe {recipe}: autotune writes the values as the "
+            "framework's own overrides"
+        )
     training = None
-    if lightning is not None:
+    if recipe is not None:
+        from autotune.exports.recipes import recipe_command
+
+        assert command is not None
+        training, defaults = recipe_command(recipe, command)
+        given = {item.partition("=")[0].strip() for item in baseline or []}
+        baseline = [*(baseline or []), *(item for item in defaults if item.partition("=")[0] not in given)]
+    elif lightning is not None:
         training, baseline = _lightning_training(lightning, trainer or [], apply or [], baseline or [])
     elif command is not None:
         training = TrainingCommand.checked(

@@ -13,10 +13,16 @@ disabled, torch's own defaults apply (matmuls IEEE, cuDNN convolutions TF32): ex
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from autotune.errors import UserError
 from autotune.exports.base import (
     TF32_OFF_ENV,
     Export,
@@ -37,8 +43,30 @@ from autotune.exports.knob_notes import (
     unordered_note,
 )
 from autotune.knobs.precision import TORCH_DEFAULT_FP32
+from autotune.probe.command import TrainingCommand
 
 _QUIRK_OFF = "SB_DISABLE_QUIRKS=allow_tf32"
+# The one mapping, used both ways (the export below, and a `--recipe speechbrain` trial's overrides:
+# exports/recipes.py): each DataLoader knob as a key of the recipe's loader options (torch's DataLoader keywords,
+# per process), the keys recipes keep those options under, SpeechBrain's --precision word for each precision it trains
+# without an environment variable (on a CPU its fp32 is torch's float32; on CUDA the allow_tf32 quirk makes it TF32),
+# and what a knob unset by a configuration is written as (YAML's null: prefetch_factor without workers).
+LOADER_OPTIONS = {
+    "per_device_batch_size": "batch_size",
+    "num_workers": "num_workers",
+    "pin_memory": "pin_memory",
+    "prefetch_factor": "prefetch_factor",
+    "persistent_workers": "persistent_workers",
+}
+LOADER_KEYS = ("dataloader_options", "train_dataloader_opts")
+PRECISION_WORDS = {TORCH_DEFAULT_FP32: "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+PRECISIONS = {"cpu": (TORCH_DEFAULT_FP32, "bf16"), "cuda": ("tf32", "bf16", "fp16")}
+UNSET = {"prefetch_factor": "null", "persistent_workers": "false"}
+
+
+def loader_override(values: dict[str, str]) -> str:
+    """The loader options override, `{batch_size: 16, num_workers: 2}`, from knob -> written value."""
+    return "{" + ", ".join(f"{LOADER_OPTIONS[name]}: {text}" for name, text in values.items()) + "}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,17 +131,20 @@ def export_speechbrain(context: ExportContext) -> Export:
     if recipe is None:
         return unsupported("speechbrain", context, _unsupported_reason(context))
     config = context.config
-    options: dict[str, Any] = {
-        "batch_size": config.per_device_batch_size,
-        "num_workers": config.num_workers,
-        "pin_memory": config.pin_memory,
-        **context.loader_extras(),
+    extras = context.loader_extras()
+    values = {
+        name: _scalar(getattr(config, name))
+        for name in LOADER_OPTIONS
+        if name in ("per_device_batch_size", "num_workers", "pin_memory") or name in extras
     }
+    override = loader_override(values)
+    if "in_order" in extras:
+        override = override[:-1] + f", in_order: {_scalar(extras['in_order'])}}}"
     if recipe.drop_last:
-        options["drop_last"] = True
+        override = override[:-1] + ", drop_last: true}"
     words = [
         f"{recipe.script} {recipe.hparams} --data_folder {recipe.data_folder}",
-        f"--dataloader_options {shlex.quote(_flow_mapping(options))}",
+        f"--dataloader_options {shlex.quote(override)}",
     ]
     words += _optimizer_words(recipe, config.optimizer_impl)
     if context.model_name == "wav2vec2-ctc":
@@ -173,10 +204,6 @@ def _unsupported_reason(context: ExportContext) -> str:
     )
 
 
-def _flow_mapping(values: dict[str, Any]) -> str:
-    return "{" + ", ".join(f"{key}: {_scalar(value)}" for key, value in values.items()) + "}"
-
-
 def _scalar(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
@@ -185,7 +212,7 @@ def _precision_flag(context: ExportContext) -> str | None:
     """SpeechBrain's --precision for the measured one; None keeps the recipe's fp32."""
     precision = context.precision
     if precision in ("bf16", "fp16") and not (precision == "fp16" and not context.on_cuda):
-        return precision
+        return PRECISION_WORDS[precision]
     return None
 
 
@@ -341,3 +368,122 @@ KNOB_TABLE = knob_table(
         "compile": takes("--compile (and --compile_using_dynamic_shape_tracing for dynamic)", notes=_compile_notes),
     },
 )
+
+
+def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, list[str]]:
+    """`--recipe speechbrain`: the user's SpeechBrain command with the tuned values as SpeechBrain's own overrides
+    (the loader options mapping of LOADER_OPTIONS, --precision from PRECISION_WORDS), and the recipe's values today
+    as the baseline (its hparams' loader options, --precision fp32). Each problem is one line, before any trial.
+
+    Raises:
+        UserError: SpeechBrain is not installed; the command names no hparams file, or one that cannot be read or
+            has no loader options; the command already sets what autotune tunes; it overrides a key the hparams
+            file does not have.
+    """
+    if importlib.util.find_spec("speechbrain") is None:
+        raise UserError("--recipe speechbrain needs SpeechBrain in this environment: pip install speechbrain")
+    try:
+        words = shlex.split(template)
+    except ValueError as error:
+        raise UserError(f"--command cannot be split into words as a shell would: {error}") from None
+    hparams_name = next((word for word in words if word.endswith((".yaml", ".yml"))), None)
+    if hparams_name is None:
+        raise UserError(
+            "--recipe speechbrain: the command names no hparams file; write it as you run the recipe, e.g. "
+            "'python train.py hparams/train.yaml --data_folder data'"
+        )
+    hparams = _read_hparams(Path(cwd) / hparams_name, hparams_name)
+    key = next((name for name in LOADER_KEYS if isinstance(hparams.get(name), dict)), None)
+    if key is None:
+        raise UserError(
+            f"--recipe speechbrain: {hparams_name} has no loader options ({' or '.join(LOADER_KEYS)}): autotune "
+            "tunes the DataLoader through them"
+        )
+    _check_overrides(words, hparams, hparams_name, key)
+    mapping = loader_override({name: "{" + name + "}" for name in LOADER_OPTIONS})
+    override = "{{" + mapping[1:-1] + "}}"  # the mapping's own braces are literal in the template, its values fill
+    full = f"{template} --{key} {shlex.quote(override)} --precision {{precision}}"
+    command = TrainingCommand.checked(
+        full,
+        cwd=cwd,
+        recipe="speechbrain",
+        words={"precision": dict(PRECISION_WORDS)},
+        unset=dict(UNSET),
+        precisions={device: tuple(names) for device, names in PRECISIONS.items()},
+    )
+    return command, _baseline(hparams, hparams[key])
+
+
+class _TagsAsText(yaml.SafeLoader):
+    """HyperPyYAML read without building anything: a tagged node is its text (`!ref <batch_size>` is
+    "<batch_size>"), so that the loader options and the top-level keys can be read."""
+
+
+def _tagged(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        return loader.construct_scalar(node)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node)
+    return loader.construct_mapping(node)  # type: ignore[arg-type]
+
+
+_TagsAsText.add_multi_constructor("!", _tagged)
+
+
+def _read_hparams(path: Path, name: str) -> dict[str, Any]:
+    try:
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_TagsAsText)  # noqa: S506 - SafeLoader's subclass
+    except OSError as error:
+        raise UserError(f"--recipe speechbrain: cannot read {name}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"--recipe speechbrain: {name} is not YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(document, dict):
+        raise UserError(f"--recipe speechbrain: {name} is not a mapping of hparams")
+    return document
+
+
+def _run_options() -> set[str]:
+    """SpeechBrain's run options (--device, --precision...), read from its run_opts.py without importing it (the
+    import applies its quirks to this process); empty where the file is not where it was (then nothing is refused)."""
+    spec = importlib.util.find_spec("speechbrain")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        try:
+            tree = ast.parse((Path(folder) / "utils" / "run_opts.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "HELP_TEXTS" for t in node.targets):
+                value = ast.literal_eval(node.value)
+                return {*value, "jit_module_keys", "compile_module_keys"}
+    return set()
+
+
+def _check_overrides(words: list[str], hparams: dict[str, Any], name: str, key: str) -> None:
+    """The command's own `--key value` overrides: none of what autotune sets, each a key the hparams file has (or
+    a run option): an override SpeechBrain would add silently is a value the recipe never reads."""
+    options = _run_options()
+    for word in words:
+        if not word.startswith("--") or len(word) == 2:
+            continue
+        given = word[2:].split("=", 1)[0]
+        if given in (key, "precision"):
+            raise UserError(
+                f"--recipe speechbrain: the command sets --{given} itself; leave it out: autotune sets it per trial "
+                f"(your values today are read from {name})"
+            )
+        if options and given not in options and given not in hparams:
+            keys = ", ".join(sorted(k for k in hparams if not k.startswith("__")))
+            raise UserError(f"--recipe speechbrain: --{given} is not a key of {name} (its keys: {keys})")
+
+
+def _baseline(hparams: dict[str, Any], loader: dict[str, Any]) -> list[str]:
+    """The recipe's values today, as --baseline items: its loader options, a `!ref <key>` read from the top level."""
+    items = []
+    for knob, option in LOADER_OPTIONS.items():
+        value = loader.get(option)
+        if isinstance(value, str) and value.startswith("<") and value.endswith(">"):
+            value = hparams.get(value[1:-1])
+        if isinstance(value, (bool, int)) and value is not None:
+            items.append(f"{knob}={str(value).lower() if isinstance(value, bool) else value}")
+    return items

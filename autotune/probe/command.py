@@ -77,6 +77,13 @@ class TrainingCommand:
     cwd: str = "."  # where the command runs: the folder autotune was started in
     knobs_by: dict[str, str] = field(default_factory=dict)  # knob -> "command" | "config" | "autotune"
     lightning: str | None = None  # the factory of a --lightning run (probe/lightning.py writes its template)
+    recipe: str | None = None  # the framework of a --recipe run (exports/recipes.py writes its overrides)
+    # A framework's own word for a knob's value (SpeechBrain's --precision fp32 for fp32-default), and for a knob a
+    # configuration leaves unset (YAML's null for prefetch_factor without workers): the one mapping its export uses.
+    words: dict[str, dict[str, str]] = field(default_factory=dict)
+    unset: dict[str, str] = field(default_factory=dict)
+    # The precisions the framework can train as asked, per device type ("cpu", "cuda"): the search offers only these.
+    precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def checked(
@@ -88,15 +95,19 @@ class TrainingCommand:
         apply: list[str] | tuple[str, ...] = (),
         cwd: str = ".",
         lightning: str | None = None,
+        recipe: str | None = None,
+        words: dict[str, dict[str, str]] | None = None,
+        unset: dict[str, str] | None = None,
+        precisions: dict[str, tuple[str, ...]] | None = None,
     ) -> TrainingCommand:
         """The command, with every placeholder, key and knob checked against what it names; one line otherwise."""
         if not template.strip():
             raise UserError("--command is empty; give the command that starts your training, e.g. 'python train.py'")
         try:
-            words = shlex.split(template)
+            split = shlex.split(template)
         except ValueError as error:
             raise UserError(f"--command cannot be split into words as a shell would: {error}") from None
-        if not words:
+        if not split:
             raise UserError("--command is empty; give the command that starts your training")
         knobs_by: dict[str, str] = {}
         in_command = _placeholders(template, "--command")
@@ -140,6 +151,10 @@ class TrainingCommand:
             cwd=str(Path(cwd).resolve()),
             knobs_by=knobs_by,
             lightning=lightning,
+            recipe=recipe,
+            words=dict(words or {}),
+            unset=dict(unset or {}),
+            precisions=dict(precisions or {}),
         )
 
     @property
@@ -151,9 +166,16 @@ class TrainingCommand:
         """The values of this command's knobs in a configuration, as the trial asks for them."""
         return {name: getattr(config, name) for name in self.knobs}
 
+    def fill(self, name: str, value: Any) -> str:
+        """A knob's value as this command writes it: the framework's word where it has one."""
+        if value is None and name in self.unset:
+            return self.unset[name]
+        text = fill_value(name, value)
+        return self.words.get(name, {}).get(text, text)
+
     def argv(self, config: TrialConfig, config_copy: Path | None) -> list[str]:
         """The command's words for one configuration (no shell: each word as the template split it)."""
-        fills = {name: shlex.quote(fill_value(name, getattr(config, name))) for name in COMMAND_KNOBS}
+        fills = {name: shlex.quote(self.fill(name, getattr(config, name))) for name in COMMAND_KNOBS}
         if config_copy is not None:
             fills[CONFIG_PLACEHOLDER] = shlex.quote(str(config_copy))
         return shlex.split(self.template.format(**fills))
@@ -164,7 +186,7 @@ class TrainingCommand:
             return None
         changes = {
             key: config_file.safe_scalar(
-                value.format(**{name: fill_value(name, getattr(config, name)) for name in COMMAND_KNOBS})
+                value.format(**{name: self.fill(name, getattr(config, name)) for name in COMMAND_KNOBS})
             )
             for key, value in self.sets
         }
@@ -187,6 +209,16 @@ class TrainingCommand:
             "apply": list(self.apply),
             "cwd": self.cwd,
             **({"lightning": self.lightning} if self.lightning else {}),
+            **(
+                {
+                    "recipe": self.recipe,
+                    "words": self.words,
+                    "unset": self.unset,
+                    "precisions": {device: list(names) for device, names in self.precisions.items()},
+                }
+                if self.recipe
+                else {}
+            ),
         }
 
     @classmethod
@@ -199,6 +231,10 @@ class TrainingCommand:
             apply=tuple(data.get("apply", ())),
             cwd=str(data.get("cwd", ".")),
             lightning=data.get("lightning"),
+            recipe=data.get("recipe"),
+            words=dict(data.get("words") or {}),
+            unset=dict(data.get("unset") or {}),
+            precisions={key: tuple(value) for key, value in (data.get("precisions") or {}).items()},
         )
 
 

@@ -16,14 +16,27 @@ from typing import Any
 __all__ = ["LoaderSeen", "batch_items", "built_at", "maths_in_force", "observed_values"]
 
 # Frames of these packages are not where a user's DataLoader was built: the first frame outside them is.
+# Code that builds a DataLoader for the user's training rather than being it: the frameworks' own loader makers
+# (SpeechBrain's Brain.make_dataloader, ESPnet's iterator factories, speakerlab's and WeNet's builders).
 _LIBRARY_PARTS = tuple(
-    f"{os.sep}{name}{os.sep}" for name in ("torch", "lightning", "pytorch_lightning", os.path.join("autotune", "probe"))
+    f"{os.sep}{name}{os.sep}"
+    for name in (
+        "torch",
+        "lightning",
+        "pytorch_lightning",
+        "speechbrain",
+        "espnet2",
+        "speakerlab",
+        "wenet",
+        os.path.join("autotune", "probe"),
+    )
 )
 
 
 def batch_items(batch: Any) -> int:
     """Items in a batch: the first dimension of its first tensor (in a tuple, list or dict, depth first); a list of
-    non-tensors counts its elements. 0 when nothing in it says (the step's work is then unknown)."""
+    non-tensors counts its elements; another batch object its `batchsize` or its length. 0 when nothing in it says
+    (the step's work is then unknown)."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else 1
@@ -31,8 +44,11 @@ def batch_items(batch: Any) -> int:
         values: Any = list(batch.values())
     elif isinstance(batch, (list, tuple)):
         values = batch
-    else:
-        return 0
+    else:  # a framework's batch object (SpeechBrain's PaddedBatch): its own count of the examples it holds
+        size = getattr(batch, "batchsize", None)
+        if isinstance(size, int):
+            return size
+        return len(batch) if hasattr(batch, "__len__") and not isinstance(batch, (str, bytes)) else 0
     for value in values:
         if isinstance(value, (dict, list, tuple)) or getattr(value, "shape", None) is not None:
             found = batch_items(value)

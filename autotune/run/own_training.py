@@ -134,6 +134,11 @@ def command_space(command: TrainingCommand, baseline: dict[str, Any], hardware: 
     """search_spaces/command.yaml cut to the command's knobs, its batch range around the baseline's."""
     data = read_space(space_path("command"))
     params = {name: dict(spec) for name, spec in data["params"].items() if name in command.knobs}
+    expressible = command.precisions.get(hardware.device_type)
+    if expressible and "precision" in params:  # a framework's own flag trains only these as asked
+        params["precision"]["choices"] = [name for name in params["precision"]["choices"] if name in expressible]
+        if baseline.get("precision") not in expressible:
+            baseline = {**baseline, "precision": expressible[0]}  # what the recipe trains with its own default
     if "per_device_batch_size" in params:
         batch = int(baseline["per_device_batch_size"])
         params["per_device_batch_size"].update(low=max(1, batch // 4), high=max(2, batch * 4))
