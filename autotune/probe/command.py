@@ -82,6 +82,9 @@ class TrainingCommand:
     # configuration leaves unset (YAML's null for prefetch_factor without workers): the one mapping its export uses.
     words: dict[str, dict[str, str]] = field(default_factory=dict)
     unset: dict[str, str] = field(default_factory=dict)
+    # A knob the framework counts for all processes together (3D-Speaker's and ESPnet's batch_size is the global
+    # batch): its value times this, the command's world size.
+    scale: dict[str, int] = field(default_factory=dict)
     # The precisions the framework can train as asked, per device type ("cpu", "cuda"): the search offers only these.
     precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -99,6 +102,7 @@ class TrainingCommand:
         words: dict[str, dict[str, str]] | None = None,
         unset: dict[str, str] | None = None,
         precisions: dict[str, tuple[str, ...]] | None = None,
+        scale: dict[str, int] | None = None,
     ) -> TrainingCommand:
         """The command, with every placeholder, key and knob checked against what it names; one line otherwise."""
         if not template.strip():
@@ -155,6 +159,7 @@ class TrainingCommand:
             words=dict(words or {}),
             unset=dict(unset or {}),
             precisions=dict(precisions or {}),
+            scale=dict(scale or {}),
         )
 
     @property
@@ -170,6 +175,8 @@ class TrainingCommand:
         """A knob's value as this command writes it: the framework's word where it has one."""
         if value is None and name in self.unset:
             return self.unset[name]
+        if name in self.scale and isinstance(value, int) and not isinstance(value, bool):
+            value = value * self.scale[name]
         text = fill_value(name, value)
         return self.words.get(name, {}).get(text, text)
 
@@ -215,6 +222,7 @@ class TrainingCommand:
                     "words": self.words,
                     "unset": self.unset,
                     "precisions": {device: list(names) for device, names in self.precisions.items()},
+                    "scale": self.scale,
                 }
                 if self.recipe
                 else {}
@@ -235,6 +243,7 @@ class TrainingCommand:
             words=dict(data.get("words") or {}),
             unset=dict(data.get("unset") or {}),
             precisions={key: tuple(value) for key, value in (data.get("precisions") or {}).items()},
+            scale={key: int(value) for key, value in (data.get("scale") or {}).items()},
         )
 
 
