@@ -278,6 +278,8 @@ class Session:
         now, clock = time.perf_counter(), self.clock
         if phase == "window":
             elapsed, samples = now - clock.window.started_at, clock.window.samples
+            if not samples:
+                return  # the step that opened the window: no window step is timed yet, its rate would read 0
         else:
             elapsed, samples = now - (self.first_batch_at or self.started_at), self._warmup_items
         self._progress_writer(phase, samples / elapsed if elapsed > 0 else 0.0, elapsed)

@@ -15,16 +15,24 @@ trial starts that should end past it. Within it the plan follows three rules the
   uses the budget it was given instead of stopping when a baseline-sized trial no longer fits.
 - **Confirmation compares leaders.** Its room is the leaders' own wall times times the repeats, at most
   CONFIRM_SHARE of the budget (a tight budget is better spent finding candidates than re-measuring them).
+
+Two rules at the budget's edges. Before the first trial, a budget whose trials' share cannot hold one honest
+measurement (shortest_trial_s: a full window by the rules, at a step too short to count) is refused with the budget
+that would (Budget.check_fits_one), rather than spent on a trial the budget must stop. And a trial the budget stops
+after its window timed enough keeps what it timed, a shorter window marked so (search/in_flight.py measure); the
+result then says which windows were cut (cut_window_notes).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autotune.errors import UserError
 from autotune.search.candidates import Candidate, TrialRecord, config_key
 from autotune.trial.steady import expected_trial_s
 
@@ -32,7 +40,18 @@ if TYPE_CHECKING:
     from autotune.knobs.config import TrialConfig
     from autotune.trial import TimingSettings
 
-__all__ = ["CONFIRM_SHARE", "PRIOR_FIXED_S", "Stage", "BudgetPlan", "PlanState", "TrialCosts", "Budget"]
+__all__ = [
+    "CONFIRM_SHARE",
+    "PRIOR_FIXED_S",
+    "Stage",
+    "BudgetPlan",
+    "BudgetTooShort",
+    "PlanState",
+    "TrialCosts",
+    "Budget",
+    "cut_window_notes",
+    "shortest_trial_s",
+]
 
 CONFIRM_SHARE = 0.25  # of the budget, at most, kept for confirmation while the search runs
 # A queued trial runs, with nothing but the baseline measured, while this share of its estimated cost is left
@@ -41,6 +60,34 @@ LAST_CHANCE_SHARE = 0.5
 PRIOR_FIXED_S = 5.0  # a trial's process start, setup and teardown before any was measured (2-core CPU: 3-4 s)
 # roles whose wall time says little about a search trial's (a long run's confirmation may measure longer windows)
 _NOT_ESTIMATES = ("baseline", "preload", "confirm")
+
+
+class BudgetTooShort(UserError):
+    """--budget leaves the trials less time than one honest measurement takes."""
+
+
+def shortest_trial_s(timing: TimingSettings) -> float:
+    """The least wall time any trial takes to time one full window by the rules (trial/steady.py), whatever its
+    configuration: PRIOR_FIXED_S of process start and set-up, the shortest warm-up, and the window that so much
+    start-up calls for, at a step too short to count (a millisecond)."""
+    return expected_trial_s(1e-3, PRIOR_FIXED_S, timing)
+
+
+def cut_window_notes(records: Sequence[TrialRecord]) -> list[str]:
+    """What the result should say about windows the budget cut (trial/loop.py measure): which, how long against
+    what their rules asked for, and how much their throughput varied."""
+    cut = [record for record in records if record.result.feasible and record.result.window_cut_by_budget]
+    notes = []
+    for record in cut:
+        result = record.result
+        spread = "" if result.throughput_cv is None else f", throughput CV {result.throughput_cv:.2f} across its parts"
+        timed = f"{result.window_steps} steps over {result.window_s or 0.0:.0f} s"
+        notes.append(
+            f"the window of trial #{record.number} ({record.role}, {record.config.short()}) was shortened by --budget: "
+            f"{timed} of the {result.window_planned_s or 0.0:.0f} s its rules asked for{spread}; a larger --budget "
+            "measures it in full"
+        )
+    return notes
 
 
 class TrialCosts:
@@ -189,6 +236,29 @@ class Budget:
         """A trial of cost_s, started now, should end with keep_s still left."""
         left = self.left_s()
         return left is None or cost_s + keep_s <= left
+
+    def check_fits_one(self) -> None:
+        """Before the first trial: refuse a budget whose trials' share cannot hold one honest measurement
+        (shortest_trial_s), saying which budget would. Such a trial could only be stopped, or give a window the
+        budget cut; a run that could never measure is better refused now than after spending its budget.
+
+        Raises:
+            BudgetTooShort: with what the trials are left, what went before them, and the budget that would do.
+        """
+        left = self.left_s()
+        if left is None or self.budget_s is None:
+            return
+        least = shortest_trial_s(self.costs.timing)
+        if left >= least:
+            return
+        spent = self.spent_before_s + self.elapsed_s()
+        would = math.ceil((spent + least) / 60.0)
+        before = f" once what came before them (input checks, data, AMP check) took {spent:.0f} s" if spent >= 1 else ""
+        raise BudgetTooShort(
+            f"--budget leaves {max(left, 0.0):.0f} s for the trials{before}, and one trial takes at least "
+            f"{least:.0f} s to time a full window (start, warm-up, window): give --budget {would}m or more, or "
+            "--budget none"
+        )
 
     def last_chance(self, cost_s: float, measured_configs: int) -> bool:
         """Whether a queued trial of cost_s that may not end in time runs anyway: only while nothing but the baseline

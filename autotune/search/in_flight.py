@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +32,14 @@ from autotune.search.candidates import Candidate, TrialRecord
 from autotune.search.pruning import Pruner
 from autotune.trial import TrialResult, TrialSpec
 
-__all__ = ["Started", "InFlight", "measure", "tell", "on_node", "placement_notes", "FEASIBILITY"]
+__all__ = ["Started", "InFlight", "measure", "tell", "on_node", "placement_notes", "FEASIBILITY", "RESULT_RESERVE_S"]
 
 logger = logging.getLogger(__name__)
 FEASIBILITY = "infeasible"  # the constraint told to Optuna: > 0 means the configuration cannot be used
 WAIT_S = 0.5  # the main thread's wait for a finished trial, in slices Ctrl-C can interrupt
+# Seconds a trial the budget cuts keeps, between its window's end and the budget's kill, to write its result: the
+# summary, the DataLoader workers' shutdown and the JSON, with room for a loaded machine (docs/how-it-measures.md).
+RESULT_RESERVE_S = 5.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -124,12 +128,24 @@ def measure(
     load: a disturbed leader is re-measured in confirmation, interleaved with the others.
 
     timeout_s: the trial's, cut to what is left of --budget where cut_by_budget; room(seconds): whether the budget
-    has room for measuring it once more."""
+    has room for measuring it once more. Where the budget cuts it, the child is told when (less RESULT_RESERVE_S to
+    write its result): a window that has timed enough by then is kept, shorter and marked so (window_cut_by_budget), a
+    measurement like any other; one that has not is "stopped", as is a trial the budget's kill ends."""
 
     def launched(spec: TrialSpec, workdir: Path) -> TrialResult:
+        if cut_by_budget:  # the child ends its window in time to write what it timed (trial/loop.py measure)
+            deadline = time.time() + max(timeout_s, 1.0) - RESULT_RESERVE_S
+            spec = dataclasses.replace(spec, window_deadline_unix_s=deadline)
         result = launch_trial(spec, workdir=workdir, timeout_s=max(timeout_s, 1.0), should_prune=pruner)
         if result.status == "timeout" and cut_by_budget:  # the budget's end, not the configuration's verdict
             result.status, result.reason = "stopped", f"stopped when --budget ran out, after {timeout_s:.0f} s"
+        if result.window_cut_by_budget:
+            logger.warning(
+                "%s: --budget ran out during its window; kept as measured over %.0f s of the %.0f s planned",
+                spec.config.short(),
+                result.window_s or 0.0,
+                result.window_planned_s or 0.0,
+            )
         return result
 
     result = launched(spec, folder)

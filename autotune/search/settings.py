@@ -27,8 +27,11 @@ class TunerSettings:
     trial_timeout_s: float = 300.0
     timing: TimingSettings = field(default_factory=TimingSettings)
     prune: bool = True
-    prune_window_fraction: float = 0.5  # stop a search trial running below this share of the best so far...
-    prune_warmup_fraction: float = 0.25  # ...or, from its warm-up steps, projected below this share
+    # Stop a search trial running below this share of the best so far in its window; in warm-up, below the second
+    # share over steps after the first two, or the third from the steps after the first alone (search/pruning.py).
+    prune_window_fraction: float = 0.5
+    prune_warmup_fraction: float = 0.25
+    prune_early_fraction: float = 0.125
     parallel: int = (
         1  # search trials in flight at once, each on a node of its own (--executor slurm; search/in_flight.py)
     )

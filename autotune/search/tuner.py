@@ -254,7 +254,9 @@ class Tuner:
     def _search(self) -> str:
         """The baseline, then the warm start (or a cold study's seeds), then the sampler's (or the grid's) points;
         returns what stopped it. A queued trial needs room only for itself and the closing trials: it comes before
-        confirmation, which is kept room for only once there is something to compare (search/budget.py)."""
+        confirmation, which is kept room for only once there is something to compare (search/budget.py). A budget
+        that cannot hold one honest measurement is refused before the baseline (Budget.check_fits_one)."""
+        self.budget.check_fits_one()
         self._plan_changed()
         baseline = self._run_one("baseline", dict(self.space.baseline))
         if self.strict_baseline and baseline.result.status == "error":

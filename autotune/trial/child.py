@@ -17,6 +17,8 @@ from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, T
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
+    from autotune.trial.loop import RateSpan
+
 __all__ = ["run_trial", "classify_exception"]
 
 logger = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
     """Status and one-line reason for an exception raised by a trial."""
     import torch
 
-    from autotune.trial.loop import NonFiniteLossError
+    from autotune.trial.loop import BudgetStopped, NonFiniteLossError
     from autotune.trial.signals import describe_signal_name
 
     lines = str(error).strip().splitlines() or [""]
@@ -42,6 +44,8 @@ def classify_exception(error: BaseException) -> tuple[str, str]:
         return "oom", f"out of memory: {first_line}"
     if isinstance(error, NonFiniteLossError):
         return "nonfinite", first_line
+    if isinstance(error, BudgetStopped):
+        return "stopped", first_line
     if isinstance(error, EpochAccountingError):
         return "accounting", first_line
     worker_signal = _WORKER_SIGNAL.search(str(error))
@@ -80,7 +84,9 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     total_batches = planned_batches(timing, config.grad_accum_steps)
     loader: DataLoader[Any] | None  # None once measured: its workers shut down
     loader = build_loader(setup, config, total_batches=total_batches, seed=spec.seed, rank=rank)
-    forward = distributed.Forward(setup.model, setup.loss_fn, device)
+    forward = distributed.Forward(
+        setup.model, setup.loss_fn, device, find_unused_parameters=setup.find_unused_parameters
+    )
     memory = PeakMemory(device)
     telemetry = _telemetry_for(device)
     if telemetry:
@@ -108,13 +114,17 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
             forward=forward,
             spent_before_s=_spent_since_launch(started),
             on_window_start=telemetry.start if telemetry else lambda: None,
-            on_progress=progress or (lambda phase, rate, elapsed_s: None),
+            on_progress=progress or (lambda phase, rate, elapsed_s, span: None),
+            stop_by=None if rank.distributed else _stop_by(spec),
         )
         gpu = telemetry.stop() if telemetry else {}  # the window's figures: not the FLOP counting's below
-        if spec.count_flops:  # after the window: counting is slow
+        # A window the budget cut is written at once: the budget's kill follows (counting FLOPs is slow, and an epoch
+        # boundary's wait may take an epoch's batches)
+        if spec.count_flops and not window.cut_by_budget:  # after the window: counting is slow
             flops = count_flops_per_sample(setup, next(batches), precision, device)
-        if not spec.compute_only:
-            window.epoch_boundary_s = _epoch_boundary(loader, batches, window, config, _epoch_samples(setup, rank))
+        if not spec.compute_only and not window.cut_by_budget:
+            samples = _epoch_samples(setup, config, rank)
+            window.epoch_boundary_s = _epoch_boundary(loader, batches, window, config, samples)
     finally:
         memory.stop()
         if telemetry:
@@ -122,7 +132,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
-    summary = window.summary(_epoch_samples(setup, rank), config, spec.run_length, mix=mix)
+    summary = window.summary(_epoch_samples(setup, config, rank), config, spec.run_length, mix=mix)
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
@@ -137,9 +147,11 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     return {**combined, "world_size": rank.world_size, "epoch_accounting": accounting.to_dict(), "fp32_math": math}
 
 
-def _epoch_samples(setup: Any, rank: RankInfo) -> int:
+def _epoch_samples(setup: Any, config: Any, rank: RankInfo) -> int:
     """This rank's share of an epoch."""
-    return max(1, len(setup.dataset) // rank.world_size)
+    from autotune.trial.sampling import epoch_size
+
+    return max(1, epoch_size(setup, config, rank.world_size) // rank.world_size)
 
 
 def _epoch_boundary(loader: Any, batches: Any, window: Any, config: Any, samples: int) -> float | None:
@@ -153,6 +165,13 @@ def _epoch_boundary(loader: Any, batches: Any, window: Any, config: Any, samples
     ):
         return None
     return epoch_boundary.epoch_boundary_s(loader, batches, steady_wait_s=window.data_wait_s / steps)
+
+
+def _stop_by(spec: TrialSpec) -> float | None:
+    """When the run's --budget ends this trial, on this process's perf_counter clock; None where it sets no end."""
+    if spec.window_deadline_unix_s is None:
+        return None
+    return time.perf_counter() + (spec.window_deadline_unix_s - time.time())
 
 
 def _spent_since_launch(started: float) -> float:
@@ -170,13 +189,13 @@ def _check_epoch_accounting(setup: Any, config: Any, rank: RankInfo, seed: int) 
     rank's epoch mix (trial/epoch_mix.py) where the workload's items differ in length; None otherwise."""
     from autotune.trial import distributed
     from autotune.trial.epoch_mix import EpochMix
-    from autotune.trial.sampling import EpochAccounting, count_epoch, epoch_batches
+    from autotune.trial.sampling import EpochAccounting, count_epoch, epoch_batches, epoch_size
 
     batches = epoch_batches(setup, config, rank=rank.rank, world_size=rank.world_size, seed=seed, epoch=0, fill=False)
     own = count_epoch(batches, setup.item_audio_s)
     counts = distributed.all_gather(own)
     accounting = EpochAccounting(
-        dataset_size=len(setup.dataset),
+        dataset_size=epoch_size(setup, config, rank.world_size),
         world_size=rank.world_size,
         per_device_batch_size=config.per_device_batch_size,
         batches_per_rank=tuple(count[0] for count in counts),
@@ -256,20 +275,38 @@ def _others_across_ranks(summaries: list[dict[str, Any]]) -> float | None:
 
 
 class ProgressWriter:
-    """Tells the parent how the trial is going (for pruning), at most twice a second, through a small JSON file."""
+    """Tells the parent how the trial is going (for pruning), at most twice a second, through a small JSON file.
+
+    With the span a rate covers (trial/loop.py RunningRates) the reading says which steps those are (after_steps,
+    steps, seconds) and the share of the CPUs other processes took meanwhile, so that the pruner holds it to the bar
+    those steps deserve (search/pruning.py). A writer without one (own training's probe) writes the rate alone.
+    """
 
     def __init__(self, path: str, interval_s: float = 0.5, scale: int = 1) -> None:
         self.path, self.interval_s, self._last = path, interval_s, 0.0
         self.scale = scale  # rank 0 speaks for all ranks: its rate times the world size
 
-    def __call__(self, phase: str, samples_per_second: float, elapsed_s: float) -> None:
+    def __call__(self, phase: str, samples_per_second: float, elapsed_s: float, span: RateSpan | None = None) -> None:
         from autotune import yamlio
 
         now = time.monotonic()
         if now - self._last >= self.interval_s:
             self._last = now
             rate = samples_per_second * self.scale
-            yamlio.write_json(self.path, {"phase": phase, "samples_per_second": rate, "elapsed_s": elapsed_s})
+            reading: dict[str, Any] = {"phase": phase, "samples_per_second": rate, "elapsed_s": elapsed_s}
+            if span is not None:
+                reading.update(after_steps=span.after_steps, steps=span.steps, seconds=span.seconds)
+                reading.update(others_cpu_fraction=self._others(span))
+            yamlio.write_json(self.path, reading)
+
+    def _others(self, span: RateSpan) -> float | None:
+        """Other processes' share of the CPUs over the span; None across ranks (rank 0's process tree is not the
+        trial's: the other ranks would count as other processes)."""
+        from autotune.machine.cpu_load import cpu_sample, others_fraction
+
+        if self.scale > 1 or span.since is None:
+            return None
+        return others_fraction(span.since, cpu_sample())
 
 
 def _telemetry_for(device: Any) -> Any:

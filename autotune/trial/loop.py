@@ -23,10 +23,19 @@ from autotune.trial.distributed import Forward
 from autotune.trial.memory import PeakMemory
 from autotune.trial.scaler import SkipCountingScaler
 from autotune.trial.spec import TimingSettings
-from autotune.trial.window_record import WindowMeasurement, step_work
+from autotune.trial.window_record import WindowMeasurement, step_work, throughput_cv
 from autotune.workloads.base import TrainingSetup
 
-__all__ = ["NonFiniteLossError", "Stepper", "check_finite", "measure", "synchronize"]
+__all__ = [
+    "BudgetStopped",
+    "NonFiniteLossError",
+    "RateSpan",
+    "RunningRates",
+    "Stepper",
+    "check_finite",
+    "measure",
+    "synchronize",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +44,74 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite: this configuration does not train."""
 
 
+class BudgetStopped(RuntimeError):
+    """The run's --budget ended the window before it had timed enough to keep: the trial says nothing about its
+    configuration (status "stopped")."""
+
+
 FIRST_STEPS_KEPT = 4  # warm-up steps whose times a result keeps: where a trial's start-up went
+
+
+@dataclass(kw_only=True, slots=True)
+class RateSpan:
+    """Steps after the trial's first `after_steps` (compiling steps left out): how many, their seconds and samples,
+    and the CPUs' use when they began (other processes' share over them: machine/cpu_load.py)."""
+
+    after_steps: int
+    since: CpuSample | None
+    steps: int = 0
+    seconds: float = 0.0
+    samples: int = 0
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, step_s: float, samples: int) -> None:
+        self.steps, self.seconds, self.samples = self.steps + 1, self.seconds + step_s, self.samples + samples
+
+
+ProgressCallback = Callable[[str, float, float, RateSpan], None]  # phase, samples/s, elapsed_s, the steps it covers
+
+
+class RunningRates:
+    """What the parent's pruner is told as the steps come (search/pruning.py judges it): never a rate over the
+    trial's first step. A warm-up reading covers the steps after the trial's first STARTUP_STEPS (trial/steady.py)
+    once two of them ran, else the steps after the first; a window reading covers the window's steps after the first
+    STARTUP_STEPS of the trial (on a CPU the window may begin at the second step). Each reading says which steps it
+    covers, so that the pruner holds it to the bar those steps deserve."""
+
+    def __init__(self, report: ProgressCallback) -> None:
+        self.report = report
+        self.steps = 0  # the trial's steps so far, compiling ones left out
+        self.marks: list[RateSpan] = []  # after the first step, after the second
+        self.window: RateSpan | None = None
+        self.in_window = False
+
+    def start_window(self, since: CpuSample) -> None:
+        self.in_window = True
+        if self.steps >= steady.STARTUP_STEPS:
+            self.window = RateSpan(after_steps=self.steps, since=since)
+
+    def step(self, phase: str, step_s: float, samples: int, elapsed_s: float) -> None:
+        """One step ended (not a compiling one): tell the parent the reading for this phase."""
+        for span in [*self.marks, *([self.window] if self.window else [])]:
+            span.add(step_s, samples)
+        self.steps += 1
+        if self.steps <= steady.STARTUP_STEPS:  # a mark costs a /proc read: twice a trial, between steps
+            self.marks.append(RateSpan(after_steps=self.steps, since=cpu_sample()))
+            if self.in_window and self.steps == steady.STARTUP_STEPS:
+                self.window = RateSpan(after_steps=self.steps, since=self.marks[-1].since)
+        reading = self._reading(phase)
+        if reading is not None:
+            self.report(phase, reading.samples_per_second, elapsed_s, reading)
+
+    def _reading(self, phase: str) -> RateSpan | None:
+        if phase == "window":
+            return self.window if self.window and self.window.steps else None
+        settled = [span for span in self.marks if span.after_steps >= steady.STARTUP_STEPS and span.steps >= 2]
+        started = [span for span in self.marks if span.steps >= 1]
+        return (settled or started)[-1] if settled or started else None
 
 
 def synchronize(device: torch.device) -> None:
@@ -128,26 +204,51 @@ class _Window:
         steps, timing = len(self.times_s) - self.front, self.timing
         if steps >= timing.max_window_steps:
             return True
-        trimmed_s = sum(self.times_s[: self.front])
-        target_s = steady.window_target_s(self.spent_before_s + self.warmup.warmup_s + trimmed_s, timing)
-        if steps < timing.min_window_steps or self.seconds < target_s:
+        if steps < timing.min_window_steps or self.seconds < self.target_s():
             return False
-        if not self.hindsight or not self._may_trim(trimmed_s):
+        if not self.hindsight or not self._may_trim(sum(self.times_s[: self.front])):
             return True
+        front = self._transient_front()
+        if front <= 0:
+            return True
+        self._trim(front)
+        return False
+
+    def cut_short(self) -> bool:
+        """The run's budget ends the window now: a transient front is trimmed as done() would (where what is left
+        still has a spread); whether what is left is worth keeping: its spread can be measured (throughput_cv: two
+        parts of two steps and MIN_STABILITY_PART_S each, the least the stability gate can judge)."""
+        if self.hindsight and self._may_trim(sum(self.times_s[: self.front])):
+            front = self._transient_front()
+            if front > 0 and self._spread_measurable(self.front + front):
+                self._trim(front)
+        return self._spread_measurable(self.front)
+
+    def target_s(self) -> float:
+        """The window the rules ask for now (trial/steady.py window_target_s)."""
+        trimmed_s = sum(self.times_s[: self.front])
+        return steady.window_target_s(self.spent_before_s + self.warmup.warmup_s + trimmed_s, self.timing)
+
+    def _spread_measurable(self, start: int) -> bool:
+        work = step_work(self.samples_per_step[start:], self.audio_per_step[start:])
+        return throughput_cv(self.times_s[start:], work) is not None
+
+    def _transient_front(self) -> int:
+        """Leading window steps (from the front on) that still belong to warm-up, by steady.transient_front."""
+        timing, steps = self.timing, len(self.times_s) - self.front
         work = step_work(self.samples_per_step[self.front :], self.audio_per_step[self.front :])
         front = steady.transient_front(self.times_s[self.front :], work, timing.steady_tolerance_fraction)
         # Warm-up, trimmed fronts included, stops at max_warmup_steps: a front found past it is trimmed only up to it.
         # The trial's DataLoader holds that many warm-up batches and no more (steady.planned_batches): a whole front
         # of a fast step, then a window to max_window_steps, ran it dry (StopIteration) on a loaded machine.
         front = min(front, timing.max_warmup_steps - self.warmup.warmup_steps - self.front)
-        front = min(math.ceil(front / self.accum_steps) * self.accum_steps, steps - self.accum_steps)
-        if front <= 0:
-            return True
+        return min(math.ceil(front / self.accum_steps) * self.accum_steps, steps - self.accum_steps)
+
+    def _trim(self, front: int) -> None:
         for moved in range(self.front, self.front + front):
             self.seconds -= self.times_s[moved]
             self.samples -= self.samples_per_step[moved]
         self.front += front
-        return False
 
     def _may_trim(self, trimmed_s: float) -> bool:
         timing = self.timing
@@ -183,7 +284,8 @@ def measure(
     forward: Forward | None = None,
     spent_before_s: float = 0.0,
     on_window_start: Callable[[], None] = lambda: None,
-    on_progress: Callable[[str, float, float], None] = lambda phase, rate, elapsed_s: None,
+    on_progress: ProgressCallback = lambda phase, rate, elapsed_s, span: None,
+    stop_by: float | None = None,
 ) -> WindowMeasurement:
     """Warm up, then time a window of full training steps (data wait, host-to-device copy, forward, backward, step).
 
@@ -193,8 +295,15 @@ def measure(
     another rate than the rest. Across ranks every rank must run the same number of steps (DDP's all-reduce would
     wait forever for a rank that stopped), so warm-up ends when all ranks have settled, and the window's step count
     is fixed in advance from the slowest rank's warm-up; ranks meet at both edges.
+
+    stop_by: when the run's --budget ends this trial (time.perf_counter() seconds, its result's writing already
+    allowed for): on one device the window then ends at the last optimiser step that fits and keeps what it timed
+    (_budget_ends_window). Across ranks it is not used: ranks that fixed their step count cannot stop apart, and the
+    budget's kill stops them as before.
     """
-    forward = forward or Forward(setup.model, setup.loss_fn, device)
+    forward = forward or Forward(
+        setup.model, setup.loss_fn, device, find_unused_parameters=setup.find_unused_parameters
+    )
     non_blocking = config.pin_memory and device.type == "cuda"
     step = Stepper(setup, forward, precision, config.grad_accum_steps, non_blocking=non_blocking)
     watch = CompileWatch(compiling=config.compile != compile_modes.OFF)
@@ -202,13 +311,14 @@ def measure(
     # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front.
     hindsight = timing.trim_transient and device.type == "cpu" and distributed.world_size() == 1
     memory.start()  # from the first step: on CUDA read at each step's end (trial/memory.py), cuDNN's searches gone
+    rates = RunningRates(on_progress)
     warmup_times = _warm_up(
         setup,
         batches,
         step,
         device,
         result,
-        on_progress,
+        rates,
         timing=timing,
         settle=not hindsight,
         watch=watch,
@@ -223,6 +333,7 @@ def measure(
     step.scaler.start_window()
     on_window_start()
     cpu_before = cpu_sample()
+    rates.start_window(cpu_before)
     steps = _Window(
         hindsight=hindsight, spent_before_s=spent_before_s, warmup=result, timing=timing, accum_steps=step.accum_steps
     )
@@ -247,11 +358,11 @@ def measure(
         # holds them to the warm-up bar (where each step's time is its own they stand in for later warm-up steps).
         early = len(steps.times_s) < 2 or now - window_start < 0.25 * timing.window_s
         phase = "warmup" if hindsight and early else "window"
-        on_progress(phase, steps.samples / max(steps.seconds, 1e-9), now - window_start)
+        rates.step(phase, steps.times_s[-1], steps.samples_per_step[-1], now - window_start)
         if window_steps is not None:
             window_done = steps.steps_run >= window_steps
         else:
-            window_done = step.at_step_boundary and steps.done()
+            window_done = step.at_step_boundary and (steps.done() or _budget_ends_window(steps, result, stop_by))
         if window_done:
             break
     synchronize(device)
@@ -264,13 +375,37 @@ def measure(
     return result
 
 
+def _budget_ends_window(steps: _Window, result: WindowMeasurement, stop_by: float | None) -> bool:
+    """Whether the run's --budget ends the window now (at an optimiser-step boundary): the next optimiser step, at
+    the longer of the last step and the window's mean, would end past stop_by. A window whose spread can be measured
+    (_Window.cut_short) is kept, marked cut; a shorter one says nothing and raises BudgetStopped."""
+    if stop_by is None or not steps.times_s:
+        return False
+    kept = len(steps.times_s) - steps.front
+    step_s = max(steps.times_s[-1], steps.seconds / max(1, kept))
+    if time.perf_counter() + steps.accum_steps * step_s <= stop_by:
+        return False
+    if not steps.cut_short():
+        raise BudgetStopped(
+            f"stopped when --budget ran out, {kept} window step(s) ({steps.seconds:.1f} s) into the window: too few "
+            "to measure their spread (two parts of two steps and a second each)"
+        )
+    result.cut_by_budget, result.planned_s = True, steps.target_s()
+    logger.warning(
+        "the run's --budget ends this trial: its window is cut to %.1f s of the %.1f s its rules asked for",
+        steps.seconds,
+        result.planned_s,
+    )
+    return True
+
+
 def _warm_up(
     setup: TrainingSetup,
     batches: Iterator[Any],
     step: Stepper,
     device: torch.device,
     result: WindowMeasurement,
-    on_progress: Callable[[str, float, float], None],
+    rates: RunningRates,
     *,
     timing: TimingSettings,
     settle: bool,
@@ -280,7 +415,7 @@ def _warm_up(
     """Warm-up steps, each synchronised (its time must be its own), until steady.warmup_done agrees on every rank.
 
     A step that compiled (the first of a compiled model, a recompile for a new shape) is recorded by the watch and
-    projects no rate for the pruner: its time is compile time, not the configuration's speed."""
+    counts in no rate for the pruner: its time is compile time, not the configuration's speed."""
     non_blocking = step.non_blocking
     started = time.perf_counter()
     warmup_times: list[float] = []
@@ -293,9 +428,8 @@ def _warm_up(
         memory.step_done()
         synchronize(device)
         warmup_times.append(time.perf_counter() - step_started)
-        compiled = watch.step_compiled(warmup_times[-1])
-        if len(warmup_times) > 1 and not compiled:  # the first step carries start-up costs; later ones project it
-            on_progress("warmup", setup.samples_in(batch) / warmup_times[-1], time.perf_counter() - started)
+        if not watch.step_compiled(warmup_times[-1]):
+            rates.step("warmup", warmup_times[-1], setup.samples_in(batch), time.perf_counter() - started)
         if step.at_step_boundary:
             done = steady.warmup_done(warmup_times, timing, require_settled=settle)
             if distributed.all_agree(done, device):  # every rank warms up for the same number of steps

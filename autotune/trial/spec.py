@@ -27,7 +27,8 @@ __all__ = [
 # passing load must not condemn a configuration).
 # "precision": the AMP check rejected the configuration's precision for this workload; such a trial is never launched.
 # "skipped": not launched because the run's --budget had no room left for it (the compute-only ceiling).
-# "stopped": the run's --budget ended while it was measured; it says nothing about the configuration.
+# "stopped": the run's --budget ended while it was measured, before its window had timed enough to keep (a window it
+# cut after that is kept: status ok, window_cut_by_budget); it says nothing about the configuration.
 STATUSES = (
     "ok",
     "oom",
@@ -133,6 +134,10 @@ class TrialSpec:
     # SLURM nodes the trial spans (--nodes): config.world_size ranks in all, world_size // nodes on each, started by
     # torchrun on every node (trial/multinode.py); 1: autotune's own launcher on one machine (trial/launch.py).
     nodes: int = 1
+    # The wall-clock time (time.time()) by which the run's --budget ends this trial, less the seconds its result takes
+    # to write (search/in_flight.py): the window ends at the last optimiser step that fits and keeps what it timed
+    # (trial/loop.py measure). None: no budget end in sight; the launch's own timeout still holds.
+    window_deadline_unix_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -208,6 +213,10 @@ class TrialResult:
     # after the precision's flags were set: fp32-default's maths depends on this torch's defaults. None on a CPU.
     fp32_math: dict[str, str] | None = None
     trimmed_steps: int = 0  # window steps found to be warm-up with hindsight (trial/steady.py); in warmup_steps
+    # The run's --budget ended the window before its rules did (TrialSpec.window_deadline_unix_s): a shorter window,
+    # kept because its spread could still be measured (throughput_cv); window_planned_s is what the rules asked for.
+    window_cut_by_budget: bool = False
+    window_planned_s: float | None = None
     others_cpu_fraction: float | None = None  # share of the CPUs other processes took during the window (0: none)
     # The window was erratic while other processes took at least BUSY_OTHERS_FRACTION (machine/cpu_load.py) of the
     # CPU: kept (status ok) and re-measured with the leaders, not condemned for someone else's job.

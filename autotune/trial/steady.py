@@ -40,7 +40,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotune.trial.spec import TimingSettings
 
-__all__ = ["settled", "warmup_done", "window_target_s", "transient_front", "expected_trial_s", "planned_batches"]
+__all__ = [
+    "STARTUP_STEPS",
+    "settled",
+    "warmup_done",
+    "window_target_s",
+    "transient_front",
+    "expected_trial_s",
+    "planned_batches",
+]
+
+# Steps at a trial's start that carry start-up: the first pays the process's (worker fork, first decode, allocation,
+# the optimiser's state), the second may still pay the loader's first batches (at a large batch on a few loaded cores
+# the workers are still decoding it when the first step ends). The pruner's settled readings leave both out
+# (trial/loop.py RunningRates, search/pruning.py).
+STARTUP_STEPS = 2
 
 
 def _chunk_steps(step_times_s: Sequence[float], chunk_s: float) -> int:

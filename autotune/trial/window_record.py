@@ -38,6 +38,8 @@ class WindowMeasurement:
     cpu: tuple[CpuSample, CpuSample] | None = None  # at the window's edges: who else used the CPUs meanwhile
     compile: CompileCost = field(default_factory=CompileCost)  # the steps that compiled (none when eager)
     warmup_first_steps_s: list[float] = field(default_factory=list)  # where start-up went: the first warm-up steps
+    cut_by_budget: bool = False  # the run's --budget ended the window before its rules did (trial/loop.py)
+    planned_s: float | None = None  # ...and the window the rules asked for then
 
     def summary(
         self, dataset_size: int, config: TrialConfig, run: RunLength | None = None, *, mix: EpochMix | None = None
@@ -86,6 +88,8 @@ class WindowMeasurement:
             "epoch_boundary_s": self.epoch_boundary_s,
             "scaler_skip_fraction": self.scaler_skip_fraction,
             "trimmed_steps": self.trimmed_steps,
+            "window_cut_by_budget": self.cut_by_budget,
+            "window_planned_s": self.planned_s,
             "warmup_first_steps_s": [round(value, 4) for value in self.warmup_first_steps_s],
             **compiled,
             **cpu_share(self.cpu),

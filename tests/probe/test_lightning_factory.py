@@ -20,7 +20,7 @@ from tests.probe.conftest import spec_for
 pytest.importorskip("lightning")
 runner = CliRunner()
 
-BROKEN = '''
+BROKEN = """
 def returns_a_number(per_device_batch_size: int = 8):
     return 3
 
@@ -30,7 +30,7 @@ def needs_a_path(path, num_workers: int = 0):
 
 
 not_callable = 7
-'''
+"""
 
 
 @pytest.fixture
@@ -83,7 +83,9 @@ def test_the_factory_knobs_and_the_trainer_precision_reach_the_training(project:
 @pytest.mark.slow
 def test_a_sampler_sharded_twice_under_the_factory_is_caught(project: Path, tmp_path: Path) -> None:
     command = lightning_command(
-        "train_lightning:make", parameters=["per_device_batch_size"], trainer=["devices=2", "use_distributed_sampler=true"]
+        "train_lightning:make",
+        parameters=["per_device_batch_size"],
+        trainer=["devices=2", "use_distributed_sampler=true"],
     )
     result = CommandLauncher(command=command)(
         spec_for(tmp_path, per_device_batch_size=8), workdir=tmp_path / "trial", timeout_s=240

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.knobs.config import TrialConfig
-from autotune.search.budget import CONFIRM_SHARE, Budget, TrialCosts
+from autotune.search.budget import CONFIRM_SHARE, Budget, BudgetTooShort, TrialCosts, shortest_trial_s
 from autotune.search.candidates import Candidate, TrialRecord
 from autotune.search.settings import TunerSettings
 from autotune.trial import TimingSettings, TrialResult
@@ -286,13 +286,17 @@ def test_a_budget_that_stops_every_trial_says_the_budget_was_too_short_not_that_
     was stopped at once, and the run said "no stable configuration ... tune when it is quieter", which blamed the
     configurations and the machine's load for what was the budget. A budget under a minute is now bad input (exit 2
     before anything runs, tests/cli/test_cli.py); one that still stops every trial (a slow start, a long AMP check) says
-    so. The floor is lowered here so that a real CPU trial is stopped within seconds."""
+    so. The floor is lowered here so that a real CPU trial is stopped within seconds, and so is the refusal of a
+    budget that cannot hold one full window (test_a_budget_that_cannot_hold_one_full_window_is_refused_before_any_trial
+    below), which would catch this one before its first trial."""
     import dataclasses
 
     from autotune.run import runner, validation
+    from autotune.search import budget
     from tests.fixtures.runs import cam_grid_request
 
     monkeypatch.setattr(validation, "MIN_BUDGET_S", 0.5)
+    monkeypatch.setattr(budget, "shortest_trial_s", lambda timing: 0.0)
     space = "params:\n  per_device_batch_size: {type: categorical, choices: [8, 16]}\nfixed: {num_workers: 0}\n"
     request = cam_grid_request(tmp_path, tiny_corpus, space, trials=2)
     request = dataclasses.replace(request, settings=dataclasses.replace(request.settings, budget_s=1.0))
@@ -302,3 +306,32 @@ def test_a_budget_that_stops_every_trial_says_the_budget_was_too_short_not_that_
     assert message.startswith("the --budget of 1 s ran out before any configuration was measured (")
     assert "trial(s) stopped" in message and message.endswith("give a larger --budget, or --budget none")
     assert "no stable configuration" not in message and "quieter" not in message
+
+
+def test_a_budget_that_cannot_hold_one_full_window_is_refused_before_any_trial_with_the_budget_that_would():
+    """Before the baseline, a trials' share below the shortest honest trial (start, warm-up and a full window at a
+    step too short to count) is refused with the budget that would hold one, instead of being spent on a trial the
+    budget can only stop."""
+    timing = TimingSettings()  # a 10-s window: 5 s of start-up, 1 s of warm-up, a 24-s window
+    assert shortest_trial_s(timing) == pytest.approx(30.0, abs=0.1)
+    Budget(31.0, timing, clock=lambda: 0.0).check_fits_one()  # holds one
+    Budget(None, timing, clock=lambda: 0.0).check_fits_one()  # no budget
+    with pytest.raises(BudgetTooShort) as refused:
+        Budget(20.0, timing, clock=lambda: 0.0, spent_before_s=40.0).check_fits_one()
+    message = str(refused.value)
+    assert message.startswith("--budget leaves 20 s for the trials once what came before them")
+    assert "at least 30 s" in message and message.endswith("give --budget 2m or more, or --budget none")
+
+
+def test_the_tuner_launches_nothing_when_its_budget_cannot_hold_one_trial(tmp_path, cpu_hardware):
+    launched = []
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        launched.append(spec)
+        return _result(5.0, 30.0)
+
+    settings = TunerSettings(trials=3, budget_s=12.0, prune=False)
+    tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: 0.0)
+    with pytest.raises(BudgetTooShort, match="give --budget 1m or more"):
+        tuner.run()
+    assert launched == [] and len(tuner.study.trials) == 0  # no trial asked of the study either

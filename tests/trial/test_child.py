@@ -23,6 +23,34 @@ def test_out_of_memory_is_oom_however_the_cuda_library_reports_it(error):
     assert status == "oom" and reason.startswith("out of memory: ") and "\n" not in reason
 
 
+def test_a_window_the_budget_stopped_too_soon_is_stopped_not_failed():
+    from autotune.trial.loop import BudgetStopped
+
+    status, reason = classify_exception(BudgetStopped("stopped when --budget ran out, 2 window step(s) (2.0 s) in"))
+    assert status == "stopped" and reason.startswith("stopped when --budget ran out")
+
+
+def test_the_progress_file_says_which_steps_a_rate_covers_and_who_else_used_the_cpu(tmp_path):
+    """What the parent's pruner reads (search/pruning.py): the rate, and with the span it covers (trial/loop.py
+    RunningRates) its steps and other processes' share of the CPUs meanwhile; own training's probe writes the rate
+    alone."""
+    from autotune import yamlio
+    from autotune.machine.cpu_load import cpu_sample
+    from autotune.trial.child import ProgressWriter
+    from autotune.trial.loop import RateSpan
+
+    path = tmp_path / "result.json.progress"
+    span = RateSpan(after_steps=2, since=cpu_sample(), steps=3, seconds=1.5, samples=24)
+    ProgressWriter(str(path), interval_s=0.0)("warmup", span.samples_per_second, 4.0, span)
+    reading = yamlio.read_json(path)
+    assert reading["samples_per_second"] == 16.0 and (reading["after_steps"], reading["steps"]) == (2, 3)
+    assert reading["seconds"] == 1.5 and 0.0 <= reading["others_cpu_fraction"] <= 1.0
+    ProgressWriter(str(path), interval_s=0.0, scale=2)("warmup", 16.0, 4.0, span)  # rank 0 of two: not its tree
+    assert yamlio.read_json(path)["others_cpu_fraction"] is None
+    ProgressWriter(str(path), interval_s=0.0)("window", 16.0, 4.0)
+    assert yamlio.read_json(path) == {"phase": "window", "samples_per_second": 16.0, "elapsed_s": 4.0}
+
+
 def test_other_runtime_errors_stay_errors():
     status, reason = classify_exception(RuntimeError("CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ..."))
     assert status == "error" and reason.startswith("RuntimeError: CUDNN_STATUS_NOT_SUPPORTED")

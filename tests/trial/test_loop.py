@@ -12,7 +12,7 @@ from torch import nn
 from autotune.knobs.config import TrialConfig
 from autotune.knobs.precision import PrecisionSettings
 from autotune.trial.loader import build_loader
-from autotune.trial.loop import measure
+from autotune.trial.loop import BudgetStopped, RunningRates, measure
 from autotune.trial.memory import PeakMemory
 from autotune.trial.spec import TimingSettings
 from autotune.trial.steady import planned_batches
@@ -71,6 +71,7 @@ def _measure(
     spent_before_s: float = 0.0,
     total_batches: int = 200,
     memory: PeakMemory | None = None,
+    stop_by: float | None = None,
 ) -> WindowMeasurement:
     config = config or TrialConfig(per_device_batch_size=4)
     loader = build_loader(setup, config, total_batches=total_batches, seed=0)
@@ -85,6 +86,7 @@ def _measure(
             device=torch.device("cpu"),
             memory=memory,
             spent_before_s=spent_before_s,
+            stop_by=stop_by,
         )
     finally:
         memory.stop()
@@ -284,3 +286,49 @@ def test_every_step_of_warm_up_and_window_ends_with_a_memory_reading(clock, accu
     result = _measure(setup, timing, config, total_batches=planned_batches(timing, accum), memory=memory)
     assert memory.step_ends == result.warmup_steps + len(result.step_times_s)
     assert result.warmup_first_steps_s == pytest.approx([0.2, 0.1, 0.05, 0.005][: len(result.warmup_first_steps_s)])
+
+
+BUDGET_CUT = TimingSettings(window_s=20.0, min_window_steps=2, min_warmup_fraction=0.0, min_timed_share=0.0)
+
+
+def test_a_window_the_budget_ends_keeps_the_steps_it_timed_and_says_so(clock):
+    """1-s steps, a 20-s window asked for, and the budget's end (less the result's writing) at 8.5 s: the window
+    ends at the last step that fits (8 s) with 7 steps, enough for a spread over parts, and is marked cut."""
+    result = _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), BUDGET_CUT, stop_by=8.5)
+    assert result.cut_by_budget and result.planned_s == pytest.approx(20.0)
+    assert len(result.step_times_s) == 7 and result.window_s == pytest.approx(7.0) and clock.now == 8.0
+    summary = result.summary(32, TrialConfig(per_device_batch_size=4))
+    assert summary["window_cut_by_budget"] and summary["window_planned_s"] == pytest.approx(20.0)
+    assert summary["throughput_cv"] == pytest.approx(0.0)  # its spread, over three parts
+
+
+def test_a_window_the_budget_ends_too_soon_to_measure_a_spread_is_stopped(clock):
+    """Two timed steps are no spread (two parts of two steps and a second each): the trial says nothing."""
+    with pytest.raises(BudgetStopped, match="2 window step"):
+        _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), BUDGET_CUT, stop_by=3.5)
+
+
+def test_a_window_the_budget_does_not_reach_runs_by_its_rules(clock):
+    result = _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), BUDGET_CUT, stop_by=100.0)
+    assert not result.cut_by_budget and result.planned_s is None and result.window_s == pytest.approx(20.0)
+
+
+def test_the_pruner_is_told_rates_that_leave_the_start_up_steps_out():
+    """Never the first step. In warm-up the second step alone until two steps after the first two ran, then those;
+    in the window its own steps after the trial's first two (a CPU window may begin at the second step)."""
+    told: list[tuple[str, float, int, int]] = []
+
+    def report(phase: str, rate: float, elapsed_s: float, span) -> None:
+        told.append((phase, rate, span.after_steps, span.steps))
+
+    warming = RunningRates(report)
+    for step_s in (10.0, 4.0, 1.0, 1.0):
+        warming.step("warmup", step_s, 8, 0.0)
+    assert told == [("warmup", 2.0, 1, 1), ("warmup", 8.0, 2, 1), ("warmup", 8.0, 2, 2)]
+    told.clear()
+    one_step_warm_up = RunningRates(report)  # a CPU's: the window's front is reported as warm-up, with hindsight
+    one_step_warm_up.step("warmup", 10.0, 8, 10.0)
+    one_step_warm_up.start_window(None)  # type: ignore[arg-type]
+    for phase, step_s in (("warmup", 4.0), ("window", 1.0), ("window", 3.0)):
+        one_step_warm_up.step(phase, step_s, 8, 0.0)
+    assert told == [("warmup", 2.0, 1, 1), ("window", 8.0, 2, 1), ("window", 4.0, 2, 2)]
