@@ -7,8 +7,10 @@ per item, float16 when the preparation ran half precision, the default on a GPU:
 same three once per corpus into autotune's cache: the semantic ids are random ids in [0, 1024) seeded by the utterance
 id, 25 per second of its audio, and the BERT features random float16 values (a step's cost depends on their shapes;
 the real ones need HuBERT, BERT and the s2 quantizer). The phones are the transcript's (`transcript_phones`, one
-consonant-vowel pair per syllable between silences), their ids positions in that phone table, within the 732 rows of
-the v2 model's phone embedding.
+consonant-vowel pair per syllable between silences) written in the recipe's v2 symbol set (text/symbols2.py): a
+silence is its pause symbol ``SP`` (symbols2 has no ``sil``, and the recipe's dataset skips, one by one, every item
+with a phone it lacks: the real s1_train.py, run on this folder, found 0 items and failed); their ids are positions in
+autotune's phone table, within the 732 rows of the v2 model's phone embedding.
 
 ``Text2SemanticDataset`` (dataset.py) holds the ids in RAM, drops items over ``max_sec`` or outside 3-25 phones per
 second (lines 145-173), repeats a set of fewer than 100 items (179-188), and per item ``torch.load``s its BERT file
@@ -55,7 +57,7 @@ __all__ = [
     "semantic_length",
 ]
 
-PREP_VERSION = 1
+PREP_VERSION = 2  # 2: silences written as symbols2's SP
 WHAT = "phones, BERT features (one .pt per item) and semantic ids (GPT-SoVITS s1 experiment folder)"
 SEMANTIC_HZ = 25  # the s2 quantizer's rate, dataset.py's hz
 CODEBOOK_SIZE = 1024
@@ -67,6 +69,8 @@ MIN_ITEMS = 100  # dataset.py:179
 BUCKET_WIDTH_S = 2.0  # bucket_sampler.py:74
 NAME2TEXT, NAME2SEMANTIC, BERT_DIR = "2-name2text.txt", "6-name2semantic.tsv", "3-bert"
 _PHONE_ID = {phone: index for index, phone in enumerate(NS2_PHONES)}
+PAUSE = "SP"  # symbols2's pause, for transcript_phones' sil
+_PHONE_ID[PAUSE] = _PHONE_ID["sil"]
 
 
 def semantic_length(utt: Utterance) -> int:
@@ -139,7 +143,8 @@ def _prepare(folder: Path, utterances: Sequence[Utterance]) -> None:
     (folder / BERT_DIR).mkdir()
     texts, semantics = [], ["item_name\tsemantic_audio"]
     for index, utt in enumerate(utterances):
-        name, phones = _item_name(index), transcript_phones(utt.text or "")
+        name = _item_name(index)
+        phones = [PAUSE if phone == "sil" else phone for phone in transcript_phones(utt.text or "")]
         rng = np.random.default_rng(zlib.crc32(utt.utt_id.encode()))
         ids = rng.integers(0, CODEBOOK_SIZE, semantic_length(utt))
         bert = torch.from_numpy(rng.standard_normal((BERT_DIM, len(phones)), dtype=np.float32)).half()
