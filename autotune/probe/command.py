@@ -215,6 +215,7 @@ class TrainingCommand:
             "sets": [f"{key}={value}" for key, value in self.sets],
             "apply": list(self.apply),
             "cwd": self.cwd,
+            "knobs_by": dict(self.knobs_by),
             **({"lightning": self.lightning} if self.lightning else {}),
             **(
                 {
@@ -238,6 +239,7 @@ class TrainingCommand:
             sets=tuple(_parse_set(text) for text in data.get("sets", ())),
             apply=tuple(data.get("apply", ())),
             cwd=str(data.get("cwd", ".")),
+            knobs_by=dict(data.get("knobs_by") or {}),
             lightning=data.get("lightning"),
             recipe=data.get("recipe"),
             words=dict(data.get("words") or {}),

@@ -28,7 +28,7 @@ from autotune.trial.launch import ShouldPrune, describe_exit, kill_group, log_ta
 from autotune.trial.lifeline import parent_environment
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec, rank_result_path
 
-__all__ = ["CommandLauncher", "FIRST_STEP_TIMEOUT_S"]
+__all__ = ["CommandLauncher", "FIRST_STEP_TIMEOUT_S", "run_command"]
 
 FIRST_STEP_TIMEOUT_S = 120.0  # a training that has not stepped an optimizer by then is not a training command
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED")
@@ -169,6 +169,17 @@ class CommandLauncher:
             result.status, result.reason = "accounting", mismatch
         result.log_tail = tail
         return result
+
+
+def run_command(
+    command: dict[str, Any], spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
+) -> TrialResult:
+    """One trial of a recorded command (TrainingCommand.to_dict), as trial.launch runs one: what a SLURM job runs on
+    its node for `--command --executor slurm` (bound with functools.partial, it pickles; the command's folder must be
+    on the file system the node shares)."""
+    return CommandLauncher(command=TrainingCommand.from_dict(command))(
+        spec, workdir=workdir, timeout_s=timeout_s, should_prune=should_prune
+    )
 
 
 def _all_ranks_written(result_path: str) -> bool:

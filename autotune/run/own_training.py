@@ -44,7 +44,10 @@ from autotune.trial.spec import TimingSettings
 from autotune.workloads.base import Workload, WorkloadContext
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from autotune.result.tuned_config import TunedConfig
+    from autotune.trial.spec import TrialResult
     from autotune.run.plan import RunPlan
 
 __all__ = [
@@ -207,13 +210,20 @@ def moved_off_baseline(space: SearchSpace, baseline: dict[str, Any], device_type
 
 
 def reach_check(
-    command: TrainingCommand, space: SearchSpace, name: str, device_type: str, timeout_s: float
+    command: TrainingCommand,
+    space: SearchSpace,
+    name: str,
+    device_type: str,
+    timeout_s: float,
+    launcher: Callable[..., TrialResult] | None = None,
 ) -> ReachCheck:
     """Run the command once with every carried knob moved; raise UserError when it cannot be measured at all. Its
     files live in a folder of their own, removed after it, or named in the error (the trial's log is there)."""
     from autotune.trial.spec import TrialSpec
 
-    folder = Path(tempfile.mkdtemp(prefix="autotune-reach-check-"))
+    # A SLURM job's node sees the command's folder (it runs there), not this machine's /tmp: the check's files go there.
+    shared = command.cwd if launcher is not None else None
+    folder = Path(tempfile.mkdtemp(prefix=".autotune-reach-check-" if shared else "autotune-reach-check-", dir=shared))
     spec = TrialSpec(
         workload=name,
         workload_options={},
@@ -223,7 +233,8 @@ def reach_check(
         device_type=device_type,
         result_path=str(folder / "result.json"),
     )
-    result = CommandLauncher(command=command)(spec, workdir=folder, timeout_s=timeout_s)
+    run = launcher if launcher is not None else CommandLauncher(command=command)  # a SLURM job under --executor slurm
+    result = run(spec, workdir=folder, timeout_s=timeout_s)
     if result.observed is None or result.in_force is None:
         raise UserError(f"your training could not be measured: {result.reason} (its log: {folder / 'trial.log'})")
     shutil.rmtree(folder, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime as dt
 import logging
 import os
@@ -21,7 +22,7 @@ from autotune.data import DataSource
 from autotune.errors import MachineFailure, UserError
 from autotune.knobs.config import TrialConfig
 from autotune.machine.hardware import Hardware, probe
-from autotune.probe.launcher import CommandLauncher
+from autotune.probe.launcher import CommandLauncher, run_command
 from autotune.result import history
 from autotune.result.tuned_config import TunedConfig
 from autotune.run import assessment, drift, own_training, preflight
@@ -154,7 +155,12 @@ def prepare(request: RunRequest) -> RunPlan:
     reach = None
     if request.command is not None:  # the user's training, run once after every other check, before anything is made
         reach = own_training.reach_check(
-            request.command, space, workload.name, hardware.device_type, settings.trial_timeout_s
+            request.command,
+            space,
+            workload.name,
+            hardware.device_type,
+            settings.trial_timeout_s,
+            launcher=_command_launcher(request, hardware.fingerprint()),
         )
         space = own_training.after_reach(space, reach, request.command)
         for note in reach.notes():
@@ -216,7 +222,6 @@ def check_own_training(request: RunRequest) -> None:
         "--data": request.data is not None,
         "--space": request.space is not None,
         "--option": bool(request.workload_options),
-        "--executor slurm": request.slurm is not None,
         "--nodes": request.nodes != 1,
     }
     lightning = request.command is not None and request.command.lightning is not None
@@ -231,6 +236,22 @@ def check_own_training(request: RunRequest) -> None:
                 f"{option} does not apply to --command: your command starts its own ranks and reads its own data "
                 "(put torchrun or your launcher's options in the command)"
             )
+
+
+def _command_measure(request: RunRequest) -> Callable[..., TrialResult] | None:
+    """What a SLURM job runs its trial with: the user's command under the probe for --command (picklable: the
+    recorded command bound to probe/launcher.py run_command); None, trial.launch, for a built-in workload."""
+    if request.command is None:
+        return None
+    return functools.partial(run_command, request.command.to_dict())
+
+
+def _command_launcher(request: RunRequest, fingerprint: str) -> Callable[..., TrialResult] | None:
+    """Where the reach check runs the user's command under --executor slurm: as a SLURM job on a node like the
+    trials' (None: here)."""
+    if request.slurm is None:
+        return None
+    return SlurmLauncher(settings=request.slurm, fingerprint=fingerprint, measure=_command_measure(request))
 
 
 def resolve_world_size(request: RunRequest, hardware: Hardware) -> int:
@@ -330,7 +351,9 @@ def _tune(plan: RunPlan, reporter: Reporter | None) -> _Searched:
     search_settings, amp = machine.settings, machine.amp
     if request.slurm is not None:  # each job checks that its node is like this machine (the study's fingerprint)
         fingerprint, budget_s = plan.hardware.fingerprint(), search_settings.budget_s  # budget: the pin wait's default
-        launcher = SlurmLauncher(settings=request.slurm, fingerprint=fingerprint, budget_s=budget_s)
+        launcher = SlurmLauncher(
+            settings=request.slurm, fingerprint=fingerprint, budget_s=budget_s, measure=_command_measure(request)
+        )
     tuner = Tuner(
         study=study,
         space=plan.space,

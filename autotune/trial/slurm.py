@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 import shlex
 import shutil
 import threading
@@ -173,6 +174,9 @@ class SlurmLauncher:
     # None: any node of the partition.
     node: str | None = None
     budget_s: float | None = None  # the run's --budget: a pinned job's default queue wait (trial/slurm_pinning.py)
+    # What each job runs its trial with (slurm_on_node.run_on_node's measure): trial.launch where None; the user's own
+    # training command's launcher for `--command` (picklable: submitit sends it to the node).
+    measure: Callable[..., TrialResult] | None = None
     _not_free: set[str] = field(default_factory=set, repr=False)  # pinned nodes that did not come free in the wait
 
     def __call__(
@@ -232,7 +236,7 @@ class SlurmLauncher:
             parameters["nodelist"] = node
         executor.update_parameters(**parameters)
         try:
-            job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s, self.fingerprint)
+            job = executor.submit(run_on_node, spec.to_dict(), str(workdir), timeout_s, self.fingerprint, self.measure)
         except Exception as error:  # sbatch refused it (a resource the cluster lacks): this trial, not the study
             line = (str(error).strip().splitlines() or [type(error).__name__])[-1]
             return TrialResult(status="error", reason=f"sbatch refused the trial's job: {line}", wall_s=0.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,11 @@ RESULT_FILE = "slurm-result-{job_id}.json"  # beside the trial's own files: what
 
 
 def run_on_node(
-    spec_data: dict[str, Any], workdir: str, timeout_s: float, fingerprint: str | None = None
+    spec_data: dict[str, Any],
+    workdir: str,
+    timeout_s: float,
+    fingerprint: str | None = None,
+    measure: Callable[..., TrialResult] | None = None,
 ) -> dict[str, Any]:
     """The job: one trial through trial.launch on this node; its result also written to RESULT_FILE (atomically),
     so that the submitting process reads it from the shared file system whatever submitit does afterwards. The
@@ -34,7 +39,10 @@ def run_on_node(
 
     fingerprint: the study's hardware fingerprint (machine/hardware.py); a node whose own differs measures nothing and
     the result is an error naming both, so that unlike nodes of a partition never mix their measurements into a
-    study."""
+    study.
+
+    measure: what runs the trial on the node, called as trial.launch is (a picklable callable: the user's own
+    training command's launcher, probe/launcher.py run_command); trial.launch where None."""
     from submitit.core.utils import UncompletedJobError
 
     folder, spec = Path(workdir), TrialSpec.from_dict(spec_data)
@@ -50,7 +58,7 @@ def run_on_node(
                 return {}  # another node of the trial: its task's return is not read
             result = measured
         else:
-            result = mismatch or launch(spec, workdir=folder, timeout_s=timeout_s)
+            result = mismatch or (measure or launch)(spec, workdir=folder, timeout_s=timeout_s)
     except UncompletedJobError:
         if not first:
             return {}
