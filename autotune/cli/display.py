@@ -68,15 +68,22 @@ def print_plan(console: Console, plan: RunPlan) -> None:
         fixed = f", global batch held at {plan.request.global_batch}" if plan.request.global_batch else ""
         across = f" across {plan.nodes} nodes (torchrun on each)" if plan.nodes > 1 else ""
         console.print(f"every trial trains data-parallel on {plan.world_size} {unit}{across}{fixed}")
-    console.print(
-        f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
-        f"{data['total_audio_hours']} h{synthetic}"
-    )
+    if plan.request.command is not None:  # the training reads its own data; its DataLoader said how much
+        size = plan.reach.dataset_size if plan.reach is not None else None
+        console.print(f"data: your training's own{f' ({size} items in its DataLoader)' if size else ''}")
+    else:
+        console.print(
+            f"data: {data['n_utterances']} utterances, {data['n_speakers']} speakers, "
+            f"{data['total_audio_hours']} h{synthetic}"
+        )
+    if plan.request.command is not None:
+        console.print(f"command: {plain(plan.request.command.template)}", highlight=False, soft_wrap=True)
     console.print(f"study: {plain(plan.study_name)}  ({plain(plan.storage_url.split('://')[0])})", highlight=False)
     for line in plan.warm_start.describe() if plan.warm_start else ():
         console.print(plain(line), highlight=False, soft_wrap=True)
     baseline = TrialConfig.from_params(plan.space.baseline, workload_knobs=tuple(plan.workload.knobs)).short()
-    console.print(f"space: {plain(plan.space_file)}; baseline = recipe: {plain(baseline)}")
+    origin = "your training as it runs" if plan.request.command is not None else "recipe"
+    console.print(f"space: {plain(plan.space_file)}; baseline = {origin}: {plain(baseline)}")
     for note in plan.space.baseline_notes:
         console.print(f"  [dim]baseline adapted: {plain(note)}[/dim]")
     for note in plan.space.space_notes:
