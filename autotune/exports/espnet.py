@@ -7,13 +7,25 @@ use_tf32, cudnn_benchmark, drop_last_iter). batch_size is the TOTAL across GPUs 
 rank::world_size). The speaker recipe uses iterator_type category, whose batches are category-balanced (batch_type
 folded maps to the catbel sampler there): its batch_type is left alone. espnet2/train/trainer.py autocasts with
 torch.cuda.amp (bfloat16 where the GPU supports it in recent releases): use_amp does nothing on a CPU.
+
+`--recipe espnet` runs the user's own `python -m espnet2.bin.asr_train ...` call (the one asr.sh's training stage
+logs) with the same trainer arguments this export writes (TRAINER_OPTIONS, AMP_WORDS). Knobs ESPnet cannot take
+without a code change are not searched there: pin_memory is `args.ngpu > 0` (espnet2/tasks/abs_task.py:1921), and
+the DataLoader of espnet2/iterators/sequence_iter_factory.py:158 passes no prefetch_factor nor persistent_workers.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import yaml
+
+from autotune.errors import UserError
 from autotune.exports.base import (
     TF32_OFF_ENV,
     Export,
@@ -34,6 +46,20 @@ from autotune.exports.knob_notes import (
     preload_note,
     unordered_note,
 )
+from autotune.knobs.precision import TORCH_DEFAULT_FP32
+from autotune.probe.command import TrainingCommand
+
+# The one mapping, used both ways (the export below, and a `--recipe espnet` trial's arguments: exports/recipes.py):
+# each knob as the trainer's argument (espnet2/tasks/abs_task.py), ESPnet's --use_amp word per precision (its
+# autocast is torch.cuda.amp: bfloat16 on GPUs that have it, float16 on older ones; nothing on a CPU), and the
+# precisions one --use_amp expresses per device type (tf32 needs --use_tf32 too, strict fp32 an environment variable).
+TRAINER_OPTIONS = {"per_device_batch_size": "batch_size", "num_workers": "num_workers", "precision": "use_amp"}
+AMP_WORDS = {TORCH_DEFAULT_FP32: "false", "fp32": "false", "tf32": "false", "bf16": "true", "fp16": "true"}
+PRECISIONS = {"cpu": ("fp32",), "cuda": (TORCH_DEFAULT_FP32, "bf16")}  # a CPU has no TF32: its fp32 is strict
+# batch_type values whose batches are counted in utterances by batch_size (espnet2/samplers/build_batch_sampler.py):
+# folded shrinks it for long utterances by fold_length; numel and length pack batch_bins instead.
+FIXED_COUNT_BATCH_TYPES = ("unsorted", "sorted", "folded")
+TRAINER_MODULE = "espnet2.bin.asr_train"
 
 _HOP_SAMPLES = 160  # 10 ms frame shift at 16 kHz
 
@@ -105,13 +131,12 @@ def trainer_overrides(context: ExportContext, recipe: Recipe) -> dict[str, str]:
     if context.max_frames_in_batch is None and context.bucket_plan is None:
         if recipe.sequence_batches:
             values["batch_type"] = "sorted"  # a fixed batch_size of length-sorted utterances, as WeNet's static
-        values["batch_size"] = str(context.step_batch_size)
-    amp = context.on_cuda and context.precision in ("bf16", "fp16")
+        values[TRAINER_OPTIONS["per_device_batch_size"]] = str(context.step_batch_size)
     values |= {
         "accum_grad": str(config.grad_accum_steps),
-        "num_workers": str(config.num_workers),
+        TRAINER_OPTIONS["num_workers"]: str(config.num_workers),
         "drop_last_iter": "true",
-        "use_amp": _bool(amp),
+        TRAINER_OPTIONS["precision"]: AMP_WORDS.get(context.precision, "false") if context.on_cuda else "false",
         "use_tf32": _bool(context.on_cuda and context.precision == "tf32"),
         "cudnn_benchmark": _bool(config.cudnn_benchmark),
         "cudnn_deterministic": "false",
@@ -289,3 +314,142 @@ KNOB_TABLE = knob_table(
         ),
     },
 )
+
+
+def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, list[str]]:
+    """`--recipe espnet`: the user's ESPnet2 ASR trainer call (`python -m espnet2.bin.asr_train --config ...`, as
+    asr.sh's training stage runs it) with the tuned values as the trainer's own arguments (TRAINER_OPTIONS, --use_amp
+    from AMP_WORDS; batch_size times the command's --ngpu, ESPnet's batch being the total across GPUs), and the
+    config's values today as the baseline. Every argument on the command line overrides the YAML
+    (espnet2/utils/config_argparse.py:46 makes the --config YAML the parser's defaults), so the appended ones reach
+    the trainer. Each problem is one line, before any trial.
+
+    Raises:
+        UserError: ESPnet is not installed; the command is not espnet2.bin.asr_train; it names no readable --config
+            YAML; it sets what autotune sets; its batch_type or iterator_type does not count utterances.
+    """
+    if importlib.util.find_spec("espnet2") is None:
+        raise UserError("--recipe espnet needs ESPnet in this environment: pip install espnet")
+    try:
+        words = shlex.split(template)
+    except ValueError as error:
+        raise UserError(f"--command cannot be split into words as a shell would: {error}") from None
+    if not any(word == TRAINER_MODULE or word.endswith("espnet2/bin/asr_train.py") for word in words):
+        raise UserError(
+            f"--recipe espnet runs ESPnet2's ASR trainer: give the `python -m {TRAINER_MODULE} --config ...` call "
+            "that asr.sh's training stage runs (it is logged in exp/asr_*/train.log), not run.sh or asr.sh"
+        )
+    options = _options(words)
+    for option in TRAINER_OPTIONS.values():
+        if option in options:
+            raise UserError(
+                f"--recipe espnet: the command sets --{option} itself; leave it out: autotune sets it per trial "
+                "(your value today is read from --config)"
+            )
+    if "config" not in options:
+        raise UserError("--recipe espnet: the command names no --config; autotune reads your values from its YAML")
+    name = options["config"]
+    config = _read_config(Path(cwd) / name, name)
+    defaults = _trainer_defaults()
+    _check_batches({**defaults, **config, **options}, name)
+    ngpu = _gpus(options.get("ngpu", config.get("ngpu", 0)))
+    world = max(ngpu, 1)  # one process per GPU, one on the CPU
+    appended = " ".join(f"--{option} {{{knob}}}" for knob, option in TRAINER_OPTIONS.items())
+    command = TrainingCommand.checked(
+        f"{template} {appended}",
+        cwd=cwd,
+        recipe="espnet",
+        words={"precision": dict(AMP_WORDS)},
+        precisions={device: tuple(names) for device, names in PRECISIONS.items()},
+        scale={"per_device_batch_size": world},
+    )
+    return command, _baseline({**defaults, **config}, world, on_gpu=ngpu > 0)
+
+
+def _options(words: list[str]) -> dict[str, str]:
+    """The command's `--key value` and `--key=value` arguments, the last of each (argparse's rule)."""
+    options: dict[str, str] = {}
+    for index, word in enumerate(words):
+        if not word.startswith("--") or len(word) == 2:
+            continue
+        key, equals, value = word[2:].partition("=")
+        if not equals:
+            following = words[index + 1] if index + 1 < len(words) else ""
+            value = "" if following.startswith("--") else following
+        options[key] = value
+    return options
+
+
+def _read_config(path: Path, name: str) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UserError(f"--recipe espnet: cannot read --config {name}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"--recipe espnet: --config {name} is not YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(document, dict):
+        raise UserError(f"--recipe espnet: --config {name} is not a mapping of the trainer's arguments")
+    return document
+
+
+def _check_batches(values: dict[str, Any], name: str) -> None:
+    """batch_size counts utterances only for the fixed-count batch types of the sequence iterator."""
+    batch_type = str(values.get("batch_type"))
+    if batch_type not in FIXED_COUNT_BATCH_TYPES:
+        raise UserError(
+            f"--recipe espnet: batch_type {batch_type} (from {name} or the command) packs batch_bins, not "
+            f"batch_size utterances, so autotune's batch size would not reach it: give --batch_type "
+            f"{' or '.join(FIXED_COUNT_BATCH_TYPES)} in the command, or tune batch_bins yourself"
+        )
+    iterator = str(values.get("iterator_type", "sequence"))
+    if iterator != "sequence":
+        raise UserError(
+            f"--recipe espnet: iterator_type {iterator} builds its batches its own way (chunks or categories); "
+            "autotune tunes the sequence iterator's batch_size: give --iterator_type sequence"
+        )
+
+
+def _gpus(ngpu: Any) -> int:
+    """The command's --ngpu (0: the CPU)."""
+    try:
+        return int(ngpu)
+    except (TypeError, ValueError):
+        raise UserError(f"--recipe espnet: --ngpu {ngpu} is not a number of GPUs") from None
+
+
+# What espnet2/tasks/abs_task.py's parser gives when neither the command nor the config does (ESPnet 202511), used
+# where its file cannot be read.
+_KNOWN_DEFAULTS = {"batch_size": 20, "num_workers": 1, "batch_type": "folded", "use_amp": False}
+
+
+def _trainer_defaults() -> dict[str, Any]:
+    """The trainer's own defaults for what the baseline and the checks read, from espnet2/tasks/abs_task.py's
+    add_argument calls without importing it (the import pulls in every model's dependencies)."""
+    spec = importlib.util.find_spec("espnet2")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    found: dict[str, Any] = {}
+    for folder in folders:
+        try:
+            tree = ast.parse((Path(folder) / "tasks" / "abs_task.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args):
+                continue
+            flag = node.args[0]
+            key = flag.value[2:] if isinstance(flag, ast.Constant) and isinstance(flag.value, str) else ""
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if key in _KNOWN_DEFAULTS and isinstance(default, ast.Constant):
+                found[key] = default.value
+    return _KNOWN_DEFAULTS | found
+
+
+def _baseline(values: dict[str, Any], world: int, *, on_gpu: bool) -> list[str]:
+    """The config's values today (the trainer's defaults where it has none), as --baseline items: use_amp true is
+    bf16 on a GPU (AMP_WORDS) and nothing on the CPU."""
+    items = [
+        f"per_device_batch_size={max(int(values['batch_size']) // world, 1)}",
+        f"num_workers={int(values['num_workers'])}",
+    ]
+    amp = on_gpu and values.get("use_amp") is True
+    return [*items, f"precision={'bf16' if amp else TORCH_DEFAULT_FP32}"]

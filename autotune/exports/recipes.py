@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autotune.errors import UserError
-from autotune.exports import speechbrain
+from autotune.exports import espnet, speechbrain
 from autotune.probe.command import TrainingCommand
 
 __all__ = ["RECIPES", "recipe_command"]
 
 # framework -> its maker: (the user's command, the folder it runs in) -> (the trial's command, --baseline items)
-RECIPES: dict[str, Callable[..., tuple[TrainingCommand, list[str]]]] = {"speechbrain": speechbrain.recipe_command}
+RECIPES: dict[str, Callable[..., tuple[TrainingCommand, list[str]]]] = {
+    "espnet": espnet.recipe_command,
+    "speechbrain": speechbrain.recipe_command,
+}
 
 
 def recipe_command(framework: str, template: str, *, cwd: str = ".") -> tuple[TrainingCommand, list[str]]:

@@ -59,8 +59,10 @@ LOADER_OPTIONS = {
     "persistent_workers": "persistent_workers",
 }
 LOADER_KEYS = ("dataloader_options", "train_dataloader_opts")
-PRECISION_WORDS = {TORCH_DEFAULT_FP32: "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16"}
-PRECISIONS = {"cpu": (TORCH_DEFAULT_FP32, "bf16"), "cuda": ("tf32", "bf16", "fp16")}
+PRECISION_WORDS = {"fp32": "fp32", TORCH_DEFAULT_FP32: "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+# On a CPU fp32 is the one float32 (no TF32: the hardware offers fp32, not fp32-default); on CUDA strict fp32 and
+# fp32-default need SB_DISABLE_QUIRKS, an environment variable, which a trial's overrides cannot carry.
+PRECISIONS = {"cpu": ("fp32", "bf16"), "cuda": ("tf32", "bf16", "fp16")}
 UNSET = {"prefetch_factor": "null", "persistent_workers": "false"}
 
 

@@ -172,7 +172,12 @@ class CommandLauncher:
 
 
 def run_command(
-    command: dict[str, Any], spec: TrialSpec, *, workdir: Path, timeout_s: float, should_prune: ShouldPrune | None = None
+    command: dict[str, Any],
+    spec: TrialSpec,
+    *,
+    workdir: Path,
+    timeout_s: float,
+    should_prune: ShouldPrune | None = None,
 ) -> TrialResult:
     """One trial of a recorded command (TrainingCommand.to_dict), as trial.launch runs one: what a SLURM job runs on
     its node for `--command --executor slurm` (bound with functools.partial, it pickles; the command's folder must be

@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from autotune.result.tuned_config import TunedConfig
-    from autotune.trial.spec import TrialResult
     from autotune.run.plan import RunPlan
+    from autotune.trial.spec import TrialResult
 
 __all__ = [
     "ReachCheck",
@@ -77,8 +77,10 @@ def command_workload(command: TrainingCommand, name: str | None) -> Workload:
         where = command.lightning.rsplit(":", 1)[0]
         name = Path(where).stem if where.endswith(".py") else where.rsplit(".", 1)[-1]
     if not name:
-        scripts = [word for word in shlex.split(command.template) if word.endswith(".py")]
-        name = Path(scripts[0]).stem if scripts else Path(shlex.split(command.template)[0]).name
+        words = shlex.split(command.template)
+        scripts = [word for word in words if word.endswith(".py")]
+        modules = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "-m"]  # python -m pkg.train
+        name = Path(scripts[0]).stem if scripts else modules[0].rsplit(".", 1)[-1] if modules else Path(words[0]).name
     identity = "\n".join([command.cwd, command.template, command.config_path or "", *map("=".join, command.sets)])
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import datetime as dt
+import functools
 import logging
 import os
 import time

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 import shlex
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

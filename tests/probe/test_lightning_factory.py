@@ -127,7 +127,7 @@ def test_the_trainer_goes_with_lightning_only() -> None:
 
 @pytest.mark.slow
 def test_a_lightning_training_is_tuned_and_exported_as_the_user_writes_it(project: Path) -> None:
-    fast = ["--trials", "3", "--budget", "none", "--window", "1", "--confirm", "2", "--no-prune"]
+    fast = ["--trials", "2", "--budget", "none", "--window", "1", "--confirm", "0", "--no-prune"]
     result = runner.invoke(
         app,
         ["run", "--lightning", "train_lightning:make", "--results-dir", "results", *fast],

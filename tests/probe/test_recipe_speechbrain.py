@@ -61,7 +61,7 @@ def test_the_recipe_command_carries_every_loader_knob_and_the_precision_as_speec
 @pytest.mark.parametrize(
     ("framework", "command", "words"),
     [
-        ("kaldi", COMMAND, "--recipe kaldi: autotune runs the recipes of speechbrain"),
+        ("kaldi", COMMAND, "--recipe kaldi: autotune runs the recipes of espnet, speechbrain"),
         ("speechbrain", f"{sys.executable} train.py --data_folder data", "the command names no hparams file"),
         ("speechbrain", COMMAND + " --batch_sise 8", "--batch_sise is not a key of hparams/train_ecapa_tdnn.yaml"),
         ("speechbrain", COMMAND + " --precision bf16", "the command sets --precision itself"),
@@ -108,7 +108,7 @@ def test_a_value_the_recipe_script_ignores_is_reported(recipe: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_a_speechbrain_recipe_is_tuned_and_its_command_measured_again(recipe: Path, tmp_path: Path) -> None:
-    fast = ["--trials", "3", "--budget", "none", "--window", "1", "--confirm", "2", "--no-prune"]
+    fast = ["--trials", "2", "--budget", "none", "--window", "1", "--confirm", "0", "--no-prune"]
     result = runner.invoke(
         app,
         ["run", "--recipe", "speechbrain", "--command", COMMAND, "--results-dir", "results", *fast],
