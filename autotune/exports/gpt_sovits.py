@@ -1,4 +1,5 @@
-"""GPT-SoVITS: s1's yaml keys and the ``s1_train.py`` command (RVC-Boss/GPT-SoVITS 48b1a01).
+"""GPT-SoVITS: s1's yaml keys and the ``s1_train.py`` command (RVC-Boss/GPT-SoVITS 48b1a01); s2's json keys and
+command are `autotune.exports.gpt_sovits_s2`'s, and the knob table below gives each stage its own notes.
 
 What carries what, from the recipe's code: ``train.batch_size`` (utterances per GPU: data_module.py:46-52, capped at a
 quarter of the dataset), ``data.num_workers`` (data_module.py:25, 58) and ``train.precision`` (the Lightning Trainer's
@@ -16,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.exports.base import Export, ExportContext, KnobNotes, cannot, knob_table, register, takes, unsupported
+from autotune.exports.gpt_sovits_s2 import MODEL as S2_MODEL
+from autotune.exports.gpt_sovits_s2 import export_s2, s2_notes
 from autotune.exports.knob_notes import THREADS, checkpointing_note, compile_note
 from autotune.knobs.declarations import TORCH_DEFAULTS
 from autotune.yamlio import dump_yaml
@@ -43,9 +46,13 @@ def s1_overrides(context: ExportContext) -> dict[str, Any]:
 
 @register("gpt-sovits")
 def export_gpt_sovits(context: ExportContext) -> Export:
+    if context.model_name == S2_MODEL:
+        return export_s2(context)
     if context.model_name != "gpt-sovits-s1":
         return unsupported(
-            "gpt-sovits", context, "autotune tunes GPT-SoVITS's s1 stage (the `gpt-sovits-s1` workload) only"
+            "gpt-sovits",
+            context,
+            "autotune tunes GPT-SoVITS's s1 and s2 stages (the `gpt-sovits-s1` and `gpt-sovits-s2` workloads) only",
         )
     devices = ",".join(str(index) for index in range(context.devices_per_node)) if context.on_cuda else ""
     visible = f"_CUDA_VISIBLE_DEVICES={devices} " if context.on_cuda else ""
@@ -166,26 +173,42 @@ def _optimizer_notes(context: ExportContext) -> list[str]:
     ]
 
 
+def _by_stage(knob: str, s1: KnobNotes | None) -> KnobNotes:
+    """A knob's notes for the stage the result tuned: s1's, or s2's (`autotune.exports.gpt_sovits_s2.s2_notes`)."""
+    s2 = s2_notes(knob)
+
+    def notes(context: ExportContext) -> list[str]:
+        chosen = s2 if context.model_name == S2_MODEL else s1
+        return list(chosen(context)) if chosen is not None else []
+
+    return notes
+
+
 KNOB_TABLE = knob_table(
     "gpt-sovits",
     {
-        "per_device_batch_size": takes("train.batch_size (per GPU)"),
-        "num_workers": takes("data.num_workers"),
-        "prefetch_factor": cannot(_loader_note("prefetch_factor")),
-        "pin_memory": cannot(_loader_note("pin_memory")),
-        "persistent_workers": cannot(_loader_note("persistent_workers")),
-        "in_order": cannot(_loader_note("in_order")),
-        "precision": takes("train.precision (the Trainer's precision)", notes=_precision_notes),
-        "optimizer_impl": cannot(_optimizer_notes),
+        "per_device_batch_size": takes("train.batch_size (per GPU: s1's yaml, s2's json)"),
+        "num_workers": takes("data.num_workers (s1; s2_train.py hard-codes 5)", _by_stage("num_workers", None)),
+        "prefetch_factor": cannot(_by_stage("prefetch_factor", _loader_note("prefetch_factor"))),
+        "pin_memory": cannot(_by_stage("pin_memory", _loader_note("pin_memory"))),
+        "persistent_workers": cannot(_by_stage("persistent_workers", _loader_note("persistent_workers"))),
+        "in_order": cannot(_by_stage("in_order", _loader_note("in_order"))),
+        "precision": takes(
+            "train.precision (s1: the Trainer's precision); train.fp16_run (s2)",
+            notes=_by_stage("precision", _precision_notes),
+        ),
+        "optimizer_impl": cannot(_by_stage("optimizer_impl", _optimizer_notes)),
         "activation_checkpointing": cannot(
-            checkpointing_note("GPT-SoVITS (AR/models/t2s_model.py)", "wrap each transformer layer's forward")
+            checkpointing_note("GPT-SoVITS (AR/models/t2s_model.py, module/models.py)", "wrap each layer's forward")
         ),
         "intra_op_threads": THREADS,
-        "cudnn_benchmark": cannot(_cudnn_notes),
-        "world_size": takes("_CUDA_VISIBLE_DEVICES (the Trainer's devices=-1 takes every listed GPU)"),
-        "grad_accum_steps": cannot(_accumulation_notes),
-        "preload_audio": cannot(_preload_notes),
-        "feature_device": cannot(_feature_notes),
-        "compile": cannot(compile_note("GPT-SoVITS", f"{TRAIN_PY}, on model.model before trainer.fit")),
+        "cudnn_benchmark": cannot(_by_stage("cudnn_benchmark", _cudnn_notes)),
+        "world_size": takes("_CUDA_VISIBLE_DEVICES (s1: the Trainer takes every listed GPU); train.gpu_numbers (s2)"),
+        "grad_accum_steps": cannot(_by_stage("grad_accum_steps", _accumulation_notes)),
+        "preload_audio": cannot(_by_stage("preload_audio", _preload_notes)),
+        "feature_device": cannot(_by_stage("feature_device", _feature_notes)),
+        "compile": cannot(
+            _by_stage("compile", compile_note("GPT-SoVITS", f"{TRAIN_PY}, on model.model before trainer.fit"))
+        ),
     },
 )

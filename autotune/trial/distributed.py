@@ -133,17 +133,27 @@ class Forward:
 
     Workloads write loss_fn(model, batch) and may call submodules directly (model["embedder"](...)); DDP only
     synchronises gradients for computation that runs through its own forward, so the loss function itself becomes
-    the forward of a thin wrapper module.
+    the forward of a thin wrapper module. find_unused_parameters is the workload's (TrainingSetup): DDP's search,
+    every step, for parameters a step leaves without a gradient, which a recipe that has them must turn on.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], torch.Tensor], device: torch.device):
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+        device: torch.device,
+        *,
+        find_unused_parameters: bool = False,
+    ):
         self._model, self._loss_fn = model, loss_fn
         self._ddp: nn.Module | None = None
         if _initialised():
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [device.index] if device.type == "cuda" else None
-            self._ddp = DistributedDataParallel(_LossModule(model, loss_fn), device_ids=ids)
+            self._ddp = DistributedDataParallel(
+                _LossModule(model, loss_fn), device_ids=ids, find_unused_parameters=find_unused_parameters
+            )
 
     def __call__(self, batch: Any) -> torch.Tensor:
         return self._ddp(batch) if self._ddp is not None else self._loss_fn(self._model, batch)

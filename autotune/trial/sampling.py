@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from autotune.knobs.config import TrialConfig
     from autotune.workloads.base import TrainingSetup
 
-__all__ = ["EpochAccounting", "CycledEpochs", "rank_indices", "epoch_batches", "count_epoch"]
+__all__ = ["EpochAccounting", "CycledEpochs", "rank_indices", "epoch_batches", "epoch_size", "count_epoch"]
 
 
 def rank_indices(dataset_size: int, *, rank: int, world_size: int, seed: int, epoch: int) -> list[int]:
@@ -39,6 +39,14 @@ def rank_indices(dataset_size: int, *, rank: int, world_size: int, seed: int, ep
     )
     sampler.set_epoch(epoch)
     return list(sampler)
+
+
+def epoch_size(setup: TrainingSetup, config: TrialConfig, world_size: int) -> int:
+    """Samples one epoch deals over all ranks: the dataset's size, or what the workload's own sampler deals where it
+    drops or repeats items by design (TrainingSetup.samples_per_epoch)."""
+    if setup.samples_per_epoch is not None:
+        return setup.samples_per_epoch(config, world_size)
+    return len(setup.dataset)  # type: ignore[arg-type]
 
 
 def epoch_batches(

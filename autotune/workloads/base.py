@@ -73,6 +73,12 @@ class TrainingSetup:
         item_audio_s: each dataset item's seconds of audio, as audio_seconds_in counts them, for workloads whose
             items differ in length: the trial prices its epoch's own mix of short and long batches from them
             (trial/epoch_mix.py), not only the stretch its window saw. None where every item is alike.
+        find_unused_parameters: DDP's find_unused_parameters for the model, on for a recipe whose steps leave some
+            parameters without a gradient (GPT-SoVITS s2's ssl_proj) and which turns it on itself.
+        samples_per_epoch: (config, world size) -> the samples one epoch deals over all ranks, for a recipe whose
+            own batch sampler drops or repeats items by design (GPT-SoVITS s2's buckets: items outside them dropped,
+            each padded to whole global batches); the epoch accounting checks the ranks against it. None: the
+            dataset's size.
     """
 
     model: nn.Module
@@ -87,6 +93,8 @@ class TrainingSetup:
     worst_case_batches: Callable[[TrialConfig], list[Any]] | None = None
     preload_s: float = 0.0
     item_audio_s: Sequence[float] | None = None
+    find_unused_parameters: bool = False
+    samples_per_epoch: Callable[[TrialConfig, int], int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -40,6 +40,7 @@ TASKS = {
     "wav2vec2-ctc": "asr",
     "naturalspeech2": "tts",
     "gpt-sovits-s1": "tts",
+    "gpt-sovits-s2": "tts",
 }
 
 

@@ -64,7 +64,7 @@ SUPPORTED = {
     "espnet": {"ecapa-tdnn", "ecapa-tdnn-512", "conformer"},
     "lightning": set(TASKS),
     "amphion": {"naturalspeech2"},
-    "gpt-sovits": {"gpt-sovits-s1"},
+    "gpt-sovits": {"gpt-sovits-s1", "gpt-sovits-s2"},
 }
 
 
