@@ -23,6 +23,7 @@ _LIBRARY_PARTS = tuple(
     for name in (
         "torch",
         "lightning",
+        "lightning_fabric",
         "pytorch_lightning",
         "speechbrain",
         "espnet2",
