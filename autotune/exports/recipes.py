@@ -10,15 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autotune.errors import UserError
-from autotune.exports import espnet, speechbrain
+from autotune.exports import espnet, speakerlab, speechbrain
 from autotune.probe.command import TrainingCommand
 
-__all__ = ["RECIPES", "recipe_command"]
+__all__ = ["CUDA_ONLY", "RECIPES", "check_device", "recipe_command"]
 
 # framework -> its maker: (the user's command, the folder it runs in) -> (the trial's command, --baseline items)
 RECIPES: dict[str, Callable[..., tuple[TrainingCommand, list[str]]]] = {
+    "3d-speaker": speakerlab.recipe_command,
     "espnet": espnet.recipe_command,
     "speechbrain": speechbrain.recipe_command,
+}
+# Frameworks whose training script runs on CUDA only, with the line that says so.
+CUDA_ONLY = {
+    "3d-speaker": "speakerlab/bin/train.py trains on CUDA only (torch.cuda.set_device, the nccl process group)",
 }
 
 
@@ -28,3 +33,9 @@ def recipe_command(framework: str, template: str, *, cwd: str = ".") -> tuple[Tr
     if maker is None:
         raise UserError(f"--recipe {framework}: autotune runs the recipes of {', '.join(sorted(RECIPES))}")
     return maker(template, cwd=cwd)
+
+
+def check_device(framework: str | None, device_type: str) -> None:
+    """Refuse, before any trial, a recipe whose framework cannot train on this machine's device."""
+    if framework in CUDA_ONLY and device_type != "cuda":
+        raise UserError(f"--recipe {framework}: {CUDA_ONLY[framework]}; this machine has no GPU")

@@ -11,10 +11,15 @@ persistent_workers reach the recipe's DataLoader without editing its config.
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from autotune.errors import UserError
 from autotune.exports.base import (
     Export,
     ExportContext,
@@ -32,6 +37,7 @@ from autotune.exports.knob_notes import (
     preload_note,
     unordered_note,
 )
+from autotune.probe.command import TrainingCommand
 
 _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 # run.sh's own paths (egs/voxceleb/sv-*/run.sh: data=data, exp=exp): the command runs from the recipe's folder.
@@ -121,6 +127,16 @@ def _multinode_notes(context: ExportContext) -> tuple[str, ...]:
     )
 
 
+def dataloader_block(values: dict[str, str]) -> str:
+    """The recipe's dataloader block as the YAML flow mapping one `--dataloader` override carries: its own
+    <dataset>, <batch_size> and <num_workers> references, drop_last, and the given DataLoader arguments (written
+    values: the export's, or a trial's placeholders)."""
+    args = {"dataset": "<dataset>", "batch_size": "<batch_size>", "num_workers": "<num_workers>"}
+    args |= {"pin_memory": values["pin_memory"], "drop_last": "true"}
+    args |= {key: text for key, text in values.items() if key != "pin_memory"}
+    return "{obj: torch.utils.data.DataLoader, args: {" + ", ".join(f"{k}: {v}" for k, v in args.items()) + "}}"
+
+
 def _dataloader_override(context: ExportContext) -> str | None:
     """The recipe's dataloader block with the tuned extras, as the YAML flow mapping one override carries; None when
     the recipe's own block already says what was measured."""
@@ -128,9 +144,7 @@ def _dataloader_override(context: ExportContext) -> str | None:
     tuned = {"pin_memory": config.pin_memory, "drop_last": True, **context.loader_extras()}
     if tuned == _RECIPE_LOADER:
         return None
-    args = {"dataset": "<dataset>", "batch_size": "<batch_size>", "num_workers": "<num_workers>", **tuned}
-    body = ", ".join(f"{key}: {_yaml_scalar(value)}" for key, value in args.items())
-    return "{obj: torch.utils.data.DataLoader, args: {" + body + "}}"
+    return dataloader_block({key: _yaml_scalar(value) for key, value in tuned.items() if key != "drop_last"})
 
 
 def _optimizer_override(context: ExportContext) -> str | None:
@@ -279,3 +293,100 @@ KNOB_TABLE = knob_table(
         ),
     },
 )
+
+
+# The one mapping, used both ways (the export above, and a `--recipe 3d-speaker` trial's overrides:
+# exports/recipes.py): train.py's top-level keys for the batch (GLOBAL: train.py gives each process
+# batch_size / world_size) and the workers, the dataloader block for the rest, null/false for what a configuration
+# without workers leaves unset (torch's DataLoader refuses a prefetch_factor without workers).
+TRAINER_OPTIONS = {"per_device_batch_size": "batch_size", "num_workers": "num_workers"}
+LOADER_BLOCK = ("pin_memory", "prefetch_factor", "persistent_workers")
+UNSET = {"prefetch_factor": "null", "persistent_workers": "false"}
+
+
+def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, list[str]]:
+    """`--recipe 3d-speaker`: the user's `torchrun ... speakerlab/bin/train.py --config conf/X.yaml ...` with the
+    tuned values as train.py's own overrides (build_config replaces top-level keys), and the recipe's values today as
+    the baseline (its batch_size per process, its num_workers, its dataloader block's pin_memory). No precision
+    knob: train.py has no AMP (the export says so), and its TF32 only moves through an environment variable.
+
+    Raises:
+        UserError: speakerlab is not installed; the command does not run speakerlab's train.py, names no readable
+            --config, or sets what autotune sets itself.
+    """
+    if importlib.util.find_spec("speakerlab") is None:
+        raise UserError("--recipe 3d-speaker needs speakerlab in this environment: pip install speakerlab")
+    try:
+        words = shlex.split(template)
+    except ValueError as error:
+        raise UserError(f"--command cannot be split into words as a shell would: {error}") from None
+    runs = [i for i, word in enumerate(words) if word.endswith("speakerlab/bin/train.py")]
+    runs += [i + 1 for i, word in enumerate(words[:-1]) if word == "-m" and words[i + 1] == "speakerlab.bin.train"]
+    if not runs:
+        raise UserError(
+            "--recipe 3d-speaker: the command does not run speakerlab/bin/train.py; give it as run.sh does, e.g. "
+            "'torchrun --nproc_per_node=2 speakerlab/bin/train.py --config conf/cam++.yaml --gpu 0 1 ...'"
+        )
+    arguments = words[runs[0] + 1 :]
+    config_name = _option(arguments, "--config")
+    if not config_name:
+        raise UserError("--recipe 3d-speaker: the command names no --config (conf/cam++.yaml, as run.sh passes it)")
+    config = _read_config(Path(cwd) / config_name, config_name)
+    for given in ("--batch_size", "--num_workers", "--dataloader"):
+        if _option(arguments, given) is not None:
+            raise UserError(
+                f"--recipe 3d-speaker: the command sets {given} itself; leave it out: autotune sets it per trial (your "
+                f"values today are read from {config_name})"
+            )
+    ranks = int(_option(words[: runs[0]], "--nproc_per_node") or 1)
+    # The block's own braces are literal in the template, each value's placeholder fills: escape around markers.
+    block = dataloader_block({name: f"\0{name}\1" for name in LOADER_BLOCK}).replace("{", "{{").replace("}", "}}")
+    for name in LOADER_BLOCK:
+        block = block.replace(f"\0{name}\1", "{" + name + "}")
+    knobs = "--batch_size {per_device_batch_size} --num_workers {num_workers}"
+    full = f"{template} {knobs} --dataloader {shlex.quote(block)}"
+    command = TrainingCommand.checked(
+        full, cwd=cwd, recipe="3d-speaker", unset=dict(UNSET), scale={"per_device_batch_size": ranks}
+    )
+    return command, _baseline(config, ranks)
+
+
+def _option(words: list[str], name: str) -> str | None:
+    """The value of `--name value` or `--name=value` among words; None where it is not given."""
+    for index, word in enumerate(words):
+        if word == name and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _read_config(path: Path, name: str) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UserError(f"--recipe 3d-speaker: cannot read {name}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"--recipe 3d-speaker: {name} is not YAML: {str(error).splitlines()[0]}") from None
+    missing = [
+        key
+        for key in ("batch_size", "num_workers", "dataloader")
+        if not isinstance(document, dict) or key not in document
+    ]
+    if missing:
+        raise UserError(
+            f"--recipe 3d-speaker: {name} has no {', '.join(missing)}: it is not a speakerlab training config"
+        )
+    return document
+
+
+def _baseline(config: dict[str, Any], ranks: int) -> list[str]:
+    items = []
+    if isinstance(config.get("batch_size"), int):
+        items.append(f"per_device_batch_size={max(1, config['batch_size'] // ranks)}")
+    if isinstance(config.get("num_workers"), int):
+        items.append(f"num_workers={config['num_workers']}")
+    pin = ((config.get("dataloader") or {}).get("args") or {}).get("pin_memory")
+    if isinstance(pin, bool):
+        items.append(f"pin_memory={str(pin).lower()}")
+    return items

@@ -20,6 +20,7 @@ from autotune import __version__, storage, workloads, yamlio
 from autotune import space as space_module
 from autotune.data import DataSource
 from autotune.errors import MachineFailure, UserError
+from autotune.exports.recipes import check_device
 from autotune.knobs.config import TrialConfig
 from autotune.machine.hardware import Hardware, probe
 from autotune.probe.launcher import CommandLauncher, run_command
@@ -104,6 +105,7 @@ def prepare(request: RunRequest) -> RunPlan:
     settings = request.settings
     if request.command is not None:
         check_own_training(request)
+        check_device(request.command.recipe, probe(request.device).device_type)
         # No AMP check (it trains autotune's model, not the user's) and no compute-only ceiling (it needs the model's
         # batches in memory): the probe's own checks stand for them (the loss, the values in force).
         request = dataclasses.replace(request, amp_check=None, compute_ceiling=False)

@@ -1,0 +1,87 @@
+"""`--recipe 3d-speaker`: each candidate as speakerlab/bin/train.py's own overrides (the global batch, the workers,
+the dataloader block), from the table the 3D-Speaker export writes with, read back by speakerlab's own parser and
+config builder; refused before any trial where train.py cannot run (no GPU: it trains on CUDA only)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.errors import UserError
+from autotune.exports.recipes import recipe_command
+from autotune.probe.command import TrainingCommand
+from tests.probe.conftest import spec_for
+
+pytest.importorskip("speakerlab")
+RECORDED = Path(__file__).resolve().parents[1] / "exports" / "recipes" / "3d-speaker_cam++.yaml"
+COMMAND = (
+    "torchrun --nproc_per_node=2 speakerlab/bin/train.py --config conf/cam++.yaml --gpu 0 1 "
+    "--data data/train.csv --noise data/musan/wav.scp --reverb data/rirs/wav.scp --exp_dir exp/cam++"
+)
+
+
+@pytest.fixture
+def recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """egs/voxceleb/sv-cam++ as the user has it: its conf/cam++.yaml (recorded from 3D-Speaker 09e7806)."""
+    (tmp_path / "conf").mkdir()
+    shutil.copy(RECORDED, tmp_path / "conf" / "cam++.yaml")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _speakerlab_config(argv: list[str], recipe: Path):  # noqa: ANN202 - speakerlab's Config
+    """speakerlab's own parser and config builder, as train.py's main() calls them."""
+    from speakerlab.bin.train import parser
+    from speakerlab.utils.config import build_config
+
+    args, overrides = parser.parse_known_args(argv[argv.index("speakerlab/bin/train.py") + 1 :])
+    return build_config(str(recipe / args.config), overrides, False)
+
+
+def test_each_candidate_reaches_speakerlabs_config_as_the_export_writes_it(recipe: Path) -> None:
+    command, baseline = recipe_command("3d-speaker", COMMAND)
+    assert baseline == ["per_device_batch_size=128", "num_workers=16", "pin_memory=true"]  # 256 global over 2 ranks
+    assert set(command.knobs) == {
+        "per_device_batch_size",
+        "num_workers",
+        "pin_memory",
+        "prefetch_factor",
+        "persistent_workers",
+    }
+    config = spec_for(
+        recipe, per_device_batch_size=32, num_workers=4, prefetch_factor=3, persistent_workers=True
+    ).config
+    built = _speakerlab_config(command.argv(config, None), recipe)
+    assert built.batch_size == 64 and built.num_workers == 4  # train.py gives each of 2 ranks 64 / 2
+    loader = built.dataloader["args"]
+    assert loader["prefetch_factor"] == 3 and loader["persistent_workers"] is True and loader["drop_last"] is True
+    assert loader["dataset"] == "<dataset>"  # the recipe's own reference, resolved when train.py builds it
+    without = _speakerlab_config(command.argv(spec_for(recipe, per_device_batch_size=32).config, None), recipe)
+    assert without.dataloader["args"]["prefetch_factor"] is None  # what torch's DataLoader takes without workers
+    assert TrainingCommand.from_dict(command.to_dict()).argv(config, None) == command.argv(config, None)
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("python train.py --config conf/cam++.yaml", "the command does not run speakerlab/bin/train.py"),
+        ("torchrun speakerlab/bin/train.py --gpu 0", "the command names no --config"),
+        ("torchrun speakerlab/bin/train.py --config conf/missing.yaml", "cannot read conf/missing.yaml"),
+        (COMMAND + " --batch_size 64", "the command sets --batch_size itself"),
+    ],
+)
+def test_a_3d_speaker_command_autotune_cannot_run_is_one_line(recipe: Path, command: str, words: str) -> None:
+    with pytest.raises(UserError) as raised:
+        recipe_command("3d-speaker", command)
+    assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_without_a_gpu_the_run_is_refused_before_any_trial(recipe: Path) -> None:
+    result = CliRunner().invoke(app, ["run", "--recipe", "3d-speaker", "--command", COMMAND], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert "--recipe 3d-speaker: speakerlab/bin/train.py trains on CUDA only" in result.output
+    assert not (recipe / "results").exists()
