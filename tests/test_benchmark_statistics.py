@@ -133,7 +133,8 @@ def test_replay_judges_a_pick_on_its_reference_figure(tmp_path):
         return 30.0 if config.precision == "fp32" and config.intra_op_threads == 1 else 21.0
 
     recorded = replay.Recorded.load(_recorded_run(tmp_path / "run.json", one_thread_fp32_is_best))
-    row = replay.summarise(recorded, replay.slice_space(), 0.01, reps=2)  # budget for the baseline alone
+    # 37 s of a 612-s grid: room for the baseline and one 17-s seed (a budget under one honest trial is refused)
+    row = replay.summarise(recorded, replay.slice_space(), 0.06, reps=2)
     assert row["within 2%"] == "0%" and row["mean regret"] == "30.0%"
 
 

@@ -59,7 +59,8 @@ POLL_S = 0.5  # the trial's files on the shared folder
 STATE_POLL_S = 5.0  # the controller (scontrol): a trial's end is read from its result file, not from here
 # What may differ between two specs of one trial: paths (each run has its own data file) and the timing, which a run
 # lengthens on a busy machine (preflight); the configuration, workload, options, device and seed may not.
-_RUN_FIELDS = ("data_file", "result_path", "timing", "collective_timeout_s")
+# (the budget's deadline for the window, too: a rerun's budget ends at another time)
+_RUN_FIELDS = ("data_file", "result_path", "timing", "collective_timeout_s", "window_deadline_unix_s")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -127,7 +127,7 @@ def test_a_typer_app_named_as_a_plugin_is_one_line():
         (["run", "--seed", "1e3"], "Invalid value for '--seed'"),
         (["nosuch"], "No such command 'nosuch'; see '"),
         (["schedule"], "Missing option '--model'"),
-        (["run"], "give --model NAME (see 'autotune models') or --command"),
+        (["run"], "give --model NAME (see 'autotune models'), --command"),
         (["models", "extra"], "unexpected extra argument"),
     ],
     ids=["bad-value", "unknown-command", "missing-option", "neither-model-nor-command", "extra-argument"],

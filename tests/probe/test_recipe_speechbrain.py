@@ -61,7 +61,7 @@ def test_the_recipe_command_carries_every_loader_knob_and_the_precision_as_speec
 @pytest.mark.parametrize(
     ("framework", "command", "words"),
     [
-        ("kaldi", COMMAND, "--recipe kaldi: autotune runs the recipes of espnet, speechbrain"),
+        ("kaldi", COMMAND, "--recipe kaldi: autotune runs the recipes of 3d-speaker, espnet, speechbrain"),
         ("speechbrain", f"{sys.executable} train.py --data_folder data", "the command names no hparams file"),
         ("speechbrain", COMMAND + " --batch_sise 8", "--batch_sise is not a key of hparams/train_ecapa_tdnn.yaml"),
         ("speechbrain", COMMAND + " --precision bf16", "the command sets --precision itself"),

@@ -96,9 +96,9 @@ def test_autotune_models_lists_it() -> None:
     assert result.exit_code == 0 and "gpt-sovits-s2" in result.output and "51,310,080" in result.output
 
 
-def test_preparation_writes_the_recipes_experiment_folder_once(tiny_corpus: Path, s2) -> None:
+def test_preparation_writes_the_recipes_experiment_folder_once(tiny_corpus: Path, s2, tmp_path: Path) -> None:
     utterances = s2.load_data(str(tiny_corpus)).utterances
-    corpus, done = ensure_s2_data(utterances)
+    corpus, done = ensure_s2_data(utterances, cache_dir=tmp_path / "cache")  # its own: other tests prepare it too
     assert not done.reused and done.items == len(utterances) == len(corpus.names) == 12
     lines = (corpus.root / NAME2TEXT).read_text().strip("\n").split("\n")
     assert len(lines) == 12 and all(len(line.split("\t")) == 4 for line in lines)  # the loader keeps these
@@ -112,7 +112,7 @@ def test_preparation_writes_the_recipes_experiment_folder_once(tiny_corpus: Path
         assert features.dtype == torch.float16 and features.shape == (1, 768, hubert_frames(info.frames))
         peak = np.abs(sf.read(corpus.root / WAV_DIR / name, dtype="int16")[0]).max()
         assert 15_000 < peak <= 32_767  # 0.95 x 0.5 x 32768 plus half the audio, as 2-get-hubert-wav32k.py scales
-    again, reused = ensure_s2_data(utterances)
+    again, reused = ensure_s2_data(utterances, cache_dir=tmp_path / "cache")
     assert reused.reused and again == corpus
 
 
