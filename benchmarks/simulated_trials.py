@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ i
 from autotune.knobs.config import TrialConfig  # noqa: E402
 from autotune.search.candidates import config_key  # noqa: E402
 from autotune.trial import TrialResult, TrialSpec
+from autotune.trial.steady import STARTUP_STEPS
 from benchmarks.landscapes import GIB, Landscape  # noqa: E402
 
 __all__ = ["Simulator"]
@@ -87,7 +88,14 @@ class Simulator:
         the window (a short stretch: twice the window's noise)."""
         rate = expected.samples_per_second
         warmup = rate * self.rng.uniform(0.7, 1.0)
-        reason = should_prune({"phase": "warmup", "samples_per_second": warmup, "elapsed_s": 0.0})
+        # Each reading names the steps it covers, as trial/child.py's does (search/pruning.py holds a warm-up reading
+        # to its bar by them): the settled warm-up steps after the first STARTUP_STEPS where the landscape's warm-up
+        # has two of them, else the second step alone; the window's steps after the whole warm-up.
+        settled = self.landscape.warmup_steps - STARTUP_STEPS
+        span = (STARTUP_STEPS, settled) if settled >= 2 else (1, 1)
+        reading = {"phase": "warmup", "samples_per_second": warmup, "elapsed_s": 0.0}
+        reading |= {"after_steps": span[0], "steps": span[1], "seconds": span[1] * expected.warmup_step_s}
+        reason = should_prune(reading)
         if reason:
             return self._end(
                 expected.until_window_s - (self.landscape.warmup_steps - 2) * expected.warmup_step_s,
@@ -95,7 +103,10 @@ class Simulator:
             )
         quarter = 0.25 * self.landscape.timing.window_s
         early = rate * math.exp(self.rng.gauss(0.0, 2 * self.landscape.noise))
-        reason = should_prune({"phase": "window", "samples_per_second": early, "elapsed_s": quarter})
+        steps = max(2, int(quarter / expected.step_s)) if expected.step_s > 0 else 2
+        reading = {"phase": "window", "samples_per_second": early, "elapsed_s": quarter}
+        reading |= {"after_steps": self.landscape.warmup_steps, "steps": steps, "seconds": quarter}
+        reason = should_prune(reading)
         if reason:
             return self._end(expected.until_window_s + quarter, TrialResult(status="pruned", reason=reason))
         return None
