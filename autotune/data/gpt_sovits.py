@@ -37,9 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from autotune.data.cache import build_folder_atomically
 from autotune.data.ns2_prep import NS2_PHONES, transcript_phones
-from autotune.data.offline import Preparation, cache_error, cache_root, complete_check, corpus_key
+from autotune.data.offline import Preparation, cache_root, complete_check, corpus_key, prepare_once
 from autotune.data.sources import Utterance
 from autotune.errors import DataError
 
@@ -125,17 +124,8 @@ def ensure_s1_data(
         raise DataError(f"none of the {len(utterances)} transcripts has a vowel letter or {{ARPAbet}} phones")
     settings = {"version": PREP_VERSION, "hz": SEMANTIC_HZ, "bert": BERT_DIM}
     root = cache_root(cache_dir) / f"gpt-sovits-s1-{corpus_key('gpt-sovits-s1', settings, usable, with_text=True)}"
-    reused = _is_complete(root)
-    started = time.perf_counter()
-    if not reused:
-        build_folder_atomically(
-            root,
-            build=lambda folder: _prepare(folder, usable),
-            is_complete=_is_complete,
-            failure=lambda error: cache_error(root.parent, error),
-        )
+    reused, seconds = prepare_once(root, lambda folder: _prepare(folder, usable), _is_complete)
     corpus = S1Corpus.load(root)
-    seconds = 0.0 if reused else time.perf_counter() - started
     return corpus, Preparation(what=WHAT, path=str(root), items=len(usable), seconds=seconds, reused=reused)
 
 

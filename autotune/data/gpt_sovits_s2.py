@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,9 +33,8 @@ import torch
 import torchaudio.functional as AF
 
 from autotune.data.audio import read_segment
-from autotune.data.cache import build_folder_atomically
 from autotune.data.ns2_prep import NS2_PHONES, transcript_phones
-from autotune.data.offline import Preparation, cache_error, cache_root, complete_check, corpus_key, map_utterances
+from autotune.data.offline import Preparation, cache_root, complete_check, corpus_key, map_utterances, prepare_once
 from autotune.data.sources import Utterance
 from autotune.errors import DataError
 
@@ -114,19 +112,10 @@ def ensure_s2_data(
         raise DataError(f"none of the {len(utterances)} transcripts has a vowel letter or {{ARPAbet}} phones")
     settings = {"version": PREP_VERSION, "rate": SAMPLE_RATE, "ssl": SSL_DIM}
     root = cache_root(cache_dir) / f"gpt-sovits-s2-{corpus_key('gpt-sovits-s2', settings, usable, with_text=True)}"
-    reused = _is_complete(root)
-    started = time.perf_counter()
-    if not reused:
-        build_folder_atomically(
-            root,
-            build=lambda folder: _prepare(folder, usable),
-            is_complete=_is_complete,
-            failure=lambda error: cache_error(root.parent, error),
-        )
+    reused, seconds = prepare_once(root, lambda folder: _prepare(folder, usable), _is_complete)
     corpus = S2Corpus.load(root)
     if not corpus.names:
         raise DataError(f"none of the {len(usable)} utterances with phones has audio GPT-SoVITS keeps (all silent)")
-    seconds = 0.0 if reused else time.perf_counter() - started
     return corpus, Preparation(what=WHAT, path=str(root), items=len(corpus.names), seconds=seconds, reused=reused)
 
 

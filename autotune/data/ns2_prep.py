@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,8 +33,7 @@ import torch
 import torchaudio.functional as AF
 
 from autotune.data.audio import read_segment
-from autotune.data.cache import build_folder_atomically
-from autotune.data.offline import Preparation, cache_error, cache_root, complete_check, corpus_key, map_utterances
+from autotune.data.offline import Preparation, cache_root, complete_check, corpus_key, map_utterances, prepare_once
 from autotune.data.sources import Utterance
 from autotune.data.tts import MelConfig, TtsFeaturizer, even_durations
 from autotune.errors import DataError
@@ -137,19 +135,10 @@ def ensure_ns2_metadata(
     """
     settings = {"version": PREP_VERSION, "rate": CODEC_RATE, "hop": CODEC_HOP, "levels": CODE_LEVELS}
     root = cache_root(cache_dir) / f"ns2-metadata-{corpus_key('ns2-metadata', settings, utterances, with_text=True)}"
-    reused = _is_complete(root)
-    started = time.perf_counter()
-    if not reused:
-        build_folder_atomically(
-            root,
-            build=lambda folder: _prepare(folder, utterances),
-            is_complete=_is_complete,
-            failure=lambda error: cache_error(root.parent, error),
-        )
+    reused, seconds = prepare_once(root, lambda folder: _prepare(folder, utterances), _is_complete)
     metadata = Ns2Metadata.load(root)
     if metadata.utt_ids != tuple(utt.utt_id for utt in utterances):  # a key collision, or a folder edited by hand
         raise DataError(f"the prepared NaturalSpeech2 data in {root} does not match the data; delete it and rerun")
-    seconds = 0.0 if reused else time.perf_counter() - started
     return metadata, Preparation(what=WHAT, path=str(root), items=len(utterances), seconds=seconds, reused=reused)
 
 

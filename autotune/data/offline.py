@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from autotune.data.cache import default_cache_dir, temp_sibling
+from autotune.data.cache import build_folder_atomically, default_cache_dir, temp_sibling
 from autotune.data.sources import Utterance
 from autotune.errors import DataError
 
@@ -38,6 +38,7 @@ __all__ = [
     "corpus_key",
     "map_utterances",
     "write_text_atomically",
+    "prepare_once",
 ]
 
 logger = logging.getLogger(__name__)
@@ -167,3 +168,15 @@ def complete_check(manifest: str, version: int | str) -> Callable[[Path], bool]:
             return False
 
     return is_complete
+
+
+def prepare_once(root: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool]) -> tuple[bool, float]:
+    """A preparation's folder in the cache, built once: (reused, seconds it took to build, 0 when reused). A build
+    that fails leaves no half folder (build_folder_atomically) and is one DataError naming the cache."""
+    if is_complete(root):
+        return True, 0.0
+    started = time.perf_counter()
+    build_folder_atomically(
+        root, build=build, is_complete=is_complete, failure=lambda error: cache_error(root.parent, error)
+    )
+    return False, time.perf_counter() - started

@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from autotune.data.audio import read_segment
-from autotune.data.cache import build_folder_atomically
-from autotune.data.offline import Preparation, cache_error, cache_root, complete_check, corpus_key, map_utterances
+from autotune.data.offline import Preparation, cache_root, complete_check, corpus_key, map_utterances, prepare_once
 from autotune.data.sources import Utterance
 from autotune.data.tts import MelConfig, TtsFeaturizer
 from autotune.errors import DataError
@@ -100,19 +99,10 @@ def ensure_tts_features(
     """
     settings = {"version": FEATURES_VERSION, "mel": asdict(config)}
     root = cache_root(cache_dir) / f"tts-features-{corpus_key('tts-features', settings, utterances, with_text=True)}"
-    reused = _is_complete(root)
-    started = time.perf_counter()
-    if not reused:
-        build_folder_atomically(
-            root,
-            build=lambda folder: _precompute(folder, utterances, tokens, config),
-            is_complete=_is_complete,
-            failure=lambda error: cache_error(root.parent, error),
-        )
+    reused, seconds = prepare_once(root, lambda folder: _precompute(folder, utterances, tokens, config), _is_complete)
     store = FeatureStore.load(root)
     if store.utt_ids != tuple(utt.utt_id for utt in utterances):  # a key collision, or a folder edited by hand
         raise DataError(f"the prepared features in {root} do not match the data; delete that folder and rerun")
-    seconds = 0.0 if reused else time.perf_counter() - started
     return store, Preparation(what=WHAT, path=str(root), items=len(utterances), seconds=seconds, reused=reused)
 
 
