@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.errors import UserError
 from autotune.exports.base import (
     TF32_OFF_ENV,
@@ -46,6 +44,7 @@ from autotune.exports.knob_notes import (
     preload_note,
     unordered_note,
 )
+from autotune.exports.recipe_input import command_words, read_mapping
 from autotune.knobs.precision import TORCH_DEFAULT_FP32
 from autotune.probe.command import TrainingCommand
 
@@ -328,12 +327,7 @@ def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, l
         UserError: ESPnet is not installed; the command is not espnet2.bin.asr_train; it names no readable --config
             YAML; it sets what autotune sets; its batch_type or iterator_type does not count utterances.
     """
-    if importlib.util.find_spec("espnet2") is None:
-        raise UserError("--recipe espnet needs ESPnet in this environment: pip install espnet")
-    try:
-        words = shlex.split(template)
-    except ValueError as error:
-        raise UserError(f"--command cannot be split into words as a shell would: {error}") from None
+    words = command_words("espnet", template, package="espnet2", install="espnet")
     if not any(word == TRAINER_MODULE or word.endswith("espnet2/bin/asr_train.py") for word in words):
         raise UserError(
             f"--recipe espnet runs ESPnet2's ASR trainer: give the `python -m {TRAINER_MODULE} --config ...` call "
@@ -381,15 +375,7 @@ def _options(words: list[str]) -> dict[str, str]:
 
 
 def _read_config(path: Path, name: str) -> dict[str, Any]:
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UserError(f"--recipe espnet: cannot read --config {name}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise UserError(f"--recipe espnet: --config {name} is not YAML: {str(error).splitlines()[0]}") from None
-    if not isinstance(document, dict):
-        raise UserError(f"--recipe espnet: --config {name} is not a mapping of the trainer's arguments")
-    return document
+    return read_mapping("espnet", path, f"--config {name}", what="the trainer's arguments")
 
 
 def _check_batches(values: dict[str, Any], name: str) -> None:

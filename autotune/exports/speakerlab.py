@@ -11,13 +11,10 @@ persistent_workers reach the recipe's DataLoader without editing its config.
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from autotune.errors import UserError
 from autotune.exports.base import (
@@ -37,6 +34,7 @@ from autotune.exports.knob_notes import (
     preload_note,
     unordered_note,
 )
+from autotune.exports.recipe_input import command_words, read_mapping
 from autotune.probe.command import TrainingCommand
 
 _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
@@ -314,12 +312,7 @@ def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, l
         UserError: speakerlab is not installed; the command does not run speakerlab's train.py, names no readable
             --config, or sets what autotune sets itself.
     """
-    if importlib.util.find_spec("speakerlab") is None:
-        raise UserError("--recipe 3d-speaker needs speakerlab in this environment: pip install speakerlab")
-    try:
-        words = shlex.split(template)
-    except ValueError as error:
-        raise UserError(f"--command cannot be split into words as a shell would: {error}") from None
+    words = command_words("3d-speaker", template, package="speakerlab", install="speakerlab")
     runs = [i for i, word in enumerate(words) if word.endswith("speakerlab/bin/train.py")]
     runs += [i + 1 for i, word in enumerate(words[:-1]) if word == "-m" and words[i + 1] == "speakerlab.bin.train"]
     if not runs:
@@ -362,17 +355,8 @@ def _option(words: list[str], name: str) -> str | None:
 
 
 def _read_config(path: Path, name: str) -> dict[str, Any]:
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UserError(f"--recipe 3d-speaker: cannot read {name}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise UserError(f"--recipe 3d-speaker: {name} is not YAML: {str(error).splitlines()[0]}") from None
-    missing = [
-        key
-        for key in ("batch_size", "num_workers", "dataloader")
-        if not isinstance(document, dict) or key not in document
-    ]
+    document = read_mapping("3d-speaker", path, name, what="training settings")
+    missing = [key for key in ("batch_size", "num_workers", "dataloader") if key not in document]
     if missing:
         raise UserError(
             f"--recipe 3d-speaker: {name} has no {', '.join(missing)}: it is not a speakerlab training config"

@@ -42,6 +42,7 @@ from autotune.exports.knob_notes import (
     preload_note,
     unordered_note,
 )
+from autotune.exports.recipe_input import command_words, read_mapping
 from autotune.knobs.precision import TORCH_DEFAULT_FP32
 from autotune.probe.command import TrainingCommand
 
@@ -382,12 +383,7 @@ def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, l
             has no loader options; the command already sets what autotune tunes; it overrides a key the hparams
             file does not have.
     """
-    if importlib.util.find_spec("speechbrain") is None:
-        raise UserError("--recipe speechbrain needs SpeechBrain in this environment: pip install speechbrain")
-    try:
-        words = shlex.split(template)
-    except ValueError as error:
-        raise UserError(f"--command cannot be split into words as a shell would: {error}") from None
+    words = command_words("speechbrain", template, package="speechbrain", install="speechbrain")
     hparams_name = next((word for word in words if word.endswith((".yaml", ".yml"))), None)
     if hparams_name is None:
         raise UserError(
@@ -433,15 +429,7 @@ _TagsAsText.add_multi_constructor("!", _tagged)
 
 
 def _read_hparams(path: Path, name: str) -> dict[str, Any]:
-    try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_TagsAsText)  # noqa: S506 - SafeLoader's subclass
-    except OSError as error:
-        raise UserError(f"--recipe speechbrain: cannot read {name}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise UserError(f"--recipe speechbrain: {name} is not YAML: {str(error).splitlines()[0]}") from None
-    if not isinstance(document, dict):
-        raise UserError(f"--recipe speechbrain: {name} is not a mapping of hparams")
-    return document
+    return read_mapping("speechbrain", path, name, what="hparams", loader=_TagsAsText)
 
 
 def _run_options() -> set[str]:
