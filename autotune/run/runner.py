@@ -105,7 +105,6 @@ def prepare(request: RunRequest) -> RunPlan:
     settings = request.settings
     if request.command is not None:
         check_own_training(request)
-        check_device(request.command.recipe, probe(request.device).device_type)
         # No AMP check (it trains autotune's model, not the user's) and no compute-only ceiling (it needs the model's
         # batches in memory): the probe's own checks stand for them (the loss, the values in force).
         request = dataclasses.replace(request, amp_check=None, compute_ceiling=False)
@@ -114,6 +113,8 @@ def prepare(request: RunRequest) -> RunPlan:
         workload = workloads.get(request.model)
     check_workload_options(workload, request.workload_options)
     hardware = probe(request.device)
+    if request.command is not None:  # a framework that cannot train here: refused before anything runs
+        check_device(request.command.recipe, hardware.device_type)
     nodes = request.nodes
     world_size = resolve_world_size(request, hardware) * nodes  # --devices is per node: every node's ranks count
     space_file = Path(request.space) if request.space else space_module.space_path(workload.space_file or workload.name)
