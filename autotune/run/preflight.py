@@ -81,7 +81,8 @@ def adapt(settings: TunerSettings, load: machine_load.MachineLoad) -> tuple[Tune
     A busy machine gets windows BUSY_WINDOW_FACTOR times longer: a slow stretch of someone else's job averages out over
     more of the window. What a busy machine does to a window is judged per window, busy or not at the start: one that
     varied while other processes took the CPU is kept as disturbed rather than condemned as erratic (trial/child.py),
-    and a leader with a disturbed window gets one more interleaved re-measurement in confirmation (search/tuner.py). The
+    and confirmation re-measures a window disturbed beyond its pass and compares leaders pass by pass
+    (search/confirmation.py). The
     trial counts depend on what was measured, not on the calibration, so a run's plan does not change with the load
     of the minute it started in.
     """

@@ -191,8 +191,11 @@ def _gap_errors(candidates: Sequence[Candidate], reference: Candidate) -> dict[i
     }
 
 
-def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tuple[Candidate | None, str]:
-    """The fastest by median (or by pooled estimate, where confirmation has one: search/pooling.py); among leaders
+def pick_winner(
+    candidates: list[Candidate], estimates: Estimates = None, *, by: str = "pooled estimate"
+) -> tuple[Candidate | None, str]:
+    """The fastest by median (or by the estimates confirmation made, named by `by`: pooled with neighbours' windows
+    on a long run, search/pooling.py, or compared pass by pass on a busy machine, search/confirmation.py); among leaders
     measured within SAFETY_PRICE of it, the safest (and say why). The winner's reported throughput stays its measured
     median.
 
@@ -209,7 +212,7 @@ def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tup
     if not candidates:
         return None, ""
     rate = {id(c): score(c, estimates) for c in candidates}
-    by = "pooled estimate" if estimates else "median"
+    by = by if estimates else "median"
     fastest = max(candidates, key=lambda c: rate[id(c)])
     errors = _gap_errors(candidates, fastest)
     tied = [
@@ -222,7 +225,7 @@ def pick_winner(candidates: list[Candidate], estimates: Estimates = None) -> tup
     safest = min(tied, key=lambda c: (c.safety_key(), -rate[id(c)]))
     if safest is fastest:
         return fastest, f"fastest by {by}"
-    gap, slower = 1.0 - rate[id(safest)] / rate[id(fastest)], "slower by pooled estimate" if estimates else "slower"
+    gap, slower = 1.0 - rate[id(safest)] / rate[id(fastest)], f"slower by {by}" if estimates else "slower"
     keys = zip(_SAFETY_WORDS, safest.safety_key(), fastest.safety_key(), strict=True)
     why = next((word for word, mine, theirs in keys if mine < theirs), "no less safe on any count")  # an exact tie
     return safest, (

@@ -31,6 +31,16 @@ longer than planned, as under someone else's load) is set aside: its windows sta
 the finalists are compared, and the winner summarised, without them. They came from minutes the leaders it did not
 reach were never measured in: under someone else's load they pull exactly the leaders it reached down, and could
 crown one it did not (the case: docs/how-it-measures.md, step 7; tests/search/test_confirmation.py replays it).
+
+On a busy machine (other processes took a share of the CPU in some leader's window: machine/cpu_load.py) the passes
+are what makes leaders comparable, so they are compared as a paired design, each pass a block. A window in which
+others took BUSY_OTHERS_FRACTION more of the CPU than in the pass's quietest (or which the trial found disturbed) is
+re-measured at once, at the end of its pass, and the pass compares the quieter of the two: a window that measured
+someone else's job is replaced, not kept. Then each leader's rate in a pass is taken relative to the pass's
+geometric mean, and a short run's winner is chosen by the median of those (the "paired comparison"): a load that
+lasts a pass falls on every leader alike and cancels, where medians over windows from different minutes would let it
+choose the winner. The search's own windows, each from other minutes, are not compared; the winner's reported speed
+stays the median of its own windows.
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune.search.candidates import Candidate, Estimates, config_key, score
+from autotune.machine.cpu_load import BUSY_OTHERS_FRACTION
+from autotune.search.candidates import Candidate, Estimates, TrialRecord, config_key, score
 from autotune.search.pooling import pooled_estimates
 
 __all__ = [
@@ -54,6 +65,7 @@ __all__ = [
     "Confirmed",
     "halving_rounds",
     "keep_better_half",
+    "paired_estimates",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,12 +109,13 @@ def keep_better_half(candidates: Sequence[Candidate], estimates: Estimates = Non
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Confirmed:
     """Every leader as re-measured (for the report), those the winner is chosen among (without the windows of a pass
-    the budget cut short: set_aside of them), and the pooled estimates it is chosen by (None: by median)."""
+    the budget cut short: set_aside of them), and the estimates it is chosen by (None: by median), named by basis."""
 
     leaders: list[Candidate]
     finalists: list[Candidate]
     estimates: Estimates = None
     set_aside: int = 0
+    basis: str = "pooled estimate"
 
 
 class Confirmation:
@@ -131,6 +144,7 @@ class Confirmation:
         self.measure, self.candidates, self.cost_s, self.left_s = measure, candidates, cost_s, left_s
         self.longest_window_s, self.longest_trial_s = longest_window_s, longest_trial_s
         self.set_aside: set[int] = set()  # record numbers of a pass the budget cut short (_each)
+        self.passes: list[dict[str, list[int]]] = []  # each complete pass: config_key -> its record numbers in it
 
     def _fresh(self, leaders: Sequence[Candidate], *, compared: bool = False) -> list[Candidate]:
         by_key = self._compared() if compared else self.candidates()
@@ -139,14 +153,13 @@ class Confirmation:
     def _each(self, passes: Sequence[Sequence[tuple[Candidate, float | None]]]) -> bool:
         """Re-measure each pass's leaders in turn while they fit; whether all were. A pass the budget cuts short is set
         aside (compared): it measured some of the leaders and not the others, so its windows would be compared with
-        none of the same minutes, and under someone else's load they pull exactly the leaders it measured down."""
+        none of the same minutes, and under someone else's load they pull exactly the leaders it measured down. A
+        complete pass re-measures its disturbed windows (_remeasure_disturbed) and is kept for the paired comparison."""
         for trials in passes:
             before = self._numbers()
+            measured: dict[str, list[int]] = {}
             for leader, window_s in trials:
-                left_s = self.left_s()
-                parts = None if window_s is None else _parts_s(leader)
-                cost_s = self.cost_s(leader) if parts is None else parts[0] + max(parts[1], window_s or 0.0)
-                if left_s is not None and cost_s > left_s:
+                if not self._fits(leader, window_s):
                     cut = self._numbers() - before
                     self.set_aside |= cut
                     logger.warning(
@@ -156,8 +169,48 @@ class Confirmation:
                         else "",
                     )
                     return False
-                self.measure(leader, window_s)
+                self._measure_into(measured, leader, window_s)
+            self._remeasure_disturbed(trials, measured)
+            self.passes.append(measured)
         return True
+
+    def _fits(self, leader: Candidate, window_s: float | None) -> bool:
+        left_s = self.left_s()
+        parts = None if window_s is None else _parts_s(leader)
+        cost_s = self.cost_s(leader) if parts is None else parts[0] + max(parts[1], window_s or 0.0)
+        return left_s is None or cost_s <= left_s
+
+    def _measure_into(self, measured: dict[str, list[int]], leader: Candidate, window_s: float | None) -> None:
+        before = self._numbers()
+        self.measure(leader, window_s)
+        measured.setdefault(config_key(leader.config), []).extend(sorted(self._numbers() - before))
+
+    def _remeasure_disturbed(
+        self, trials: Sequence[tuple[Candidate, float | None]], measured: dict[str, list[int]]
+    ) -> None:
+        """Each leader whose window in this pass others disturbed beyond the pass's quietest is measured once more, at
+        once, while the budget holds: the pass then compares its quieter window (_pass_values), not the load."""
+        records = self._records(measured)
+        if not records:
+            return
+        quietest = min(_others(record) for record in records.values())
+        for leader, window_s in trials:
+            mine = [records[number] for number in measured.get(config_key(leader.config), []) if number in records]
+            if len(mine) != 1 or not _disturbed(mine[0], quietest):
+                continue
+            if not self._fits(leader, window_s):
+                return
+            logger.info(
+                "re-measuring %s: other processes took %.0f%% of the CPU in its window, %.0f%% in its pass's quietest",
+                leader.config.short(),
+                100 * _others(mine[0]),
+                100 * quietest,
+            )
+            self._measure_into(measured, leader, window_s)
+
+    def _records(self, numbers: dict[str, list[int]]) -> dict[int, TrialRecord]:
+        wanted = {number for group in numbers.values() for number in group}
+        return {r.number: r for c in self.candidates().values() for r in c.records if r.number in wanted}
 
     def _numbers(self) -> set[int]:
         return {record.number for candidate in self.candidates().values() for record in candidate.records}
@@ -195,13 +248,21 @@ class Confirmation:
         return [list(zip(survivors, windows, strict=True)) for _ in range(trials)]
 
     def uniform(self, leaders: list[Candidate], rounds: int) -> Confirmed:
-        """Each leader re-measured `rounds` times, interleaved; then one more round for the leaders with a window
-        other processes disturbed (trial/child.py): their median then rests on more windows, from other minutes of
-        the load."""
-        if self._each([[(leader, None) for leader in leaders] for _ in range(rounds)]) and rounds:
-            disturbed = [c for c in self._fresh(leaders) if any(r.result.disturbed for r in c.records)]
-            self._each([[(c, None) for c in disturbed]])
-        return self._confirmed(leaders, leaders, estimates=False)
+        """Each leader re-measured `rounds` times, interleaved (a disturbed window once more, in its pass: _each); the
+        winner chosen by median, or on a busy machine by the paired comparison of the complete passes."""
+        self._each([[(leader, None) for leader in leaders] for _ in range(rounds)])
+        confirmed = self._confirmed(leaders, leaders, estimates=False)
+        feasible = [c for c in confirmed.finalists if c.feasible]
+        estimates = paired_estimates(feasible, self.passes, self._compared())
+        if estimates is None:
+            return confirmed
+        return Confirmed(
+            leaders=confirmed.leaders,
+            finalists=confirmed.finalists,
+            estimates=estimates,
+            set_aside=confirmed.set_aside,
+            basis=_paired_basis(_complete_passes(feasible, self.passes, self._compared())),
+        )
 
     def halving(self, leaders: list[Candidate], time_s: float) -> Confirmed:
         """Sequential halving within time_s: each round spends an equal share of the time left on the leaders still
@@ -250,3 +311,71 @@ def _parts_s(candidate: Candidate) -> tuple[float, float] | None:
         return None
     outside = statistics.median(max(0.0, (r.wall_s or 0.0) - (r.window_s or 0.0)) for r in timed)
     return outside, min(r.window_s or 0.0 for r in timed)
+
+
+def _others(record: TrialRecord) -> float:
+    """Other processes' share of the CPU during the record's window (0 where unknown: a GPU's ranks)."""
+    return record.result.others_cpu_fraction or 0.0
+
+
+def _disturbed(record: TrialRecord, quietest: float) -> bool:
+    """Disturbed beyond the pass: the trial found its window disturbed, or others took BUSY_OTHERS_FRACTION more of the
+    CPU in it than in the pass's quietest window."""
+    return record.result.disturbed or _others(record) - quietest >= BUSY_OTHERS_FRACTION
+
+
+def _busy(candidates: Sequence[Candidate]) -> bool:
+    """Whether other processes took a busy share of the CPU in any of these candidates' windows."""
+    return any(r.result.disturbed or _others(r) >= BUSY_OTHERS_FRACTION for c in candidates for r in c.records)
+
+
+def _pass_values(
+    candidates: Sequence[Candidate], passes: Sequence[dict[str, list[int]]], compared: dict[str, Candidate]
+) -> list[dict[str, float]]:
+    """Each complete pass as each candidate's rate in it: its quietest feasible window there (a re-measured disturbed
+    window is replaced by the quieter). A pass is complete when every candidate has a feasible window in it."""
+    by_number = {r.number: r for c in compared.values() for r in c.records}
+    keys = [config_key(c.config) for c in candidates]
+    values = []
+    for measured in passes:
+        rates = {}
+        for key in keys:
+            feasible = [by_number[n] for n in measured.get(key, []) if n in by_number and by_number[n].result.feasible]
+            if feasible and (quietest := min(feasible, key=_others)).value > 0:
+                rates[key] = quietest.value
+        if len(rates) == len(keys):
+            values.append(rates)
+    return values
+
+
+def _complete_passes(
+    candidates: Sequence[Candidate], passes: Sequence[dict[str, list[int]]], compared: dict[str, Candidate]
+) -> int:
+    return len(_pass_values(candidates, passes, compared))
+
+
+def _paired_basis(passes: int) -> str:
+    return f"paired comparison over {passes} pass{'' if passes == 1 else 'es'}"
+
+
+def paired_estimates(
+    candidates: Sequence[Candidate], passes: Sequence[dict[str, list[int]]], compared: dict[str, Candidate]
+) -> Estimates:
+    """On a busy machine, each candidate's rate relative to the others in the same passes: per complete pass its log
+    rate less the pass's mean (the load of that pass cancels), the median over passes, scaled back to samples/s by the
+    candidates' geometric mean of medians (only the ranking is used; the reported speed stays each one's median).
+    None on a quiet machine, for fewer than two candidates, or without a complete pass: then the medians decide."""
+    if len(candidates) < 2 or not _busy(candidates):
+        return None
+    values = _pass_values(candidates, passes, compared)
+    if not values:
+        return None
+    keys = [config_key(c.config) for c in candidates]
+    relative: dict[str, list[float]] = {key: [] for key in keys}
+    for rates in values:
+        mean = statistics.fmean(math.log(rates[key]) for key in keys)
+        for key in keys:
+            relative[key].append(math.log(rates[key]) - mean)
+    medians = [math.log(c.median) for c in candidates if c.median > 0]
+    scale = statistics.fmean(medians) if medians else 0.0
+    return {key: math.exp(scale + statistics.median(relative[key])) for key in keys}

@@ -236,7 +236,9 @@ class Tuner:
             failure = storage.describe_failure(error)
             logger.warning("the study's storage failed (%s): choosing among the trials measured so far", failure)
             stopped_by, confirmed = STORAGE_FAILED, self.room.unconfirmed()
-        winner, winner_reason = pick_winner([c for c in confirmed.finalists if c.feasible], confirmed.estimates)
+        winner, winner_reason = pick_winner(
+            [c for c in confirmed.finalists if c.feasible], confirmed.estimates, by=confirmed.basis
+        )
         baseline = next((record for record in self.records if record.role == "baseline"), None)
         return TuningOutcome(
             records=list(self.records),

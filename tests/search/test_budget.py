@@ -187,21 +187,38 @@ def test_a_trial_is_stopped_when_the_budget_runs_out_however_long_its_own_timeou
     assert outcome.records[1].result.reason == "stopped when --budget ran out, after 70 s"
 
 
-def test_a_leader_whose_window_others_disturbed_gets_one_more_interleaved_re_measurement(tmp_path, cpu_hardware):
+def test_a_confirmation_window_others_disturbed_is_re_measured_at_once_and_its_pass_compares_the_quieter(
+    tmp_path, cpu_hardware
+):
+    """Two bf16 seeds as leaders; in the confirmation pass another job takes 60% of the CPU during the first one's
+    window (6 samples/s against its 15.5). It is measured again at once, quiet, and the pass compares the quieter
+    window: kept, the disturbed window would have handed the run to the other seed."""
     now = [0.0]
+    windows: dict[int, int] = {}
 
     def launcher(spec, **kwargs) -> TrialResult:
         now[0] += 20.0
-        seed_without_workers = spec.config.precision == "bf16" and spec.config.num_workers == 0
-        result = _result(15.0 if spec.config.precision == "bf16" else 5.0, 20.0)
-        result.disturbed = seed_without_workers and now[0] <= 60.0  # its first window, measured third
+        workers = spec.config.num_workers
+        if spec.config.precision != "bf16":
+            return _result(5.0, 20.0)
+        windows[workers] = windows.get(workers, 0) + 1
+        confirming = windows[workers] > 1  # each seed's first window is its search trial
+        if workers == 0 and windows[workers] == 2:
+            result = _result(6.0, 20.0)
+            result.others_cpu_fraction = 0.6
+            return result
+        result = _result(15.5 if workers == 0 and confirming else 15.0, 20.0)
+        result.others_cpu_fraction = 0.05
         return result
 
     settings = TunerSettings(trials=3, budget_s=1000.0, confirm_top_k=2, confirm_repeats=1, prune=False)
     outcome = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: now[0]).run()
     confirms = [r.config.num_workers for r in outcome.records if r.role == "confirm"]
     assert [r.role for r in outcome.records][:3] == ["baseline", "seed", "seed"]
-    assert sorted(confirms) == [0, 0, 1]  # one round of both seeds, and one more of the disturbed one
+    assert sorted(confirms) == [0, 0, 1]  # one pass of both seeds, and the disturbed window once more in it
+    assert outcome.winner is not None and outcome.winner.config.num_workers == 0
+    assert outcome.winner_reason == "fastest by paired comparison over 1 pass"
+    assert outcome.winner.values == [15.0, 6.0, 15.5]  # every window stays in the record and the report
 
 
 def test_a_rerun_whose_previous_winner_is_the_recipe_measures_it_once_and_the_budget_goes_to_the_others(

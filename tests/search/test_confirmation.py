@@ -27,8 +27,10 @@ def _config(batch: int) -> TrialConfig:
     return TrialConfig(per_device_batch_size=batch, precision="bf16", intra_op_threads=2)
 
 
-def _record(number: int, batch: int, rate: float, role: str = "search") -> TrialRecord:
-    result = TrialResult(status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=10.0)
+def _record(number: int, batch: int, rate: float, role: str = "search", others: float | None = None) -> TrialRecord:
+    result = TrialResult(
+        status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=10.0, others_cpu_fraction=others
+    )
     return TrialRecord(number=number, role=role, config=_config(batch), result=result)
 
 
@@ -262,3 +264,49 @@ def test_a_run_whose_confirmation_the_budget_cuts_under_load_keeps_the_fastest_a
     plan = runner.prepare(RunRequest(model="cam++", data=str(tiny_corpus), results_dir=str(tmp_path / "results")))
     notes = run_result.tuned_config(plan, outcome).notes
     assert any(f"its {len(confirms)} window(s), of only some of them" in note for note in notes)
+
+
+def test_on_a_busy_machine_the_passes_decide_and_another_jobs_load_cannot_choose_the_winner():
+    """The peers' case on a 2-core machine: the leaders' search windows came from different minutes of other jobs'
+    load. In the first pass another job took 30% of the CPU during leader 64's window only (5.4 against its 9.5); in
+    the second it took 30% during all three. Leader 64 is the fastest in every pass once its disturbed window is
+    measured again; by medians over every window, leader 48 would win on its lucky quiet search window."""
+    records = [_record(0, 64, 11.8, others=0.25), _record(1, 48, 11.0, others=0.02), _record(2, 32, 8.0, others=0.3)]
+    # each leader's windows in order: the first pass (64's disturbed, then its re-measurement), the second pass
+    planned = {64: [(5.4, 0.3), (9.5, 0.02), (6.0, 0.3)], 48: [(9.0, 0.02), (5.5, 0.3)], 32: [(8.5, 0.02), (5.2, 0.3)]}
+    order = []
+
+    def measure(leader: Candidate, window_s: float | None) -> None:
+        batch = leader.config.per_device_batch_size
+        rate, others = planned[batch].pop(0)
+        order.append(batch)
+        records.append(_record(len(records), batch, rate, role="confirm", others=others))
+
+    confirmation = Confirmation(
+        measure=measure, candidates=lambda: group_by_config(records), cost_s=lambda c: 10.0, left_s=lambda: None
+    )
+    confirmed = confirmation.uniform(list(group_by_config(records).values()), rounds=2)
+    assert order == [64, 48, 32, 64, 64, 48, 32]  # the disturbed window measured again at the end of its pass
+    assert all(not left for left in planned.values())
+    by_median, _ = pick_winner(confirmed.finalists)
+    assert by_median is not None and by_median.config.per_device_batch_size == 48
+    winner, why = pick_winner(confirmed.finalists, confirmed.estimates, by=confirmed.basis)
+    assert winner is not None and winner.config.per_device_batch_size == 64
+    assert why == "fastest by paired comparison over 2 passes"
+    assert winner.values == [11.8, 5.4, 9.5, 6.0]  # its reported speed stays the median of its own windows
+
+
+def test_on_a_quiet_machine_the_medians_decide_as_before():
+    records = [_record(0, 64, 10.0, others=0.01), _record(1, 48, 9.0, others=0.02)]
+    follow = {64: [9.8, 10.1], 48: [9.2, 9.1]}
+
+    def measure(leader: Candidate, window_s: float | None) -> None:
+        batch = leader.config.per_device_batch_size
+        records.append(_record(len(records), batch, follow[batch].pop(0), role="confirm", others=0.02))
+
+    confirmed = Confirmation(
+        measure=measure, candidates=lambda: group_by_config(records), cost_s=lambda c: 10.0, left_s=lambda: None
+    ).uniform(list(group_by_config(records).values()), rounds=2)
+    assert confirmed.estimates is None and len(records) == 6  # nothing re-measured, nothing paired
+    winner, why = pick_winner(confirmed.finalists, confirmed.estimates, by=confirmed.basis)
+    assert winner is not None and winner.config.per_device_batch_size == 64 and why == "fastest by median"
