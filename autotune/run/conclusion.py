@@ -40,7 +40,13 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
     notes.extend(plan.option_notes)
     if baseline is not NOT_MEASURED and not baseline.ok:
         notes.append(f"the recipe baseline could not be used here: {baseline.status}: {baseline.reason}")
-    if outcome.winner_reason and outcome.winner_reason != "fastest by median":
+    if outcome.winner_reason.startswith("fastest by paired"):
+        notes.append(
+            f"other processes took the CPU during the run: the winner is the {outcome.winner_reason} "
+            "of confirmation (its leaders measured in turn in the same minutes; the search's windows, each from other "
+            "minutes, are in the report but not in the choice)"
+        )
+    elif outcome.winner_reason and outcome.winner_reason != "fastest by median":
         notes.append(outcome.winner_reason)
     if outcome.set_aside:
         notes.append(
