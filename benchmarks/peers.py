@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -273,9 +274,18 @@ def careful_user(recipe: dict[str, Any]) -> dict[str, Any]:
     return {"plain": plain, "tuning_s": 60.0, "changed": changes(plain, recipe), "note": "by hand, about a minute"}
 
 
-def measure(configs: dict[str, str], args: argparse.Namespace, data_file: Path, work: Path) -> dict[str, list[float]]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reading:
+    """One neutral measurement: its round, samples/s, and the CPU share other processes took meanwhile."""
+
+    round: int
+    rate: float
+    others: float | None
+
+
+def measure(configs: dict[str, str], args: argparse.Namespace, data_file: Path, work: Path) -> dict[str, list[Reading]]:
     """Every configuration once per round in a fresh process, the order rotated each round."""
-    values: dict[str, list[float]] = {name: [] for name in configs}
+    values: dict[str, list[Reading]] = {name: [] for name in configs}
     names = list(configs)
     for round_number in range(args.rounds):
         order = names[round_number % len(names) :] + names[: round_number % len(names)]
@@ -301,8 +311,13 @@ def measure(configs: dict[str, str], args: argparse.Namespace, data_file: Path, 
             if failed or not measured:
                 log(f"round {round_number} {name}: {failed or 'no figure'}")
                 continue
-            values[name].append(measured[-1]["samples_per_second"])
-            log(f"round {round_number} {name}: {values[name][-1]:.2f} samples/s")
+            reading = Reading(
+                round=round_number,
+                rate=measured[-1]["samples_per_second"],
+                others=measured[-1].get("others_cpu_fraction"),
+            )
+            values[name].append(reading)
+            log(f"round {round_number} {name}: {reading.rate:.2f} samples/s, others {reading.others}")
     return values
 
 
@@ -310,12 +325,23 @@ def median(rates: list[float]) -> float:
     return statistics.median(rates) if rates else 0.0
 
 
-def ratio(value: float, reference: float) -> str:
-    return f"{value / reference:.2f}x" if value and reference else "-"  # no figure to compare with: no ratio
+def paired_ratio(mine: list[Reading], reference: list[Reading]) -> str:
+    """The median over rounds of the ratio within each round (both measured in it): a round's load falls on both."""
+    theirs = {reading.round: reading.rate for reading in reference}
+    ratios = [reading.rate / theirs[reading.round] for reading in mine if theirs.get(reading.round)]
+    return f"{statistics.median(ratios):.2f}x" if ratios else "-"  # no round in common: no ratio
 
 
-def table(tools: dict[str, dict[str, Any]], values: dict[str, list[float]]) -> list[str]:
-    recipe, ours = median(values.get("recipe", [])), median(values.get("autotune", []))
+def shown(reading: Reading) -> str:
+    """A rate, with the share others took where it is a busy one (autotune's BUSY_OTHERS_FRACTION)."""
+    from autotune.machine.cpu_load import BUSY_OTHERS_FRACTION
+
+    busy = reading.others is not None and reading.others >= BUSY_OTHERS_FRACTION
+    return f"{reading.rate:.2f}" + (f" (others {reading.others:.0%})" if busy else "")
+
+
+def table(tools: dict[str, dict[str, Any]], values: dict[str, list[Reading]]) -> list[str]:
+    recipe, ours = values.get("recipe", []), values.get("autotune", [])
     lines = [
         "| tool | tuning wall time | what it changed | samples/s per round | median samples/s | ratio to recipe "
         "| ratio to autotune | spread |",
@@ -325,14 +351,15 @@ def table(tools: dict[str, dict[str, Any]], values: dict[str, list[float]]) -> l
         if "error" in tool:
             lines.append(f"| {name} | - | no recommendation: {tool['error']} | - | - | - | - | - |")
             continue
-        rates = values.get(name, [])
+        readings = values.get(name, [])
+        rates = [reading.rate for reading in readings]
         mid = median(rates)
         spread = (max(rates) - min(rates)) / mid if len(rates) > 1 and mid else 0.0
         wall = f"{tool['tuning_s'] / 60:.1f} min" if tool.get("tuning_s") else "-"
         note = f" ({tool['note']})" if tool.get("note") else ""
         lines.append(
-            f"| {name} | {wall} | {tool['changed']}{note} | {', '.join(f'{r:.2f}' for r in rates) or 'failed'} | "
-            f"{mid:.2f} | {ratio(mid, recipe)} | {ratio(mid, ours)} | {spread:.0%} |"
+            f"| {name} | {wall} | {tool['changed']}{note} | {', '.join(map(shown, readings)) or 'failed'} | "
+            f"{mid:.2f} | {paired_ratio(readings, recipe)} | {paired_ratio(readings, ours)} | {spread:.0%} |"
         )
     return lines
 
@@ -340,7 +367,7 @@ def table(tools: dict[str, dict[str, Any]], values: dict[str, list[float]]) -> l
 def report(
     args: argparse.Namespace,
     tools: dict[str, dict[str, Any]],
-    values: dict[str, list[float]],
+    values: dict[str, list[Reading]],
     load: tuple[tuple[float, ...], tuple[float, ...]],
     started: dt.datetime,
 ) -> str:
@@ -354,7 +381,10 @@ def report(
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}); load average "
         f"{load[0][0]:.1f} at the start, {load[1][0]:.1f} at the end. Every samples/s figure is the neutral loop's "
         f"(benchmarks/peers_train.py: {args.warmup_steps} untimed steps, then {args.seconds:g} s timed, end to end), "
-        "one fresh process per configuration and round, interleaved; spread = (max - min) / median over the rounds.",
+        "one fresh process per configuration and round, interleaved, the order rotated each round; a ratio is the "
+        "median over rounds of the two configurations' ratio within the round (paired: a round's load falls on both); "
+        "spread = (max - min) / median over the rounds; where other processes took 20% or more of the CPU during a "
+        "measurement, its share is given beside it.",
         "",
         *table(tools, values),
         "",
@@ -369,7 +399,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--budget", default="5m", help="wall-clock budget per tool, in minutes: 5m")
     parser.add_argument("--rounds", type=int, default=3, help="neutral rounds: every configuration once each")
     parser.add_argument("--seconds", type=float, default=60.0, help="timed seconds of each neutral measurement")
-    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps before each neutral measurement")
+    parser.add_argument("--warmup-steps", type=int, default=5, help="untimed steps before each neutral measurement")
     parser.add_argument("--rehearse", action="store_true", help="4-minute budgets, one round of 5 s: a quick check")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/peers-DATE-HOST.md")
     parser.add_argument("--keep", type=Path, default=None, help="keep the tools' logs and configs in this folder")
@@ -377,7 +407,7 @@ def parse() -> argparse.Namespace:
     if args.rehearse:
         # 4m: autotune reports nothing until its baseline trial finishes, and on a loaded 2-core CPU its checks and
         # that trial outlast 1m and 2m budgets; every tool gets the same budget, so all get 4m
-        args.budget, args.rounds, args.seconds, args.warmup_steps = "4m", 1, 5.0, 1
+        args.budget, args.rounds, args.seconds, args.warmup_steps = "4m", 1, 5.0, 2
     args.budget_min = int(args.budget.rstrip("m"))
     return args
 

@@ -11,7 +11,12 @@ comes from exactly one place, and nothing else is tuned behind its back:
     flags                  the same plain setting as command-line flags (ZenithTune's search space)
 
 Throughput is end to end (the data wait included): samples over the wall time of the timed steps, after untimed
-warm-up steps. It prints one `throughput: X samples/s` line (ZenithTune's regex reads it) and one JSON line.
+warm-up steps. Five by default: on a CPU with AMX, bf16's first steps run several times slower than its settled ones
+(oneDNN builds its kernels as they are first met: 4, 10, 4, 2.5, then 1.9 s a step for CAM++ at batch 16, against
+fp32's settled 1.9-2.7 s), so one warm-up step ranks bf16 below fp32 when it is not. The share of the CPU other
+processes took during the timed steps is measured too (autotune's machine/cpu_load.py), so a reader can tell a
+measurement someone else's job disturbed. It prints one `throughput: X samples/s` line (ZenithTune's regex reads it)
+and one JSON line.
 
     .venv/bin/python benchmarks/peers_train.py --data-file DATA.json --config PLAIN.json --seconds 30
 """
@@ -151,11 +156,14 @@ def train(setup: Any, applied: Applied, warmup_steps: int, seconds: float, steps
         model.compile(**applied.compile_kwargs)
     optimizer = setup.optimizer
     device = torch.device("cpu")
+    from autotune.machine.cpu_load import cpu_sample, others_fraction
+
     samples = done = 0
     started = time.perf_counter()
+    before = cpu_sample()
     for step, batch in enumerate(batches_forever(loader_for(setup, applied))):
         if step == warmup_steps:
-            started, samples, done = time.perf_counter(), 0, 0
+            started, samples, done, before = time.perf_counter(), 0, 0, cpu_sample()
         batch = setup.batch_to_device(batch, device, False)
         with applied.autocast():
             loss = setup.loss_fn(model, batch)
@@ -167,7 +175,13 @@ def train(setup: Any, applied: Applied, warmup_steps: int, seconds: float, steps
         elapsed = time.perf_counter() - started
         if step >= warmup_steps and ((steps and done >= steps) or (not steps and elapsed >= seconds)):
             break
-    return {"samples_per_second": samples / elapsed, "timed_steps": done, "timed_s": round(elapsed, 2)}
+    others = others_fraction(before, cpu_sample())
+    return {
+        "samples_per_second": samples / elapsed,
+        "timed_steps": done,
+        "timed_s": round(elapsed, 2),
+        "others_cpu_fraction": None if others is None else round(others, 3),
+    }
 
 
 def plain_from_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,7 +194,7 @@ def main() -> None:
     parser.add_argument("--data-file", required=True, help="the data list as JSON (DataSource.to_dict)")
     parser.add_argument("--option", action="append", default=[], help="workload option KEY=JSON, as autotune run")
     parser.add_argument("--config", default=None, help="an autotune result YAML or a plain-setting JSON")
-    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=30.0, help="timed wall seconds (unless --steps)")
     parser.add_argument("--steps", type=int, default=0, help="timed steps instead of --seconds")
     parser.add_argument("--batch-size", type=int, default=64)
