@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from autotune.errors import UserError
 from autotune.exports.base import (
     Export,
@@ -204,6 +206,11 @@ def _notes(context: ExportContext, recipe: Recipe, loader_override: bool) -> tup
         )
     if recipe.note:
         notes.append(recipe.note)
+    notes.append(
+        "The recipe's WavReader needs torch and torchaudio 2.8 or older: torchaudio 2.9 removed sox_effects (its "
+        "speed perturbation) and reads files through torchcodec; on a newer stack add --speed_pertub False and pip "
+        "install torchcodec (`autotune run --recipe 3d-speaker` checks this before any trial)"
+    )
     if not context.on_cuda:
         notes.append("speakerlab/bin/train.py needs CUDA (nccl, torch.cuda.set_device); it cannot train on a CPU")
     return tuple(notes)
@@ -325,6 +332,7 @@ def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, l
     if not config_name:
         raise UserError("--recipe 3d-speaker: the command names no --config (conf/cam++.yaml, as run.sh passes it)")
     config = _read_config(Path(cwd) / config_name, config_name)
+    check_audio_stack(config, arguments, config_name)
     for given in ("--batch_size", "--num_workers", "--dataloader"):
         if _option(arguments, given) is not None:
             raise UserError(
@@ -342,6 +350,73 @@ def recipe_command(template: str, *, cwd: str = ".") -> tuple[TrainingCommand, l
         full, cwd=cwd, recipe="3d-speaker", unset=dict(UNSET), scale={"per_device_batch_size": ranks}
     )
     return command, _baseline(config, ranks)
+
+
+# The recipes' audio reader (conf/*.yaml wav_reader at 09e7806): torchaudio.load per file, and with speed_pertub its
+# speed perturbation through torchaudio.sox_effects (speakerlab/process/processor.py WavReader.__call__).
+_RECIPE_WAV_READER = "speakerlab.process.processor.WavReader"
+
+
+def check_audio_stack(config: dict[str, Any], arguments: list[str], config_name: str) -> None:
+    """Refuse, before any trial, a recipe whose audio reader cannot run on this environment's torchaudio: torchaudio
+    2.9 removed sox_effects (the reader's speed perturbation) and reads files through torchcodec, so every item would
+    fail in the DataLoader's workers at the first batch, on every rank.
+
+    Raises:
+        UserError: the recipe's reader speed-perturbs without torchaudio.sox_effects, or torchaudio.load cannot read
+            a WAV file here.
+    """
+    reader = config.get("wav_reader")
+    if not isinstance(reader, dict) or reader.get("obj") != _RECIPE_WAV_READER:
+        return  # a reader of the user's own: what it needs is theirs to know
+    sox_effects, load_error = audio_stack()
+    given = _option(arguments, "--speed_pertub")
+    perturbs = yaml.safe_load(given) if given is not None else config.get("speed_pertub")
+    if perturbs is True and not sox_effects:
+        where = "--speed_pertub" if given is not None else f"speed_pertub: True in {config_name}"
+        raise UserError(
+            f"--recipe 3d-speaker: speakerlab's WavReader speed-perturbs through torchaudio.sox_effects ({where}), "
+            f"which torchaudio {_torchaudio_version()} no longer has (removed in 2.9): install torch and torchaudio "
+            "2.8 or older, or add --speed_pertub False to the command to train without it"
+        )
+    if load_error is not None:
+        raise UserError(
+            f"--recipe 3d-speaker: speakerlab's WavReader reads each file with torchaudio.load, which fails here "
+            f"({load_error}): pip install torchcodec (the build for your torch), or torch and torchaudio 2.8 or older"
+        )
+
+
+def audio_stack() -> tuple[bool, str | None]:
+    """Whether torchaudio.sox_effects imports here, and why torchaudio.load cannot read a WAV file here (None: it
+    can): tried on a one-sample file, as the reader would call it."""
+    import importlib.util
+    import tempfile
+    import wave
+
+    import torchaudio
+
+    try:
+        sox_effects = importlib.util.find_spec("torchaudio.sox_effects") is not None
+    except ImportError:
+        sox_effects = False
+    with tempfile.TemporaryDirectory(prefix="autotune-audio-") as folder:
+        path = Path(folder) / "one.wav"
+        with wave.open(str(path), "wb") as writer:
+            writer.setnchannels(1)
+            writer.setsampwidth(2)
+            writer.setframerate(16000)
+            writer.writeframes(b"\0\0")
+        try:
+            torchaudio.load(str(path))
+        except Exception as error:  # noqa: BLE001 - whatever stops it stops the recipe's reader
+            return sox_effects, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return sox_effects, None
+
+
+def _torchaudio_version() -> str:
+    import torchaudio
+
+    return str(torchaudio.__version__).split("+")[0]
 
 
 def _option(words: list[str], name: str) -> str | None:

@@ -4,6 +4,7 @@ config builder; refused before any trial where train.py cannot run (no GPU: it t
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import UserError
+from autotune.exports import speakerlab
 from autotune.exports.recipes import recipe_command
 from autotune.probe.command import TrainingCommand
 from tests.probe.conftest import spec_for
@@ -22,6 +24,16 @@ COMMAND = (
     "torchrun --nproc_per_node=2 speakerlab/bin/train.py --config conf/cam++.yaml --gpu 0 1 "
     "--data data/train.csv --noise data/musan/wav.scp --reverb data/rirs/wav.scp --exp_dir exp/cam++"
 )
+
+
+REAL_AUDIO_STACK = speakerlab.audio_stack
+
+
+@pytest.fixture(autouse=True)
+def audio_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU node's stack as the recipe needs it (torchaudio 2.8: sox_effects, load without torchcodec); the real
+    stack of this environment is checked in its own test below."""
+    monkeypatch.setattr(speakerlab, "audio_stack", lambda: (True, None))
 
 
 @pytest.fixture
@@ -85,3 +97,54 @@ def test_without_a_gpu_the_run_is_refused_before_any_trial(recipe: Path) -> None
     assert result.exit_code == 2, result.output
     assert "--recipe 3d-speaker: speakerlab/bin/train.py trains on CUDA only" in result.output
     assert not (recipe / "results").exists()
+
+
+def test_this_environments_torchaudio_is_checked_against_the_recipes_reader_before_any_trial(
+    recipe: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """speakerlab's WavReader (the recipe's wav_reader) speed-perturbs with torchaudio.sox_effects and reads with
+    torchaudio.load: torchaudio 2.9 removed the first and reads through torchcodec. What this environment's torchaudio
+    does, tried for real, decides; a stack that has both passes."""
+    monkeypatch.setattr(speakerlab, "audio_stack", REAL_AUDIO_STACK)
+    sox_effects, load_error = REAL_AUDIO_STACK()
+    if sox_effects and load_error is None:
+        recipe_command("3d-speaker", COMMAND)
+        return
+    with pytest.raises(UserError) as raised:
+        recipe_command("3d-speaker", COMMAND)
+    message = str(raised.value)
+    assert "\n" not in message
+    if not sox_effects:
+        assert "speed-perturbs through torchaudio.sox_effects (speed_pertub: True in conf/cam++.yaml)" in message
+        assert "add --speed_pertub False" in message
+    else:
+        assert "reads each file with torchaudio.load, which fails here" in message
+
+
+@pytest.mark.parametrize(
+    ("stack", "extra", "words"),
+    [
+        ((False, None), "", "speed_pertub: True in conf/cam++.yaml"),
+        ((False, None), " --speed_pertub True", "(--speed_pertub)"),
+        ((False, None), " --speed_pertub False", None),
+        ((True, "ImportError: TorchCodec is required"), "", "which fails here (ImportError: TorchCodec is required)"),
+        ((False, "ImportError: TorchCodec is required"), " --speed_pertub False", "pip install torchcodec"),
+    ],
+)
+def test_a_reader_that_cannot_run_is_refused_and_one_that_can_passes(
+    recipe: Path, monkeypatch: pytest.MonkeyPatch, stack: tuple[bool, str | None], extra: str, words: str | None
+) -> None:
+    monkeypatch.setattr(speakerlab, "audio_stack", lambda: stack)
+    if words is None:
+        command, _ = recipe_command("3d-speaker", COMMAND + extra)
+        assert "--speed_pertub False" in command.template
+        return
+    with pytest.raises(UserError, match=re.escape(words)):
+        recipe_command("3d-speaker", COMMAND + extra)
+
+
+def test_a_reader_of_the_users_own_is_not_second_guessed(recipe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = recipe / "conf" / "cam++.yaml"
+    config.write_text(config.read_text().replace("speakerlab.process.processor.WavReader", "mine.reader.Reader"))
+    monkeypatch.setattr(speakerlab, "audio_stack", lambda: (False, "ImportError: TorchCodec is required"))
+    recipe_command("3d-speaker", COMMAND)
