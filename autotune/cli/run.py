@@ -84,9 +84,9 @@ def run(
     recipe: Annotated[
         Optional[str],
         typer.Option(
-            help="--command runs this framework's recipe (speechbrain, espnet, 3d-speaker): the tuned values go in "
-            "as the framework's own overrides, as `autotune export --to` writes them; your values today are read from "
-            "the recipe's files.",
+            help="--command runs this framework's recipe (speechbrain, espnet, 3d-speaker, wenet): the tuned values go "
+            "in as the framework's own overrides, as `autotune export --to` writes them; your values today are read "
+            "from the recipe's files and command.",
         ),
     ] = None,
     lightning: Annotated[

@@ -16,7 +16,6 @@ the DataLoader of espnet2/iterators/sequence_iter_factory.py:158 passes no prefe
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import shlex
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UserError
+from autotune.exports import recipe_input
 from autotune.exports.base import (
     TF32_OFF_ENV,
     Export,
@@ -409,24 +409,12 @@ _KNOWN_DEFAULTS = {"batch_size": 20, "num_workers": 1, "batch_type": "folded", "
 
 
 def _trainer_defaults() -> dict[str, Any]:
-    """The trainer's own defaults for what the baseline and the checks read, from espnet2/tasks/abs_task.py's
-    add_argument calls without importing it (the import pulls in every model's dependencies)."""
+    """The trainer's own defaults for what the baseline and the checks read, from espnet2/tasks/abs_task.py."""
     spec = importlib.util.find_spec("espnet2")
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     found: dict[str, Any] = {}
     for folder in folders:
-        try:
-            tree = ast.parse((Path(folder) / "tasks" / "abs_task.py").read_text(encoding="utf-8"))
-        except (OSError, SyntaxError):
-            continue
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args):
-                continue
-            flag = node.args[0]
-            key = flag.value[2:] if isinstance(flag, ast.Constant) and isinstance(flag.value, str) else ""
-            default = next((k.value for k in node.keywords if k.arg == "default"), None)
-            if key in _KNOWN_DEFAULTS and isinstance(default, ast.Constant):
-                found[key] = default.value
+        found |= recipe_input.declared_defaults(Path(folder) / "tasks" / "abs_task.py", _KNOWN_DEFAULTS) or {}
     return _KNOWN_DEFAULTS | found
 
 

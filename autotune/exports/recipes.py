@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autotune.errors import UserError
-from autotune.exports import espnet, speakerlab, speechbrain
+from autotune.exports import espnet, speakerlab, speechbrain, wenet
 from autotune.probe.command import TrainingCommand
 
 __all__ = ["CUDA_ONLY", "RECIPES", "check_device", "recipe_command"]
@@ -20,6 +20,7 @@ RECIPES: dict[str, Callable[..., tuple[TrainingCommand, list[str]]]] = {
     "3d-speaker": speakerlab.recipe_command,
     "espnet": espnet.recipe_command,
     "speechbrain": speechbrain.recipe_command,
+    "wenet": wenet.recipe_command,
 }
 # Frameworks whose training script runs on CUDA only, with the line that says so.
 CUDA_ONLY = {

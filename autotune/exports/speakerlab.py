@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import UserError
+from autotune.exports import recipe_input
 from autotune.exports.base import (
     Export,
     ExportContext,
@@ -369,54 +370,21 @@ def check_audio_stack(config: dict[str, Any], arguments: list[str], config_name:
     reader = config.get("wav_reader")
     if not isinstance(reader, dict) or reader.get("obj") != _RECIPE_WAV_READER:
         return  # a reader of the user's own: what it needs is theirs to know
-    sox_effects, load_error = audio_stack()
+    sox_effects, load_error = recipe_input.audio_stack()
     given = _option(arguments, "--speed_pertub")
     perturbs = yaml.safe_load(given) if given is not None else config.get("speed_pertub")
     if perturbs is True and not sox_effects:
         where = "--speed_pertub" if given is not None else f"speed_pertub: True in {config_name}"
         raise UserError(
             f"--recipe 3d-speaker: speakerlab's WavReader speed-perturbs through torchaudio.sox_effects ({where}), "
-            f"which torchaudio {_torchaudio_version()} no longer has (removed in 2.9): install torch and torchaudio "
-            "2.8 or older, or add --speed_pertub False to the command to train without it"
+            f"which torchaudio {recipe_input.torchaudio_version()} no longer has (removed in 2.9): install torch and "
+            "torchaudio 2.8 or older, or add --speed_pertub False to the command to train without it"
         )
     if load_error is not None:
         raise UserError(
             f"--recipe 3d-speaker: speakerlab's WavReader reads each file with torchaudio.load, which fails here "
             f"({load_error}): pip install torchcodec (the build for your torch), or torch and torchaudio 2.8 or older"
         )
-
-
-def audio_stack() -> tuple[bool, str | None]:
-    """Whether torchaudio.sox_effects imports here, and why torchaudio.load cannot read a WAV file here (None: it
-    can): tried on a one-sample file, as the reader would call it."""
-    import importlib.util
-    import tempfile
-    import wave
-
-    import torchaudio
-
-    try:
-        sox_effects = importlib.util.find_spec("torchaudio.sox_effects") is not None
-    except ImportError:
-        sox_effects = False
-    with tempfile.TemporaryDirectory(prefix="autotune-audio-") as folder:
-        path = Path(folder) / "one.wav"
-        with wave.open(str(path), "wb") as writer:
-            writer.setnchannels(1)
-            writer.setsampwidth(2)
-            writer.setframerate(16000)
-            writer.writeframes(b"\0\0")
-        try:
-            torchaudio.load(str(path))
-        except Exception as error:  # noqa: BLE001 - whatever stops it stops the recipe's reader
-            return sox_effects, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    return sox_effects, None
-
-
-def _torchaudio_version() -> str:
-    import torchaudio
-
-    return str(torchaudio.__version__).split("+")[0]
 
 
 def _option(words: list[str], name: str) -> str | None:

@@ -5,7 +5,8 @@ A placeholder is a knob's name as the result YAML writes it (`{per_device_batch_
 `{precision}`...) or `{config}`, the path of the tuned copy of --config-file. A value is written as the training's
 own command line or YAML would read it: true/false for a flag, the number or the word otherwise; a knob that is unset
 for a configuration (prefetch_factor without workers) is written as torch's default, and the training passes it
-only where its DataLoader has workers, as torch requires.
+only where its DataLoader has workers, as torch requires. A framework's word may be empty: a flag that is either
+given or left out (WeNet's --pin_memory), so a placeholder standing alone whose word is empty leaves no word.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = ["CONFIG_PLACEHOLDER", "OWN_TASK", "TrainingCommand", "fill_value"]
 
 CONFIG_PLACEHOLDER = "config"
 OWN_TASK = "own-training"  # a result's workload task when it measured the user's own command
+_ABSENT = "\x1e"  # what an empty word is filled with, then dropped: no command's own word is this character alone
 # The knobs a command may carry: those a training takes as an argument (not the run's shape nor autotune's own
 # machinery: world_size is the user's launcher's, preloading and feature placement are the built-in recipes'; the
 # accumulation is a fixed recipe setting in every space, read back by the probe, not searched).
@@ -87,6 +89,8 @@ class TrainingCommand:
     scale: dict[str, int] = field(default_factory=dict)
     # The precisions the framework can train as asked, per device type ("cpu", "cuda"): the search offers only these.
     precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The least value the framework takes for a knob (WeNet's loader cannot run without workers): the search's floor.
+    least: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def checked(
@@ -103,6 +107,7 @@ class TrainingCommand:
         unset: dict[str, str] | None = None,
         precisions: dict[str, tuple[str, ...]] | None = None,
         scale: dict[str, int] | None = None,
+        least: dict[str, int] | None = None,
     ) -> TrainingCommand:
         """The command, with every placeholder, key and knob checked against what it names; one line otherwise."""
         if not template.strip():
@@ -160,6 +165,7 @@ class TrainingCommand:
             unset=dict(unset or {}),
             precisions=dict(precisions or {}),
             scale=dict(scale or {}),
+            least=dict(least or {}),
         )
 
     @property
@@ -182,10 +188,11 @@ class TrainingCommand:
 
     def argv(self, config: TrialConfig, config_copy: Path | None) -> list[str]:
         """The command's words for one configuration (no shell: each word as the template split it)."""
-        fills = {name: shlex.quote(self.fill(name, getattr(config, name))) for name in COMMAND_KNOBS}
+        fills = {name: shlex.quote(self.fill(name, getattr(config, name)) or _ABSENT) for name in COMMAND_KNOBS}
         if config_copy is not None:
             fills[CONFIG_PLACEHOLDER] = shlex.quote(str(config_copy))
-        return shlex.split(self.template.format(**fills))
+        words = shlex.split(self.template.format(**fills))
+        return [word.replace(_ABSENT, "") for word in words if word != _ABSENT]
 
     def write_config(self, config: TrialConfig, folder: Path) -> Path | None:
         """The tuned copy of the user's config file for one configuration, in folder; None without a file."""
@@ -224,6 +231,7 @@ class TrainingCommand:
                     "unset": self.unset,
                     "precisions": {device: list(names) for device, names in self.precisions.items()},
                     "scale": self.scale,
+                    "least": self.least,
                 }
                 if self.recipe
                 else {}
@@ -246,6 +254,7 @@ class TrainingCommand:
             unset=dict(data.get("unset") or {}),
             precisions={key: tuple(value) for key, value in (data.get("precisions") or {}).items()},
             scale={key: int(value) for key, value in (data.get("scale") or {}).items()},
+            least={key: int(value) for key, value in (data.get("least") or {}).items()},
         )
 
 

@@ -144,6 +144,9 @@ def command_space(command: TrainingCommand, baseline: dict[str, Any], hardware: 
         params["precision"]["choices"] = [name for name in params["precision"]["choices"] if name in expressible]
         if baseline.get("precision") not in expressible:
             baseline = {**baseline, "precision": expressible[0]}  # what the recipe trains with its own default
+    for name, least in command.least.items():  # what the framework cannot run is never asked for
+        if name in params and "low" in params[name]:
+            params[name]["low"] = max(int(params[name]["low"]), least)
     if "per_device_batch_size" in params:
         batch = int(baseline["per_device_batch_size"])
         params["per_device_batch_size"].update(low=max(1, batch // 4), high=max(2, batch * 4))

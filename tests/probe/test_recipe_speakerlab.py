@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import UserError
-from autotune.exports import speakerlab
+from autotune.exports import recipe_input
 from autotune.exports.recipes import recipe_command
 from autotune.probe.command import TrainingCommand
 from tests.probe.conftest import spec_for
@@ -26,14 +26,14 @@ COMMAND = (
 )
 
 
-REAL_AUDIO_STACK = speakerlab.audio_stack
+REAL_AUDIO_STACK = recipe_input.audio_stack
 
 
 @pytest.fixture(autouse=True)
 def audio_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU node's stack as the recipe needs it (torchaudio 2.8: sox_effects, load without torchcodec); the real
     stack of this environment is checked in its own test below."""
-    monkeypatch.setattr(speakerlab, "audio_stack", lambda: (True, None))
+    monkeypatch.setattr(recipe_input, "audio_stack", lambda: (True, None))
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_this_environments_torchaudio_is_checked_against_the_recipes_reader_befo
     """speakerlab's WavReader (the recipe's wav_reader) speed-perturbs with torchaudio.sox_effects and reads with
     torchaudio.load: torchaudio 2.9 removed the first and reads through torchcodec. What this environment's torchaudio
     does, tried for real, decides; a stack that has both passes."""
-    monkeypatch.setattr(speakerlab, "audio_stack", REAL_AUDIO_STACK)
+    monkeypatch.setattr(recipe_input, "audio_stack", REAL_AUDIO_STACK)
     sox_effects, load_error = REAL_AUDIO_STACK()
     if sox_effects and load_error is None:
         recipe_command("3d-speaker", COMMAND)
@@ -134,7 +134,7 @@ def test_this_environments_torchaudio_is_checked_against_the_recipes_reader_befo
 def test_a_reader_that_cannot_run_is_refused_and_one_that_can_passes(
     recipe: Path, monkeypatch: pytest.MonkeyPatch, stack: tuple[bool, str | None], extra: str, words: str | None
 ) -> None:
-    monkeypatch.setattr(speakerlab, "audio_stack", lambda: stack)
+    monkeypatch.setattr(recipe_input, "audio_stack", lambda: stack)
     if words is None:
         command, _ = recipe_command("3d-speaker", COMMAND + extra)
         assert "--speed_pertub False" in command.template
@@ -146,5 +146,5 @@ def test_a_reader_that_cannot_run_is_refused_and_one_that_can_passes(
 def test_a_reader_of_the_users_own_is_not_second_guessed(recipe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = recipe / "conf" / "cam++.yaml"
     config.write_text(config.read_text().replace("speakerlab.process.processor.WavReader", "mine.reader.Reader"))
-    monkeypatch.setattr(speakerlab, "audio_stack", lambda: (False, "ImportError: TorchCodec is required"))
+    monkeypatch.setattr(recipe_input, "audio_stack", lambda: (False, "ImportError: TorchCodec is required"))
     recipe_command("3d-speaker", COMMAND)
