@@ -1,10 +1,13 @@
 """NaturalSpeech2's training data prepared once per corpus: one pickle per utterance, as Amphion's recipe reads it.
 
-Amphion's NS2Dataset (models/tts/naturalspeech2/ns2_dataset.py, read_metadata true) opens
-``processed_dir/metadata/<dataset>/<uid>.pkl`` for every item, a dict of ``code`` (16, T) EnCodec indices, ``pitch``
-(T,) in Hz and ``duration`` (N,) frames per phone; the phones and ``num_frames`` come from ``train.json``. The recipe's
-data preparation is not in Amphion (issue #43); `ensure_ns2_metadata` writes the same files once per corpus into
-autotune's cache (keyed by the corpus and these settings), and the DataLoader workers then read one pickle per item:
+Amphion's NS2Dataset (models/tts/naturalspeech2/ns2_dataset.py, read_metadata true) reads
+``processed_dir/<dataset>/train.json``, a JSON list of ``{Dataset, Uid, speaker, phones, num_frames}``, and opens
+``processed_dir/metadata/<Dataset>/<Uid>.pkl`` for every item, a dict of ``code`` (16, T) EnCodec indices, ``pitch``
+(T,) in Hz and ``duration`` (N,) frames per phone. The recipe's data preparation is not in Amphion (issue #43);
+`ensure_ns2_metadata` writes that layout once per corpus into autotune's cache (keyed by the corpus and these
+settings), so that the folder is Amphion's ``processed_dir`` with the dataset ``autotune``: ``autotune/train.json``,
+``autotune/test.json`` (the same rows: NS2Trainer builds a validation loader from it), ``metadata/autotune/<Uid>.pkl``
+and, written last, autotune's own ``prepared.json``. The DataLoader workers then read one pickle per item:
 
 - ``code``: 16 codebooks (EnCodec 24 kHz at 12 kbps) of random ids in [0, 1024), seeded by the utterance id, at
   75 frames per second of the utterance's audio (24 kHz, hop 320). The step's cost depends on the codes' shape only;
@@ -48,9 +51,10 @@ __all__ = [
     "transcript_phones",
 ]
 
-PREP_VERSION = 1  # bump when the prepared items change for the same inputs
+PREP_VERSION = 2  # bump when the prepared items or their layout change for the same inputs
 WHAT = "codec codes, pitch and durations, one pickle per utterance (Amphion NaturalSpeech2 metadata)"
-MANIFEST = "train.json"
+MANIFEST = "prepared.json"  # autotune's; train.json must stay the bare list NS2Dataset iterates
+DATASET = "autotune"  # train.json's Dataset, the config's `dataset`
 CODEC_RATE = 24_000  # EnCodec 24 kHz
 CODEC_HOP = 320
 CODEC_FRAMES_PER_S = CODEC_RATE / CODEC_HOP  # 75
@@ -92,7 +96,7 @@ def codec_frames(utt: Utterance) -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Ns2Metadata:
-    """A prepared corpus: the folder, and per utterance (file i.pkl is utterance i) its id, phones and frames."""
+    """A prepared corpus: the folder (Amphion's processed_dir), and per utterance its id, phones and frames."""
 
     root: Path
     utt_ids: tuple[str, ...]
@@ -100,11 +104,11 @@ class Ns2Metadata:
     num_frames: tuple[int, ...]
 
     def path(self, index: int) -> Path:
-        return self.root / "metadata" / f"{index:07d}.pkl"
+        return _pickle_path(self.root, self.utt_ids[index])
 
     @classmethod
     def load(cls, root: Path) -> Ns2Metadata:
-        rows = json.loads((root / MANIFEST).read_text())["utterances"]
+        rows = json.loads((root / DATASET / "train.json").read_text())
         return cls(
             root=root,
             utt_ids=tuple(row["Uid"] for row in rows),
@@ -142,8 +146,12 @@ def ensure_ns2_metadata(
     return metadata, Preparation(what=WHAT, path=str(root), items=len(utterances), seconds=seconds, reused=reused)
 
 
+def _pickle_path(root: Path, utt_id: str) -> Path:
+    """Where NS2Dataset opens an utterance's pickle: processed_dir/metadata/<Dataset>/<Uid>.pkl."""
+    return root / "metadata" / DATASET / f"{utt_id}.pkl"
+
+
 def _prepare(folder: Path, utterances: Sequence[Utterance]) -> None:
-    (folder / "metadata").mkdir()
     pitch_of = _PitchTrack()
 
     def item(utt: Utterance) -> dict[str, np.ndarray]:
@@ -156,16 +164,24 @@ def _prepare(folder: Path, utterances: Sequence[Utterance]) -> None:
             "duration": even_durations(frames, len(phones)).numpy(),
         }
 
+    paths = [_pickle_path(folder, utt.utt_id) for utt in utterances]
+    for utt, path in zip(utterances, paths, strict=True):
+        if not path.resolve().is_relative_to((folder / "metadata" / DATASET).resolve()):
+            raise DataError(f"utterance ID {utt.utt_id!r} cannot name a file; use IDs without '..' or a leading '/'")
     rows: list[dict[str, object]] = []
-    for index, (utt, data) in enumerate(zip(utterances, map_utterances(item, utterances, "NS2 data"), strict=True)):
-        with open(folder / "metadata" / f"{index:07d}.pkl", "wb") as file:
+    for utt, path, data in zip(utterances, paths, map_utterances(item, utterances, "NS2 data"), strict=True):
+        path.parent.mkdir(parents=True, exist_ok=True)  # an ID with '/' is a subfolder, as Amphion's join makes it
+        with open(path, "wb") as file:
             pickle.dump(data, file)
         phones = " ".join(transcript_phones(utt.text or ""))
         frames = int(data["code"].shape[1])
         rows.append(
-            {"Dataset": "autotune", "Uid": utt.utt_id, "speaker": utt.speaker, "phones": phones, "num_frames": frames}
+            {"Dataset": DATASET, "Uid": utt.utt_id, "speaker": utt.speaker, "phones": phones, "num_frames": frames}
         )
-    (folder / MANIFEST).write_text(json.dumps({"version": PREP_VERSION, "utterances": rows}))  # last: complete
+    (folder / DATASET).mkdir()
+    for split in ("train.json", "test.json"):
+        (folder / DATASET / split).write_text(json.dumps(rows))
+    (folder / MANIFEST).write_text(json.dumps({"version": PREP_VERSION, "utterances": len(rows)}))  # last: complete
 
 
 class _PitchTrack:

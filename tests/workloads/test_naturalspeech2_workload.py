@@ -3,6 +3,8 @@ by size, the slow-storage option, the recipe's schedule, and real trial steps at
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 import random
 import time
@@ -73,6 +75,18 @@ def test_preparation_writes_one_pickle_per_utterance_once(tiny_corpus: Path, cac
     assert abs(metadata.num_frames[0] - 75 * utterances[0].duration_s) <= 1  # EnCodec 24 kHz: 75 frames/s
     again, reused = ensure_ns2_metadata(utterances)
     assert reused.reused and again == metadata
+
+
+def test_preparation_is_a_processed_dir_that_amphions_ns2dataset_reads(tiny_corpus: Path, cache: Path, ns2) -> None:
+    utterances = usable_for_ns2(ns2.load_data(str(tiny_corpus)).utterances)
+    root = ensure_ns2_metadata(utterances)[0].root
+    for split in ("train.json", "test.json"):  # NS2Trainer builds a train and a validation NS2Dataset
+        rows = json.loads((root / "autotune" / split).read_text())  # processed_dir/<dataset>/<file>: a bare list
+        assert [row["Uid"] for row in rows] == [utt.utt_id for utt in utterances]
+        assert {key for row in rows for key in row} == {"Dataset", "Uid", "speaker", "phones", "num_frames"}
+    for row in rows:  # ns2_dataset.py __getitem__: join(processed_dir, metadata_dir, Dataset, Uid + ".pkl")
+        assert os.path.isfile(os.path.join(root, "metadata", row["Dataset"], row["Uid"] + ".pkl"))
+        assert all(phone in NS2_PHONES for phone in row["phones"].split())  # get_phone_map maps every one
 
 
 def test_align_length_trims_to_the_shorter_of_codes_and_durations() -> None:
