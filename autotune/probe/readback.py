@@ -107,6 +107,8 @@ def _length(thing: Any) -> int | None:
 def _epoch_counts(loader: Any) -> dict[str, Any]:
     """What one epoch of this rank holds, by the lengths the loader and its samplers report (iterating them would
     draw from the training's random state): dataset size, batches and samples, and the samplers' names."""
+    from torch.utils.data import BatchSampler
+
     batch_sampler = getattr(loader, "batch_sampler", None)
     inner = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else None
     sampler = inner if inner is not None else getattr(loader, "sampler", None)
@@ -114,6 +116,11 @@ def _epoch_counts(loader: Any) -> dict[str, Any]:
     samples = _length(sampler) if sampler is not None else None
     if samples is not None and batches is not None and loader.batch_size and getattr(loader, "drop_last", False):
         samples = batches * loader.batch_size
+    if inner is not None and type(batch_sampler) is not BatchSampler and samples == batches:
+        # A batch sampler of the training's own whose sampler hands out whole batches (Amphion's VariableSampler: a
+        # sampler over a list of index lists): its length counts batches, not samples. The list tells the samples
+        # without drawing from the random state; anything else is left unchecked rather than misread.
+        samples = _batch_list_samples(getattr(inner, "data_source", None))
     return {
         "dataset_size": _length(loader.dataset),
         "batches_per_epoch": batches,
@@ -121,6 +128,13 @@ def _epoch_counts(loader: Any) -> dict[str, Any]:
         "sampler": type(sampler).__name__ if sampler is not None else None,
         "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
     }
+
+
+def _batch_list_samples(source: Any) -> int | None:
+    """The samples in a list of batches (each a list or tuple of indices); None for anything else."""
+    if not isinstance(source, (list, tuple)) or not all(isinstance(batch, (list, tuple)) for batch in source):
+        return None
+    return sum(len(batch) for batch in source)
 
 
 def maths_in_force(torch: Any) -> dict[str, Any]:
