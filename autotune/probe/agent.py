@@ -176,6 +176,8 @@ class Session:
         self._maths_hook: Any = None
         self._progress_writer: ProgressWriter | None = None
         self._warmup_items = 0
+        self.training_loaders: set[int] = set()  # loaders an optimizer step followed a batch of (on_optimizer_step)
+        self._last_loader: int | None = None
 
     @property
     def clock(self) -> StepClock:
@@ -217,6 +219,12 @@ class Session:
     def on_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
         if self.first_batch_at is None:
             self.first_batch_at = time.perf_counter()
+        loader = id(getattr(iterator, "_autotune_loader", None))
+        self._last_loader = loader
+        if self.training_loaders and loader not in self.training_loaders and loader in self.loaders:
+            # A loader no optimizer step has followed yet (a validation pass inside the training's epoch, WeNet's
+            # cv_data): its batches are not training samples. Its time stays in the window: the training spends it.
+            return
         items = batch_items(batch)
         self.clock.on_batch(items, wait_s)
         if self.clock.phase == "warmup":
@@ -242,6 +250,8 @@ class Session:
             self.optimizer_id = id(optimizer)
         elif id(optimizer) != self.optimizer_id:
             return
+        if self._last_loader is not None and self._last_loader in self.loaders:
+            self.training_loaders.add(self._last_loader)
         before = self.clock.phase
         phase = self.clock.on_step()
         if phase != "done":

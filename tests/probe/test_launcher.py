@@ -212,3 +212,39 @@ def test_a_hopeless_trial_is_pruned_from_the_progress_the_probe_writes(tmp_path:
     assert {"phase", "samples_per_second", "elapsed_s"} <= set(seen[-1]) and seen[-1]["samples_per_second"] > 0
     assert result.wall_s is not None and result.wall_s < 60  # stopped, not run to its 30-s window's end
     assert _no_process_left(training)
+
+
+VALIDATING = """
+import sys, torch
+batch = int(sys.argv[1])
+train = torch.utils.data.DataLoader(torch.randn(4000, 8), batch_size=batch, shuffle=True)
+dev = torch.utils.data.DataLoader(torch.randn(2000, 8), batch_size=500)
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(1000):
+    for step, x in enumerate(train):
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 3 == 2:  # a validation pass inside the epoch, as WeNet's cv_data or Lightning's val_check_interval
+            with torch.no_grad():
+                for y in dev:
+                    model(y)
+"""
+
+
+def test_a_validation_loaders_batches_are_not_counted_as_training_samples(tmp_path: Path) -> None:
+    """A training that validates inside its window: its dev loader yields four batches of 500 items every three
+    steps of 8. Only the loader optimizer steps follow is counted: 8 samples a step, not 8 + 2000/3."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(VALIDATING)
+    command = TrainingCommand.checked(f"{PYTHON} train.py {{per_device_batch_size}}", cwd=str(project))
+    spec = spec_for(tmp_path, per_device_batch_size=8)
+    result = CommandLauncher(command=command)(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "ok", result.reason + result.log_tail
+    assert result.window_steps >= 3 and result.samples_per_second and result.window_s
+    per_step = result.samples_per_second * result.window_s / result.window_steps
+    assert per_step == pytest.approx(8, rel=0.01)
+    assert result.observed is not None and result.observed["per_device_batch_size"] == 8
