@@ -16,10 +16,8 @@ import random
 import sys
 from pathlib import Path
 
-import torch
-from hyperpyyaml import load_hyperpyyaml
-
 import speechbrain as sb
+from hyperpyyaml import load_hyperpyyaml
 from speechbrain.utils.distributed import run_on_main
 
 
@@ -90,7 +88,5 @@ if __name__ == "__main__":
     )
     run_on_main(prepare, kwargs={"data_folder": hparams["data_folder"], "annotation": hparams["train_annotation"]})
     train_data = dataio_prep(hparams)
-    brain = SpeakerBrain(
-        modules=hparams["modules"], opt_class=hparams["opt_class"], hparams=hparams, run_opts=run_opts
-    )
+    brain = SpeakerBrain(modules=hparams["modules"], opt_class=hparams["opt_class"], hparams=hparams, run_opts=run_opts)
     brain.fit(hparams["epoch_counter"], train_data, train_loader_kwargs=hparams["dataloader_options"])
