@@ -17,7 +17,7 @@ from autotune.errors import WorkloadError
 from autotune.knobs.config import TrialConfig
 from autotune.search.budget import Budget, BudgetPlan, PlanState, Stage
 from autotune.search.candidates import Candidate, TrialRecord, config_key, config_params, pick_winner
-from autotune.search.in_flight import FEASIBILITY, InFlight, Started, measure, on_node, tell
+from autotune.search.in_flight import InFlight, Started, measure, on_node, tell
 from autotune.search.pruning import Pruner
 from autotune.search.reattach import orphan_waiting, trial_folder
 from autotune.search.reporting import Reporter, SilentReporter
@@ -31,9 +31,6 @@ from autotune.trial import TrialResult, TrialSpec, launch
 __all__ = ["Tuner"]
 
 logger = logging.getLogger(__name__)
-
-# Suggestions in a row that were all measured already before the search says the space holds nothing new for it.
-SAME_POINT_TRIES = 20
 
 
 class Tuner:
@@ -147,14 +144,6 @@ class Tuner:
         try:
             values = self.space.suggest(trial)
             config = self._config({**values, **{k: v for k, v in (params or {}).items() if k not in values}})
-        except BaseException:
-            self._fail(trial)
-            raise
-        return self._specify(trial, role, config, window_s)
-
-    def _specify(self, trial: optuna.Trial, role: str, config: TrialConfig, window_s: float | None = None) -> Started:
-        """The trial's folder, pruner and spec for its configuration, told to the reporter."""
-        try:
             self.reporter.trial_started(trial.number, role, config)
             folder = trial_folder(trial, self.workdir, self.launcher)
             trial.set_user_attr(storage.FOLDER_ATTR, str(folder))
@@ -322,12 +311,8 @@ class Tuner:
                 started = self._begin("preload", point, flight)  # the search's last trial: the best so far, preloaded
             elif grid is not None and not grid:
                 return "grid exhausted"
-            elif grid is not None:
-                started = self._begin("search", grid.pop(0), flight)
-            elif (new := self._start_new_point()) is None:
-                return "space exhausted"
             else:
-                started = self._begin_started(new, flight)
+                started = self._begin("search", grid.pop(0) if grid is not None else None, flight)
             # A precision the AMP check rejected costs no measuring time, so it does not use up a trial; the sampler
             # learns to avoid it (value 0), and a space that offers nothing else cannot loop forever.
             if self._rejected(started.config) is None:
@@ -338,32 +323,7 @@ class Tuner:
 
     def _begin(self, role: str, params: dict[str, Any] | None, flight: InFlight | None) -> Started:
         """Start a trial: put in flight, or (alone, or a rejected precision, which runs nothing) measured now."""
-        return self._begin_started(self._start(role, params), flight)
-
-    def _start_new_point(self) -> Started | None:
-        """A search trial at a configuration this run has not measured. A point the sampler suggests again (a small
-        space, a sampler's random start) is not measured again: the study is told the value it measured, as Optuna's
-        own advice for repeated points has it, and the sampler asked once more; None when SAME_POINT_TRIES
-        suggestions in a row were all measured already (the space holds nothing new for it)."""
-        for _ in range(SAME_POINT_TRIES):
-            trial = storage.ask_trial(self.study, None)
-            try:
-                config = self._config(self.space.suggest(trial))
-                before = measured_before(self.records, config)
-                if before is None or before.result.status == "stopped":  # stopped: no verdict yet, so measure it
-                    return self._specify(trial, "search", config)
-                trial.set_user_attr("role", "repeat")
-                trial.set_user_attr("config", config.to_dict())
-                trial.set_user_attr("same_as", before.number)
-                trial.set_constraint(FEASIBILITY, 0.0 if before.result.feasible else 1.0)
-                self.study.tell(trial, before.value)
-            except BaseException:
-                self._fail(trial)
-                raise
-            logger.info("the sampler suggested %s again (trial #%d): not measured twice", config.short(), before.number)
-        return None
-
-    def _begin_started(self, started: Started, flight: InFlight | None) -> Started:
+        started = self._start(role, params)
         if flight is None or self._rejected(started.config) is not None:
             self._back_off(self._run_started(started))
         else:

@@ -354,35 +354,3 @@ def test_the_budget_is_a_ceiling_for_the_search_its_confirmation_and_the_closing
     # trial gives way (68 s, and 17 s for the ceiling).
     assert roles == ["baseline", "seed", "seed"] + (["confirm"] if closing_trials else ["search", "confirm"])
     assert outcome.elapsed_s + (1 + closing_trials) * 17.0 > 100.0  # it stopped because no further trial fits
-
-
-def test_a_point_the_sampler_suggests_again_is_told_its_value_not_measured_twice(tmp_path, cpu_hardware):
-    """A small space (own training's often is): every knob pinned but the precision (fp32 or bf16 on this CPU). After
-    the baseline and the one new point, every suggestion is a configuration measured already: each is told to the
-    study with the value it measured (Optuna's advice for repeated points) instead of a second trial of the same
-    thing, and the search ends when the sampler has nothing new to offer."""
-    from autotune.search.tuner import SAME_POINT_TRIES
-    from autotune.trial import TrialResult
-
-    launched = []
-
-    def launcher(spec, **kwargs) -> TrialResult:
-        launched.append(spec.config.precision)
-        rate = 9.0 if spec.config.precision == "bf16" else 5.0
-        return TrialResult(status="ok", samples_per_second=rate, window_samples_per_second=rate, wall_s=10.0)
-
-    pinned = {"per_device_batch_size": 64, "num_workers": 0, "intra_op_threads": 2}
-    pinned |= {"prefetch_factor": 2, "persistent_workers": False}  # not used without workers
-    settings = TunerSettings(trials=8, confirm_top_k=0, prune=False)
-    tuner = _cam_tuner(tmp_path, cpu_hardware, settings, pinned=pinned, seeds=[], launcher=launcher)
-    assert [param.name for param in tuner.space.params] == ["precision"]
-    outcome = tuner.run()
-    assert sorted(launched) == ["bf16", "fp32"]  # the baseline and the one new point, each measured once
-    assert outcome.stopped_by == "space exhausted"
-    repeats = [t for t in tuner.study.trials if t.user_attrs.get("role") == "repeat"]
-    assert len(repeats) >= SAME_POINT_TRIES
-    first = {r.config.precision: r.number for r in outcome.records}
-    for trial in repeats:
-        same_as = trial.user_attrs["same_as"]
-        assert trial.state == optuna.trial.TrialState.COMPLETE and same_as in first.values()
-        assert trial.value == (9.0 if same_as == first["bf16"] else 5.0)
