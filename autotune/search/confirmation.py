@@ -253,7 +253,7 @@ class Confirmation:
         self._each([[(leader, None) for leader in leaders] for _ in range(rounds)])
         confirmed = self._confirmed(leaders, leaders, estimates=False)
         feasible = [c for c in confirmed.finalists if c.feasible]
-        estimates = paired_estimates(feasible, self.passes, self._compared())
+        estimates, passes = paired_estimates(feasible, self.passes, self._compared())
         if estimates is None:
             return confirmed
         return Confirmed(
@@ -261,7 +261,7 @@ class Confirmation:
             finalists=confirmed.finalists,
             estimates=estimates,
             set_aside=confirmed.set_aside,
-            basis=_paired_basis(_complete_passes(feasible, self.passes, self._compared())),
+            basis=f"paired comparison over {passes} pass{'' if passes == 1 else 'es'}",
         )
 
     def halving(self, leaders: list[Candidate], time_s: float) -> Confirmed:
@@ -348,28 +348,19 @@ def _pass_values(
     return values
 
 
-def _complete_passes(
-    candidates: Sequence[Candidate], passes: Sequence[dict[str, list[int]]], compared: dict[str, Candidate]
-) -> int:
-    return len(_pass_values(candidates, passes, compared))
-
-
-def _paired_basis(passes: int) -> str:
-    return f"paired comparison over {passes} pass{'' if passes == 1 else 'es'}"
-
-
 def paired_estimates(
     candidates: Sequence[Candidate], passes: Sequence[dict[str, list[int]]], compared: dict[str, Candidate]
-) -> Estimates:
+) -> tuple[Estimates, int]:
     """On a busy machine, each candidate's rate relative to the others in the same passes: per complete pass its log
     rate less the pass's mean (the load of that pass cancels), the median over passes, scaled back to samples/s by the
     candidates' geometric mean of medians (only the ranking is used; the reported speed stays each one's median).
-    None on a quiet machine, for fewer than two candidates, or without a complete pass: then the medians decide."""
+    Returns the estimates and the complete passes they rest on; None on a quiet machine, for fewer than two
+    candidates, or without a complete pass: then the medians decide."""
     if len(candidates) < 2 or not _busy(candidates):
-        return None
+        return None, 0
     values = _pass_values(candidates, passes, compared)
     if not values:
-        return None
+        return None, 0
     keys = [config_key(c.config) for c in candidates]
     relative: dict[str, list[float]] = {key: [] for key in keys}
     for rates in values:
@@ -378,4 +369,4 @@ def paired_estimates(
             relative[key].append(math.log(rates[key]) - mean)
     medians = [math.log(c.median) for c in candidates if c.median > 0]
     scale = statistics.fmean(medians) if medians else 0.0
-    return {key: math.exp(scale + statistics.median(relative[key])) for key in keys}
+    return {key: math.exp(scale + statistics.median(relative[key])) for key in keys}, len(values)
