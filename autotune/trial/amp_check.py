@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -63,6 +64,17 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _LOG_TAIL_CHARS = 4000
+# A check judges nothing unless its fp32 reference and each precision's curve all fit in its time limit. After
+# PACE_STEPS steps of the reference (the first carries start-up and is left out) it projects the rest; where even
+# at AUTOCAST_PACE of fp32's step time for each autocast curve (bf16 on AMX or tensor cores trains about twice as
+# fast) the curves end past the limit, it stops and says so: a slow or busy machine on a short --budget then spends
+# seconds, not its whole limit, learning what the limit would have taught it, and the run keeps that time for trials.
+PACE_STEPS = 3
+AUTOCAST_PACE = 0.5
+
+
+class _TooSlow(Exception):
+    """The check's curves cannot fit in its time limit at the pace its first steps set."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -219,9 +231,14 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
     try:
         runner = CurveRunner(spec.trial, spec.settings)
         progress("built")
-        result.reference_losses = runner.curve("fp32")
+        pace = _pace(started, len(spec.labels()), settings)
+        result.reference_losses = runner.curve("fp32", on_step=pace)
         result.learning_rates = [runner.learning_rates[0], runner.learning_rates[-1]] if runner.learning_rates else []
         progress("fp32 reference trained")
+    except _TooSlow as slow:
+        result.status, result.reason = "error", str(slow)
+        progress("stopped: too slow to finish in time")
+        return result
     except Exception as error:
         result.status, result.reason = "error", f"the fp32 reference failed: {type(error).__name__}: {error}"[:300]
         result.log_tail = traceback.format_exc()[-_LOG_TAIL_CHARS:]
@@ -248,6 +265,29 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
     _judge_on_the_floor(runner, result, settings, progress)
     result.final = [v.precision for v in result.verdicts]
     return result
+
+
+def _pace(started: float, curves: int, settings: AmpCheckSettings) -> Callable[[int, float], None]:
+    """The fp32 reference's step hook: after PACE_STEPS steps, raise _TooSlow where the reference's rest and the
+    `curves` other curves (each at AUTOCAST_PACE of its step time) would end past settings.timeout_s."""
+    seconds: list[float] = []
+
+    def on_step(step: int, step_s: float) -> None:
+        seconds.append(step_s)
+        if len(seconds) != PACE_STEPS or PACE_STEPS >= settings.steps:
+            return
+        pace_s = statistics.median(seconds[1:])
+        rest_s = (settings.steps - len(seconds)) * pace_s + curves * settings.steps * pace_s * AUTOCAST_PACE
+        elapsed_s = time.perf_counter() - started
+        if elapsed_s + rest_s > settings.timeout_s:
+            raise _TooSlow(
+                f"its curves would end at about {elapsed_s + rest_s:.0f} s, past its {settings.timeout_s:.0f} s "
+                f"limit (an fp32 step of its batch of {settings.batch_size} takes {pace_s:.1f} s here), so it "
+                f"stopped after {elapsed_s:.0f} s: nothing is rejected; a longer --budget or a quieter machine "
+                "checks it"
+            )
+
+    return on_step
 
 
 def _save_partial(result: AmpCheckResult, save: Callable[[AmpCheckResult], None]) -> None:

@@ -153,9 +153,13 @@ def train_curve(
     steps: int,
     seed: int,
     learning_rates: list[float] | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ):
     """The losses of `steps` training steps; `learning_rates` (if given) gets the rate each step trained at, as the
-    recipe's own schedule (a workload's step hook) set it."""
+    recipe's own schedule (a workload's step hook) set it; `on_step` (if given) gets each step's index and seconds,
+    and may raise to stop the curve."""
+    import time
+
     import torch
 
     scaler = precision.grad_scaler()
@@ -169,6 +173,7 @@ def train_curve(
     torch.manual_seed(seed)  # the same dropout masks in every precision's run
     losses: list[float] = []
     for step in range(steps):
+        began = time.perf_counter()
         with precision.autocast():
             loss = setup.loss_fn(setup.model, batches[step % len(batches)])
         scaler.scale(loss).backward()
@@ -178,6 +183,8 @@ def train_curve(
         losses.append(float(loss.detach().float()))
         if learning_rates is not None:
             learning_rates.append(float(setup.optimizer.param_groups[0]["lr"]))
+        if on_step is not None:
+            on_step(step, time.perf_counter() - began)
     return losses
 
 
@@ -212,11 +219,16 @@ class CurveRunner:
         return self.process.build(config), settings
 
     def curve(
-        self, precision: str, perturbation: float = 0.0, compile_mode: str = COMPILE_OFF, draw: int = 0
+        self,
+        precision: str,
+        perturbation: float = 0.0,
+        compile_mode: str = COMPILE_OFF,
+        draw: int = 0,
+        on_step: Callable[[int, float], None] | None = None,
     ) -> list[float]:
         """Losses of `steps` training steps; `perturbation` scales relative Gaussian noise on the initial weights (its
         `draw`-th draw: each a different noise); `compile_mode` compiles the network as a trial does
-        (compile_modes.apply)."""
+        (compile_modes.apply); `on_step` as train_curve's."""
         import torch
 
         from autotune.knobs import compile_modes
@@ -234,4 +246,6 @@ class CurveRunner:
             }
         setup.model.load_state_dict(weights)
         self.learning_rates = []
-        return train_curve(setup, self.batches, settings, self.settings.steps, self.seed, self.learning_rates)
+        return train_curve(
+            setup, self.batches, settings, self.settings.steps, self.seed, self.learning_rates, on_step=on_step
+        )

@@ -51,7 +51,7 @@ class _ScriptedRunner:
         self.curves, self.floors, self.drawn = curves, floors, []
         self.learning_rates: list[float] = []  # CurveRunner's: none recorded by a scripted curve
 
-    def curve(self, precision: str, perturbation: float = 0.0, compile_mode: str = "off", draw: int = 0):
+    def curve(self, precision: str, perturbation: float = 0.0, compile_mode: str = "off", draw: int = 0, on_step=None):
         if not perturbation:
             return list(self.curves[precision])
         self.drawn.append(draw)
@@ -144,6 +144,35 @@ def test_a_check_out_of_time_keeps_what_it_judged(monkeypatch, tmp_path: Path, t
     assert result.status == "partial" and result.rejected() == {"bf16": "bf16 strays"}
     assert "no full result within 60 s: judged bf16; compile=default not judged, so not rejected" in result.reason
     assert "bf16 trained at 20.0 s" in result.log_tail
+
+
+def test_the_pace_of_the_first_steps_stops_a_check_that_cannot_finish_in_time():
+    """Three steps of the fp32 reference (the first left out: start-up) set the pace; the reference's rest and each
+    other curve at half that pace must end within the limit, or the check stops at once."""
+    from autotune.trial import amp_check
+
+    settings = AmpCheckSettings(steps=20, timeout_s=60)
+    started = amp_check.time.perf_counter()
+    fits = amp_check._pace(started, 1, settings)  # 17 + 10 steps of 2 s: 54 s
+    for step, seconds in enumerate([9.0, 2.0, 2.0, 2.0]):
+        fits(step, seconds)
+    too_slow = amp_check._pace(started, 2, settings)  # 17 + 2 x 10 steps of 2 s: 74 s
+    too_slow(0, 9.0)
+    too_slow(1, 2.0)
+    with pytest.raises(amp_check._TooSlow, match=r"would end at about 74 s, past its 60 s limit"):
+        too_slow(2, 2.0)
+
+
+def test_a_check_too_slow_for_its_limit_stops_after_its_first_steps(tmp_path: Path, tiny_corpus: Path):
+    """Batch 7 of the fixture sleeps 0.3 s a step: 40 steps of fp32 and 20 at bf16's pace need 18 s, the limit is
+    15. The check says so after three steps instead of being killed at its limit with nothing judged."""
+    trial = faulty_spec(tmp_path, tiny_corpus, 1)
+    settings = AmpCheckSettings(steps=40, batch_size=7, batches=2, smoothing_steps=2, timeout_s=15)
+    result = run_amp_check(AmpCheckSpec(trial=trial, precisions=("bf16",), settings=settings), tmp_path / "c")
+    assert result.status == "error" and result.rejected() == {}
+    assert "would end at about" in result.reason and "past its 15 s limit" in result.reason, result.reason
+    assert "an fp32 step of its batch of 7 takes 0.3 s here" in result.reason
+    assert "stopped: too slow to finish in time" in result.log_tail
 
 
 def test_the_space_decides_which_precisions_are_checked():
