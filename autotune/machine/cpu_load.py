@@ -147,6 +147,13 @@ class MachineLoad:
     def busy(self) -> bool:
         return self.others_cpu_fraction is not None and self.others_cpu_fraction >= BUSY_OTHERS_FRACTION
 
+    @property
+    def free_cores(self) -> int:
+        """The cores other processes left during the calibration, rounded, at least one."""
+        if self.others_cpu_fraction is None:
+            return self.cores
+        return max(1, min(self.cores, round(self.cores * (1.0 - self.others_cpu_fraction))))
+
     def describe(self) -> str:
         load = f"load average {self.load_average:.1f} on {self.cores} cores" if self.load_average is not None else ""
         parts = [load] if load else []

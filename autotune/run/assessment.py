@@ -73,12 +73,14 @@ def check_precisions(
     *,
     workdir: Path,
     budget_s: float | None,
+    threads: int | None = None,
 ) -> AmpCheckResult | None:
     """Run the AMP check for the space's autocast precisions; None when it is off or there is nothing to check.
 
     Args:
         workdir: the run's working folder (the check works in its amp-check folder).
         budget_s: the run's --budget (None: none); the check takes at most AMP_BUDGET_SHARE of it.
+        threads: intra-op threads for the check (a busy machine's free cores, as its seeds get); None: torch's own.
     """
     precisions, compiled = amp_precisions(space), space_compile_modes(space)
     if settings is None or not (precisions or compiled):
@@ -88,7 +90,8 @@ def check_precisions(
         limit_s = min(settings.timeout_s, max(60.0, AMP_BUDGET_SHARE * budget))
         settings = dataclasses.replace(settings, timeout_s=limit_s)
     folder = workdir / "amp-check"
-    trial = make_spec(TrialConfig(per_device_batch_size=settings.batch_size), str(folder / "result.json"))
+    config = TrialConfig(per_device_batch_size=settings.batch_size, intra_op_threads=threads)
+    trial = make_spec(config, str(folder / "result.json"))
     checked = [*precisions, *(check_label(mode) for mode in compiled)]
     logger.info("AMP check: %s against fp32 over %d steps", ", ".join(checked), settings.steps)
     spec = AmpCheckSpec(trial=trial, precisions=precisions, settings=settings, compile_modes=compiled)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from autotune.machine import cpu_load as machine_load
 from autotune.run import assessment
 from autotune.search.budget import Stage
+from autotune.search.seeds import THREADS
 
 if TYPE_CHECKING:
     from autotune.knobs.config import TrialConfig
@@ -56,8 +57,15 @@ def check_precisions(
     """The AMP check; then the trials' budget is the run's less everything so far (checks, data, calibration, AMP)."""
     setup_s = time.monotonic() - plan.started_s
     request = plan.request
+    # On a busy CPU the check trains on the free cores, as the seeds do (adapt): on every core its steps crawl.
+    threads = preflight.settings.free_cores if any(p.name == THREADS for p in plan.space.params) else None
     amp = assessment.check_precisions(
-        plan.space, make_spec, request.amp_check, workdir=plan.workdir, budget_s=request.settings.budget_s
+        plan.space,
+        make_spec,
+        request.amp_check,
+        workdir=plan.workdir,
+        budget_s=request.settings.budget_s,
+        threads=threads,
     )
     settings = assessment.budget_left(preflight.settings, amp)
     if settings.budget_s is not None:
@@ -79,19 +87,26 @@ def adapt(settings: TunerSettings, load: machine_load.MachineLoad) -> tuple[Tune
     """The run's settings for the machine as calibrated, and what was changed (for the output and the YAML).
 
     A busy machine gets windows BUSY_WINDOW_FACTOR times longer: a slow stretch of someone else's job averages out over
-    more of the window. What a busy machine does to a window is judged per window, busy or not at the start: one that
-    varied while other processes took the CPU is kept as disturbed rather than condemned as erratic (trial/child.py),
-    and confirmation re-measures a window disturbed beyond its pass and compares leaders pass by pass
-    (search/confirmation.py). The
-    trial counts depend on what was measured, not on the calibration, so a run's plan does not change with the load
-    of the minute it started in.
+    more of the window. Its seeds that train on every core (intra-op threads `auto`) train on the cores the others
+    left: intra-op threads wait for each other at every parallel region, so one preempted by another job stalls all of
+    them, and a step on more threads than free cores runs several times slower than on the free ones
+    (benchmarks/README.md#a-busy-machine). The search still tries every thread count. What a busy machine does to a
+    window is judged per window, busy or not at the start: one that varied while other processes took the CPU is kept
+    as disturbed rather than condemned as erratic (trial/child.py), and confirmation re-measures a window disturbed
+    beyond its pass and compares leaders pass by pass (search/confirmation.py). The trial counts depend on what was
+    measured, not on the calibration, so a run's plan does not change with the load of the minute it started in.
     """
     if not load.busy:
         return settings, []
     timing = dataclasses.replace(settings.timing, window_s=settings.timing.window_s * machine_load.BUSY_WINDOW_FACTOR)
-    return dataclasses.replace(settings, timing=timing), [
-        f"busy: windows of at least {timing.window_s:g} s instead of {settings.timing.window_s:g}"
-    ]
+    changes = [f"busy: windows of at least {timing.window_s:g} s instead of {settings.timing.window_s:g}"]
+    adapted = dataclasses.replace(settings, timing=timing)
+    if load.free_cores < load.cores:
+        adapted = dataclasses.replace(adapted, free_cores=load.free_cores)
+        changes.append(
+            f"the seeds that train on every core train on the {load.free_cores} of {load.cores} the others left"
+        )
+    return adapted, changes
 
 
 def load_notes(load: machine_load.MachineLoad, changes: Sequence[str], records: Sequence[TrialRecord]) -> list[str]:

@@ -1,6 +1,6 @@
-"""What the AMP check and the device's memory leave of the seeds: a seed whose precision or compile mode the check
-rejected never runs, a seed out of memory is tried again with checkpointing or at half its batch, and nothing queued
-is measured twice.
+"""What the AMP check, the device's memory and a busy machine leave of the seeds: a seed whose precision or compile
+mode the check rejected never runs, a seed out of memory is tried again with checkpointing or at half its batch, a seed
+that trains on every core of a busy machine trains on the cores the others left, and nothing queued is measured twice.
 
 These are the rules alone, one home each; the tuner (tuner.py) calls them with its state.
 """
@@ -17,7 +17,9 @@ from autotune.search.candidates import TrialRecord, config_key, config_params
 from autotune.space.fit import smaller_batch
 from autotune.space.search_space import SearchSpace
 
-__all__ = ["rejected_reason", "admissible", "backed_off", "measured_before"]
+__all__ = ["THREADS", "rejected_reason", "admissible", "backed_off", "measured_before", "on_free_cores"]
+
+THREADS = "intra_op_threads"
 
 
 def rejected_reason(rejected: Mapping[str, str], config: TrialConfig) -> str | None:
@@ -40,6 +42,19 @@ def admissible(seeds: Iterable[Mapping[str, Any]], rejected: Mapping[str, str]) 
         for seed in seeds
         if seed.get("precision") not in rejected and check_label(seed.get("compile", OFF)) not in rejected
     ]
+
+
+def on_free_cores(
+    seeds: Iterable[Mapping[str, Any]], space: SearchSpace, free_cores: int | None
+) -> list[dict[str, Any]]:
+    """On a busy machine (free_cores: the cores a rank's share of the machine has left, run/preflight.py adapt), the
+    seeds that train on every core the space offers train on the free ones instead; None: the seeds as written."""
+    searched = next((param for param in space.params if param.name == THREADS), None)
+    if free_cores is None or searched is None:
+        return [dict(seed) for seed in seeds]
+    every, least = searched.distribution.high, searched.distribution.low  # type: ignore[attr-defined]
+    threads = max(least, min(free_cores, every))
+    return [{**seed, THREADS: threads} if seed.get(THREADS) == every else dict(seed) for seed in seeds]
 
 
 def backed_off(space: SearchSpace, record: TrialRecord) -> dict[str, Any] | None:

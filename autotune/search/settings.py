@@ -35,6 +35,9 @@ class TunerSettings:
     parallel: int = (
         1  # search trials in flight at once, each on a node of its own (--executor slurm; search/in_flight.py)
     )
+    # On a busy machine, the cores other processes left at the calibration (run/preflight.py adapt): a seed that trains
+    # on every core trains on these instead (search/seeds.py on_free_cores). None: the space's seeds as written.
+    free_cores: int | None = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -23,7 +23,7 @@ from autotune.search.reattach import orphan_waiting, trial_folder
 from autotune.search.reporting import Reporter, SilentReporter
 from autotune.search.room import Room
 from autotune.search.samplers import grid_points
-from autotune.search.seeds import admissible, backed_off, measured_before, rejected_reason
+from autotune.search.seeds import admissible, backed_off, measured_before, on_free_cores, rejected_reason
 from autotune.search.settings import STORAGE_FAILED, TunerSettings, TuningOutcome
 from autotune.space.search_space import SearchSpace
 from autotune.trial import TrialResult, TrialSpec, launch
@@ -99,7 +99,8 @@ class Tuner:
         # A cold TPE study starts from the space's expert seeds; a rerun's previous winner is better knowledge, and
         # random and grid searches stay unseeded (they are the comparisons).
         cold = not self.warm_start and settings.sampler == "tpe" and len(study.trials) == 0
-        seeds = admissible(space.seeds, self.rejected_precisions)
+        free = None if settings.free_cores is None else max(1, settings.free_cores // world_size)
+        seeds = on_free_cores(admissible(space.seeds, self.rejected_precisions), space, free)
         self.seeds = [("seed", seed) for seed in seeds] if cold else []
         self.records: list[TrialRecord] = []
         self.launcher = launcher or launch

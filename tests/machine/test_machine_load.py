@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -76,6 +77,10 @@ def test_a_busy_machine_gets_longer_windows():
     assert adapted.timing.window_s == 10.0 * machine_load.BUSY_WINDOW_FACTOR and adapted.confirm_repeats == 2
     assert "windows of at least 20 s" in changes[0]
     assert busy.to_dict()["busy"] and not quiet.to_dict()["busy"]
+    assert busy.free_cores == 1 and quiet.free_cores == 2 and adapted.free_cores == 1
+    assert changes[1] == "the seeds that train on every core train on the 1 of 2 the others left"
+    light = dataclasses.replace(busy, others_cpu_fraction=0.22)  # busy, but both cores about free
+    assert light.free_cores == 2 and adapt(settings, light)[0].free_cores is None
 
 
 def test_the_load_is_recorded_in_a_new_result_and_the_frozen_one_is_left_as_it_was():
@@ -92,3 +97,42 @@ def test_the_load_is_recorded_in_a_new_result_and_the_frozen_one_is_left_as_it_w
     assert (tuned.search, tuned.notes) == before
     assert recorded.search == {**tuned.search, "machine_load": {**busy.to_dict(), "adapted": changes}}
     assert recorded.notes[: len(tuned.notes)] == tuned.notes and "the machine was busy" in recorded.notes[-1]
+
+
+def test_on_a_busy_cpu_the_amp_check_trains_on_the_free_cores_as_the_seeds_do(monkeypatch, tmp_path):
+    """On every core of a busy machine the check's steps crawl as a seed's do (2.9 s a step of batch 4 beside two busy
+    processes): it trains on the free cores; a quiet machine's check keeps torch's own thread count."""
+    from types import SimpleNamespace
+
+    from autotune import space
+    from autotune.run import assessment, preflight
+    from autotune.trial import TrialSpec
+    from autotune.trial.amp_check import AmpCheckResult
+    from autotune.trial.amp_curves import AmpCheckSettings
+    from tests.conftest import make_cpu
+
+    checked = []
+    monkeypatch.setattr(
+        assessment, "run_amp_check", lambda spec, folder: checked.append(spec) or AmpCheckResult(status="ok")
+    )
+
+    def make_spec(config, path: str) -> TrialSpec:
+        return TrialSpec(
+            workload="cam++", workload_options={}, data_file="", config=config, timing=TimingSettings(),
+            device_type="cpu", result_path=path,
+        )  # fmt: skip
+
+    busy = MachineLoad(cores=2, load_average=3.1, others_cpu_fraction=0.45, kernel_spread_fraction=0.2, seconds=1.5)
+    request = SimpleNamespace(amp_check=AmpCheckSettings(), settings=TunerSettings(budget_s=300.0))
+    plan = SimpleNamespace(
+        started_s=time.monotonic(),
+        request=request,
+        workdir=tmp_path,
+        space=space.load(space.space_path("cam++"), make_cpu()),
+    )
+    for load, threads in ((busy, 1), (dataclasses.replace(busy, others_cpu_fraction=0.01), None)):
+        settings, changes = adapt(request.settings, load)
+        preflight.check_precisions(
+            preflight.Preflight(settings=settings, load=load, adaptations=changes), plan, make_spec
+        )
+        assert checked[-1].trial.config.intra_op_threads == threads

@@ -352,3 +352,27 @@ def test_the_tuner_launches_nothing_when_its_budget_cannot_hold_one_trial(tmp_pa
     with pytest.raises(BudgetTooShort, match="give --budget 1m or more"):
         tuner.run()
     assert launched == [] and len(tuner.study.trials) == 0  # no trial asked of the study either
+
+
+def test_on_a_busy_machine_the_seeds_that_train_on_every_core_train_on_the_free_ones(tmp_path, cpu_hardware):
+    """Beside two busy processes on this 2-core machine CAM++'s bf16 seed (batch 32, no workers) read 1.15 samples/s on
+    both cores' threads and 4.6 on one (benchmarks/README.md#a-busy-machine): the calibration's free cores decide
+    the seeds' intra-op threads; the search still offers every count."""
+    from autotune.search.seeds import on_free_cores
+
+    measured: list[TrialConfig] = []
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        measured.append(spec.config)
+        return _result(4.7 if spec.config.precision == "fp32" else 14.0, 20.0)
+
+    settings = TunerSettings(trials=3, prune=False, confirm_top_k=0, free_cores=1)
+    tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher)
+    tuner.run()
+    seeds = [config for config, record in zip(measured, tuner.records) if record.role == "seed"]
+    assert len(seeds) == 2 and all(config.intra_op_threads == 1 for config in seeds)
+    assert measured[0].intra_op_threads == 2  # the baseline is the recipe's, on every core
+    space = tuner.space
+    assert {seed["intra_op_threads"] for seed in space.seeds} == {2}  # as the space file's `auto` gives them
+    assert on_free_cores(space.seeds, space, None) == [dict(seed) for seed in space.seeds]
+    assert [seed["intra_op_threads"] for seed in on_free_cores(space.seeds, space, 9)] == [2, 2]  # never above every
