@@ -53,6 +53,7 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
             f"the budget ended confirmation part-way through a pass of the leaders: its {outcome.set_aside} window(s), "
             "of only some of them, are in the report but not in the choice of the winner (like is compared with like)"
         )
+    notes.extend(outcome.skipped)  # each with the budget that would have held it
     if winner.measurements < 2:
         notes.append("the winner rests on a single measurement (budget too small for confirmation)")
     notes.extend(placement_notes(outcome.confirmed))  # confirmations that could not have their leader's node

@@ -56,3 +56,4 @@ class TuningOutcome:
     # Windows of a confirmation pass the budget cut short: in the records and the report, not in the winner's choice
     # or its summary (search/confirmation.py, Confirmation._each).
     set_aside: int = 0
+    skipped: list[str] = field(default_factory=list)  # queued trials (seeds, a warm start) --budget had no room for

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -252,6 +253,7 @@ class Tuner:
             failure=failure,
             plan=self.plan(),
             set_aside=confirmed.set_aside,
+            skipped=list(self.skipped),
         )
 
     def _search(self) -> str:
@@ -366,9 +368,16 @@ class Tuner:
         return True
 
     def _skip(self, role: str, params: dict[str, Any]) -> None:
+        """Say that a queued trial found no room, and the whole run's --budget that would have held it: what the run
+        spent so far (what came before the trials included) and the trial's estimate (a seed's rests on the trials
+        measured so far, the baseline's precision where nothing else is measured: an upper bound for a faster seed)."""
         config = self._config({**self.space.fixed, **params})
-        left = self.budget.left_s() or 0.0
-        why = f"{role} {config.short()} skipped: no room left in --budget ({left:.0f} s left)"
+        left, cost = self.budget.left_s() or 0.0, self._queued_s(params)
+        would = math.ceil((self.budget.spent_before_s + self.budget.elapsed_s() + cost) / 60.0)
+        why = (
+            f"{role} {config.short()} skipped: no room left in --budget ({left:.0f} s left, it should take about "
+            f"{cost:.0f} s; a --budget of {would}m would hold it)"
+        )
         logger.warning(why)
         self.skipped.append(why)
         self._plan_changed()

@@ -3,6 +3,8 @@ clock through the real Tuner."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autotune.knobs.config import TrialConfig
@@ -130,6 +132,14 @@ def test_a_seed_without_room_is_skipped_and_said_so_and_a_lone_candidate_is_not_
     assert [record.role for record in outcome.records] == ["baseline"]
     assert outcome.stopped_by == "budget"
     assert "2 skipped: no room" in plans[-1].describe()
+    # The result says so, each with the whole run's budget that would have held it (what it spent, and its estimate)
+    assert len(outcome.skipped) == 2
+    for said in outcome.skipped:
+        match = re.search(r"skipped: no room left in --budget \((\d+) s left, it should take about (\d+) s; a --budget "
+                          r"of (\d+)m would hold it\)", said)  # fmt: skip
+        assert match is not None, said
+        left, cost, minutes = (int(group) for group in match.groups())
+        assert cost > left and (150 - left) + cost <= 60 * minutes < (150 - left) + cost + 60
 
 
 def test_with_only_the_baseline_measured_a_seed_runs_on_half_its_estimate_and_wins(tmp_path, cpu_hardware, caplog):
@@ -369,7 +379,7 @@ def test_on_a_busy_machine_the_seeds_that_train_on_every_core_train_on_the_free_
     settings = TunerSettings(trials=3, prune=False, confirm_top_k=0, free_cores=1)
     tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher)
     tuner.run()
-    seeds = [config for config, record in zip(measured, tuner.records) if record.role == "seed"]
+    seeds = [record.config for record in tuner.records if record.role == "seed"]
     assert len(seeds) == 2 and all(config.intra_op_threads == 1 for config in seeds)
     assert measured[0].intra_op_threads == 2  # the baseline is the recipe's, on every core
     space = tuner.space
