@@ -232,7 +232,9 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
         runner = CurveRunner(spec.trial, spec.settings)
         progress("built")
         pace = _pace(started, len(spec.labels()), settings)
+        reference_started = time.perf_counter()
         result.reference_losses = runner.curve("fp32", on_step=pace)
+        reference_s = time.perf_counter() - reference_started
         result.learning_rates = [runner.learning_rates[0], runner.learning_rates[-1]] if runner.learning_rates else []
         progress("fp32 reference trained")
     except _TooSlow as slow:
@@ -256,13 +258,24 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
         finally:
             progress(f"{precision} trained")
         result.verdicts.append(judge(precision, result.reference_losses, losses, settings))
-    _judge_on_the_floor(runner, result, settings, progress)
+
+    def room() -> bool:  # for one more fp32 curve (a perturbed run) before the limit
+        return time.perf_counter() - started + reference_s <= settings.timeout_s
+
+    floor_why = (
+        f"how far fp32 itself strays (another curve of {reference_s:.0f} s) could not be measured within the check's "
+        f"{settings.timeout_s:.0f} s limit"
+    )
+    if not _judge_on_the_floor(runner, result, settings, progress, room):
+        progress("stopped: no time for the noise floor")
+        return _floor_cut_short(result, floor_why)
     _save_partial(result, save)
     reference = result.reference_losses
     for mode in spec.compile_modes:
         result.verdicts.append(_compiled_verdict(runner, mode, reference, settings))
         progress(f"{result.verdicts[-1].precision} trained")
-    _judge_on_the_floor(runner, result, settings, progress)
+    if not _judge_on_the_floor(runner, result, settings, progress, room):
+        return _floor_cut_short(result, floor_why)
     result.final = [v.precision for v in result.verdicts]
     return result
 
@@ -301,11 +314,16 @@ def _judge_on_the_floor(
     result: AmpCheckResult,
     settings: AmpCheckSettings,
     progress: Callable[[str], None] = lambda what: None,
-) -> None:
+    room: Callable[[], bool] = lambda: True,
+) -> bool:
     """Where a curve strays beyond the tolerance, measure how far fp32 itself strays from rounding-sized weight noise
     and judge again against the most it strayed: one perturbed run at a time, while some precision is still beyond
     the allowance, up to settings.floor_runs. Training that is chaotic (a high learning rate from the first step)
-    strays far and by chance: one draw is too few to say how far (AmpCheckSettings)."""
+    strays far and by chance: one draw is too few to say how far (AmpCheckSettings).
+
+    Returns False, having run nothing more, where a perturbed run is still wanted and `room` says it cannot end
+    within the check's limit: the precisions still beyond the allowance are then not judged (a check killed in the
+    middle of that run would have judged nothing at all)."""
     measured = list(result.verdicts)  # on the tolerance alone
     reference = result.reference_losses
 
@@ -313,6 +331,8 @@ def _judge_on_the_floor(
         return any(not v.accepted and v.max_deviation_fraction is not None for v in result.verdicts)
 
     while still_out() and len(result.floor_deviations) < settings.floor_runs:
+        if not room():
+            return False
         draw = len(result.floor_deviations)
         losses = runner.curve("fp32", perturbation=settings.perturbation, draw=draw)
         progress(f"perturbed fp32 {draw + 1} trained")
@@ -329,6 +349,16 @@ def _judge_on_the_floor(
             else v
             for v in measured
         ]
+    return True
+
+
+def _floor_cut_short(result: AmpCheckResult, why: str) -> AmpCheckResult:
+    """The result where the noise floor found no time: the verdicts still beyond the allowance are not final (and so
+    reject nothing), the others stand; `why` says what the floor would have cost against the limit."""
+    out = [v.precision for v in result.verdicts if not v.accepted and v.max_deviation_fraction is not None]
+    result.status, result.final = "partial", [v.precision for v in result.verdicts if v.precision not in out]
+    result.reason = f"{', '.join(out)} strayed beyond what is allowed, and {why}: not judged, so not rejected"
+    return result
 
 
 def _compiled_verdict(

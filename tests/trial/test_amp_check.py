@@ -109,6 +109,22 @@ def test_precisions_are_judged_to_the_end_before_compiling_and_saved_as_they_bec
     assert list(result.rejected()) == ["bf16"]
 
 
+def test_a_check_with_no_time_for_the_noise_floor_rejects_nothing_it_could_not_judge(monkeypatch):
+    """bf16 strays beyond the tolerance, and another fp32 curve (a perturbed run) cannot end within the limit: the
+    check stops before it (a check killed in the middle of it would keep nothing), fp16's verdict stands, and bf16 is
+    not judged (CAM++ beside a busy process: 60 s held the reference and bf16, not the floor's first run)."""
+    from autotune.trial import amp_check
+
+    runner = _ScriptedRunner({"fp32": [10.0] * 8, "bf16": [13.0] * 8, "fp16": [10.1] * 8}, [0.05, 0.05, 0.05])
+    monkeypatch.setattr(amp_check, "CurveRunner", lambda trial, settings: runner)
+    settings = AmpCheckSettings(steps=8, smoothing_steps=1, timeout_s=0.0)
+    result = amp_check.run_check(AmpCheckSpec(trial=None, precisions=("bf16", "fp16"), settings=settings))
+    assert runner.drawn == []  # no perturbed run started
+    assert result.status == "partial" and result.final == ["fp16"] and result.rejected() == {}
+    assert result.reason.startswith("bf16 strayed beyond what is allowed, and how far fp32 itself strays")
+    assert result.reason.endswith("limit: not judged, so not rejected")
+
+
 def test_a_partial_result_rejects_only_what_is_final():
     out = PrecisionVerdict(precision="bf16", accepted=False, reason="bf16 strays", max_deviation_fraction=0.3)
     fine = PrecisionVerdict(precision="fp16", accepted=True)
