@@ -349,7 +349,9 @@ def _print_assessment(console: Console, metrics: Metrics) -> None:
         )
     amp = metrics.get("amp_check") or {}
     for name, verdict in (amp.get("precisions") or {}).items():
-        word = "[green]accepted[/green]" if verdict["accepted"] else "[red]rejected[/red]"
+        word = {True: "[green]accepted[/green]", False: "[red]rejected[/red]"}.get(
+            verdict["accepted"], "[yellow]not judged[/yellow] (the check's time ran out first: not rejected)"
+        )
         strays = _percent(verdict.get("max_deviation_fraction"))
         console.print(
             f"AMP check {plain(name)}: {word}, its loss curve strays up to {strays} "

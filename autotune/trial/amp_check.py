@@ -160,9 +160,11 @@ class AmpCheckResult:
             report["fp32_perturbed_losses"] = _rounded(self.floor_losses)
             report["fp32_perturbed_deviation_fraction"] = _round(self.floor_deviation_fraction)
             report["fp32_perturbed_deviations"] = _rounded(self.floor_deviations)
+        # a verdict the check had no time to make final (status "partial") is neither: accepted None, and not rejected
+        judged = {v.precision for v in self.verdicts} if self.status == "ok" else set(self.final)
         report["precisions"] = {
             v.precision: {
-                "accepted": v.accepted,
+                "accepted": v.accepted if v.precision in judged else None,
                 "max_deviation_fraction": _round(v.max_deviation_fraction),
                 "final_deviation_fraction": _round(v.final_deviation_fraction),
                 "allowed_deviation_fraction": _round(v.allowed_deviation_fraction),

@@ -34,6 +34,24 @@ def test_the_measurement_noise_is_shown_when_something_was_measured_twice():
     assert "measurement noise" not in _shown({"noise": {"configurations": 0}})
 
 
+def test_a_precision_the_amp_check_had_no_time_to_judge_is_shown_as_not_judged_not_as_rejected():
+    """A check cut short keeps bf16's curve (52.8% off fp32's, beyond the 5% tolerance) without fp32's noise floor,
+    which decides it where training is chaotic: shown as rejected it contradicted a bf16 winner in the same summary."""
+    from autotune.trial.amp_check import AmpCheckResult
+    from autotune.trial.amp_curves import PrecisionVerdict
+
+    strays = PrecisionVerdict(
+        precision="bf16", accepted=False, max_deviation_fraction=0.528, allowed_deviation_fraction=0.05
+    )
+    cut = AmpCheckResult(status="partial", verdicts=[strays], final=[], settings={"steps": 20})
+    shown = _shown({"amp_check": cut.report()})
+    assert "AMP check bf16: not judged (the check's time ran out first: not rejected), its loss curve strays up to" in (
+        shown
+    )
+    done = AmpCheckResult(status="ok", verdicts=[strays], final=["bf16"], settings={"steps": 20})
+    assert "AMP check bf16: rejected, its loss curve strays up to 52.8%" in _shown({"amp_check": done.report()})
+
+
 def test_the_budget_plan_is_drawn_live_above_the_trial_bar():
     from rich.console import Group
     from rich.progress import TextColumn

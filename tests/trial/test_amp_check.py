@@ -123,6 +123,8 @@ def test_a_check_with_no_time_for_the_noise_floor_rejects_nothing_it_could_not_j
     assert result.status == "partial" and result.final == ["fp16"] and result.rejected() == {}
     assert result.reason.startswith("bf16 strayed beyond what is allowed, and how far fp32 itself strays")
     assert result.reason.endswith("limit: not judged, so not rejected")
+    shown = result.report()["precisions"]
+    assert shown["bf16"]["accepted"] is None and shown["fp16"]["accepted"] is True  # bf16 neither accepted nor not
 
 
 def test_a_partial_result_rejects_only_what_is_final():
