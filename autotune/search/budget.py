@@ -56,7 +56,9 @@ __all__ = [
 CONFIRM_SHARE = 0.25  # of the budget, at most, kept for confirmation while the search runs
 # A queued trial runs, with nothing but the baseline measured, while this share of its estimated cost is left
 # (Budget.last_chance): skipping it would only hand back the recipe with time unused (docs/how-it-measures.md, step 3).
-LAST_CHANCE_SHARE = 0.5
+# Its estimate rests on the baseline's precision and threads: on a busy CPU the bf16 seeds on the free cores took
+# 0.30-0.53 of it (benchmarks/README.md#a-busy-machine), and one the budget stops costs no more than the time left.
+LAST_CHANCE_SHARE = 0.3
 PRIOR_FIXED_S = 5.0  # a trial's process start, setup and teardown before any was measured (2-core CPU: 3-4 s)
 # roles whose wall time says little about a search trial's (a long run's confirmation may measure longer windows)
 _NOT_ESTIMATES = ("baseline", "preload", "confirm")

@@ -128,7 +128,7 @@ def test_a_seed_without_room_is_skipped_and_said_so_and_a_lone_candidate_is_not_
 ):
     """A budget the baseline nearly fills: the seeds do not fit, so they are skipped, and the baseline is re-measured
     only if that still fits."""
-    outcome, plans = _issue_run(tmp_path, cpu_hardware, budget_s=150.0, baseline_s=128.0, trial_s=25.0)
+    outcome, plans = _issue_run(tmp_path, cpu_hardware, budget_s=135.0, baseline_s=128.0, trial_s=25.0)
     assert [record.role for record in outcome.records] == ["baseline"]
     assert outcome.stopped_by == "budget"
     assert "2 skipped: no room" in plans[-1].describe()
@@ -139,13 +139,14 @@ def test_a_seed_without_room_is_skipped_and_said_so_and_a_lone_candidate_is_not_
                           r"of (\d+)m would hold it\)", said)  # fmt: skip
         assert match is not None, said
         left, cost, minutes = (int(group) for group in match.groups())
-        assert cost > left and (150 - left) + cost <= 60 * minutes < (150 - left) + cost + 60
+        assert cost > left and (135 - left) + cost <= 60 * minutes < (135 - left) + cost + 60
 
 
-def test_with_only_the_baseline_measured_a_seed_runs_on_half_its_estimate_and_wins(tmp_path, cpu_hardware, caplog):
+def test_with_only_the_baseline_measured_a_seed_runs_on_part_of_its_estimate_and_wins(tmp_path, cpu_hardware, caplog):
     """Measured on a loaded 2-core machine (2026-11-24): the baseline took 147 s of a 5-min run, both seeds were
     skipped with 90 s left (their estimate rests on the fp32 baseline's rate), and the run ended at 2.4 min with
-    the recipe as the winner. Now the first seed runs while half its estimate is left (the budget still stops it)."""
+    the recipe as the winner. Now the first seed runs while LAST_CHANCE_SHARE of its estimate is left (the budget
+    still stops it)."""
     outcome, plans = _issue_run(tmp_path, cpu_hardware, budget_s=190.0, baseline_s=128.0, trial_s=25.0)
     roles = [record.role for record in outcome.records]
     assert roles[:2] == ["baseline", "seed"]
