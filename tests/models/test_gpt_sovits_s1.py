@@ -106,7 +106,9 @@ def test_reduced_training_forward_gives_the_references_loss_and_accuracy(weights
     with torch.no_grad():
         logits, targets = model.logits(*batch)
         loss, accuracy = model(*batch)
-    torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=1e-4, atol=1e-5)
+    # Recorded on another CPU: fp32 kernels sum in another order there, and the full-rank pattern's large
+    # activations carry that to 4e-4 relative in a few logits (an AMD EPYC against the record's machine).
+    torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=1e-3, atol=1e-4)
     assert float(loss) == pytest.approx(expected["loss"], rel=1e-4)
     assert float(accuracy) == pytest.approx(expected["accuracy"], rel=1e-4)
     assert targets.tolist() == [[1, 4, 9, 15, 0, 2, 7, 16], [11, 3, 6, 8, 16, 16, 16, 16]]  # EOS after, EOS at padding

@@ -223,8 +223,10 @@ def test_reduced_training_step_gives_the_references_losses(weights: str, codeboo
     assert got["no_gradient"] == expected["no_gradient"] == ["ssl_proj.weight", "ssl_proj.bias"]
     for term, value in expected["losses"].items():
         assert got["losses"][term] == pytest.approx(value, rel=1e-4, abs=1e-6), term
+    # Sums over 72M gradients recorded on another CPU, whose fp32 kernels add in another order: the full-rank
+    # pattern's gradient norm of 2.8e5 moved 4e-4 relative on an AMD EPYC (the losses above still agree to 1e-4).
     for key in ("grad_norm_d", "grad_norm_g", "codebook_sum", "cluster_size_sum"):
-        assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+        assert got[key] == pytest.approx(expected[key], rel=1e-3, abs=1e-6), key
 
 
 TINY = dataclasses.replace(
