@@ -16,6 +16,7 @@ import torch
 
 from autotune.exports import export
 from tests.exports.common import RECIPES, TUNED, bash_words, loader_settings, make_tuned, notes_text
+from tests.exports.speakerlab_cpu import cpu_patches
 
 speakerlab = pytest.importorskip("speakerlab", reason="the frameworks extra installs speakerlab")
 
@@ -133,23 +134,10 @@ def _write_corpus(root: Path) -> None:
 
 
 def _on_the_cpu(monkeypatch) -> None:
-    """train.py calls CUDA (torch.cuda.set_device, nccl, .cuda()); map those to the CPU and gloo. torchaudio 2.11's
-    load needs torchcodec: decode with soundfile, as autotune does."""
-    import soundfile
-    import torch.distributed as dist
-    import torchaudio
-
-    init = dist.init_process_group
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend=None, **kw: init(backend="gloo", **kw))
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
-    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *args, **kwargs: self)
-
-    def load(path: str) -> tuple[torch.Tensor, int]:
-        samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
-        return torch.from_numpy(samples.T.copy()), rate
-
-    monkeypatch.setattr(torchaudio, "load", load)
+    """train.py calls CUDA (torch.cuda.set_device, nccl, .cuda()) and torchaudio 2.11's load needs torchcodec: the
+    CPU port's patches (tests/exports/speakerlab_cpu.py), undone after the test."""
+    for owner, attribute, replacement in cpu_patches():
+        monkeypatch.setattr(owner, attribute, replacement)
     for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))

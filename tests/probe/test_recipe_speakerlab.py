@@ -1,11 +1,13 @@
 """`--recipe 3d-speaker`: each candidate as speakerlab/bin/train.py's own overrides (the global batch, the workers,
 the dataloader block), from the table the 3D-Speaker export writes with, read back by speakerlab's own parser and
-config builder; refused before any trial where train.py cannot run (no GPU: it trains on CUDA only)."""
+config builder; refused before any trial where train.py cannot run (no GPU: it trains on CUDA only); and a real trial
+of speakerlab's own train.py through the CPU port (tests/exports/speakerlab_cpu.py), its values read back."""
 
 from __future__ import annotations
 
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,19 @@ from autotune.errors import UserError
 from autotune.exports import recipe_input
 from autotune.exports.recipes import recipe_command
 from autotune.probe.command import TrainingCommand
+from autotune.probe.launcher import CommandLauncher
 from tests.probe.conftest import spec_for
 
 pytest.importorskip("speakerlab")
 RECORDED = Path(__file__).resolve().parents[1] / "exports" / "recipes" / "3d-speaker_cam++.yaml"
+CPU_PORT = Path(__file__).resolve().parents[1] / "exports" / "speakerlab_cpu.py"
+# COMMAND on one rank, through the CPU port, without speed perturbation (torchaudio here has no sox_effects), and
+# with 1-second crops (the recipe's 3: a third of the steps' work on a CPU, the same code).
+CPU_COMMAND = (
+    f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node=1 cpu/speakerlab/bin/train.py "
+    "--config conf/cam++.yaml --gpu 0 --data data/train.csv --noise data/musan/wav.scp --reverb data/rirs/wav.scp "
+    "--exp_dir exp/cam++ --speed_pertub False --wav_len 1.0"
+)
 COMMAND = (
     "torchrun --nproc_per_node=2 speakerlab/bin/train.py --config conf/cam++.yaml --gpu 0 1 "
     "--data data/train.csv --noise data/musan/wav.scp --reverb data/rirs/wav.scp --exp_dir exp/cam++"
@@ -148,3 +159,42 @@ def test_a_reader_of_the_users_own_is_not_second_guessed(recipe: Path, monkeypat
     config.write_text(config.read_text().replace("speakerlab.process.processor.WavReader", "mine.reader.Reader"))
     monkeypatch.setattr(recipe_input, "audio_stack", lambda: (False, "ImportError: TorchCodec is required"))
     recipe_command("3d-speaker", COMMAND)
+
+
+@pytest.fixture
+def cpu_recipe(recipe: Path, corpus: Path) -> Path:
+    """run.sh's folder as its data stages leave it, over the test corpus (4 speakers, 96 files of 2.5-4 s): a
+    train.csv with one row a whole file, noise and reverb lists of two of its files; and the CPU port of train.py at
+    cpu/speakerlab/bin/train.py."""
+    from autotune.data import load_source
+
+    utterances = load_source(str(corpus)).utterances
+    rows = [f"{u.utt_id},{u.duration_s},{u.path},0,{u.duration_s},{u.speaker}" for u in utterances]
+    for folder in ("musan", "rirs"):
+        (recipe / "data" / folder).mkdir(parents=True)
+        (recipe / "data" / folder / "wav.scp").write_text("".join(f"{u.utt_id} {u.path}\n" for u in utterances[:2]))
+    (recipe / "data" / "train.csv").write_text("\n".join(["ID,dur,path,start,stop,spk", *rows]) + "\n")
+    (recipe / "cpu" / "speakerlab" / "bin").mkdir(parents=True)
+    shutil.copy(CPU_PORT, recipe / "cpu" / "speakerlab" / "bin" / "train.py")
+    return recipe
+
+
+@pytest.mark.slow
+def test_a_3d_speaker_trial_trains_through_speakerlabs_train_py_with_the_values_in_force(
+    cpu_recipe: Path, tmp_path: Path
+) -> None:
+    """One trial as `--recipe 3d-speaker` runs it, through speakerlab's own train.py on the CPU (the port changes
+    only its CUDA calls and its decoder; no sox here, so no speed perturbation): the probe reads back every value the
+    candidate asked for from the DataLoader train.py built, and checks the rank's epoch against the train.csv."""
+    command, _ = recipe_command("3d-speaker", CPU_COMMAND)
+    spec = spec_for(tmp_path, per_device_batch_size=4, num_workers=2, prefetch_factor=3, persistent_workers=True)
+    result = CommandLauncher(command=command)(spec, workdir=tmp_path / "trial", timeout_s=300)
+    assert result.status == "ok", result.reason + result.log_tail
+    verdicts = result.in_force or {}
+    for knob in ("per_device_batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory"):
+        assert verdicts[knob]["in_force"] is True, verdicts[knob]
+    assert result.observed["per_device_batch_size"] == 4 and result.observed["num_workers"] == 2  # type: ignore[index]
+    epoch = result.epoch_accounting or {}
+    assert epoch["sampler"] == "DistributedSampler" and "unchecked" not in epoch  # train.py's own sampler, checked
+    assert (epoch["dataset_size"], epoch["batches_per_epoch_per_rank"], epoch["samples_per_epoch"]) == (96, [24], 96)
+    assert result.samples_per_second > 0  # type: ignore[operator]
