@@ -47,9 +47,41 @@ the checkpoint and WeNet's short last batch (the built-in drops it) stay out of 
 window's own rate (samples over its seconds) and, less moved by one step another process disturbed, the batch over the
 window's median step.
 
+**cam++**: the built-in `cam++` (3D-Speaker's CAM++ as egs/voxceleb/sv-cam++/conf/cam++.yaml builds it: 80-bin fbank,
+512-d embedding, its dense layers' memory_efficient checkpointing, a cosine classifier, ArcMarginLoss scale 32, SGD with
+Nesterov momentum 0.9, weight decay 1e-4) with `speed_perturb: false`, beside speakerlab's own speakerlab/bin/train.py
+(3D-Speaker's trainer, PyPI speakerlab 0.0.6) with the recipe's conf/cam++.yaml as tests/exports/recipes records it
+(3D-Speaker 09e7806), unchanged, and one override on its command, `--speed_pertub False` (speakerlab speed-perturbs with
+torchaudio.sox_effects, gone from torchaudio 2.9), under torch.distributed.run with one rank. train.py trains on CUDA
+only, so the command runs the CPU port tests/exports/speakerlab_cpu.py, copied to cpu/speakerlab/bin/train.py in the
+recipe folder (so that `--recipe 3d-speaker` takes it for train.py): it makes torch.cuda.set_device a no-op, gives
+init_process_group gloo for nccl, lets Tensor.cuda and Module.cuda return what they are called on, and decodes
+torchaudio.load's files with soundfile (torchaudio 2.11 reads through torchcodec, not installed here; the built-in
+decodes with soundfile too), then calls speakerlab.bin.train.main() unchanged. The `--recipe 3d-speaker` input check
+refuses the recipe's reader where torchaudio.load cannot read: this script tells it the port's stack (load works,
+sox_effects as this torchaudio has it), for its own command only. Data: the embedded corpus written as the train.csv
+run.sh's data stage leaves (ID,dur,path,start,stop,spk, one row a whole file), which both sides read; both decode the
+whole file (speakerlab ignores start/stop), take a random 3-second crop (wav_len), zero-padded when shorter, and compute
+an 80-bin Kaldi fbank (25/10 ms, no dither, mean-normalised) per item, in the DataLoader's workers or, without any, in
+the main process. Augmentation on both, as the recipe has it: with probability 0.2 (aug_prob) noise, reverb or both,
+from autotune's synthetic noise clips and room responses (autotune/data/synth_noise.py) listed in wav.scp files that
+train.py gets as --noise and --reverb and the built-in as its noise and reverb options. Both train fp32 (train.py has no
+AMP). The networks are counted on both sides (the report's notes). What they do not share: the code (speakerlab's
+CAMPPlus, whose checkpointing is torch's reentrant variant, its default, against autotune's re-implementation with the
+non-reentrant one); the reader (speakerlab's WavReader through the port's soundfile, the built-in's own); the
+corruption's arithmetic, the same operations in other libraries (speakerlab's numpy and scipy.signal.convolve, which
+pads its FFT to a fast length, against the built-in's torch ops and torchaudio's fftconvolve at the exact output length,
+which can be far slower: the report measures it); train.py's schedules (WarmupCosineScheduler's learning rate and
+MarginScheduler's margin, set every batch: margin 0 for its first 15 epochs, against the built-in's peak lr 0.1 and
+final margin 0.2, arithmetic of the same cost); its one-rank DistributedDataParallel over gloo (a bucketed all-reduce of
+every gradient each step); its per-step bookkeeping (loss.item(), top-1 accuracy, the average meters, a log line every
+100 steps). An epoch is 125 steps at batch 16, more than a window holds; train.py has no validation pass and saves a
+checkpoint at every 5th epoch's end, so neither falls inside a window.
+
     .venv/bin/python benchmarks/recipe_side_by_side.py --rounds 2 --window 20
     PYTHONPATH=/tmp/wenet_deps .venv/bin/python benchmarks/recipe_side_by_side.py --system conformer \
         --wenet-root /tmp/wenet --rounds 2 --window 15
+    .venv/bin/python benchmarks/recipe_side_by_side.py --system cam++ --rounds 3 --window 20
 """
 
 from __future__ import annotations
@@ -57,7 +89,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -70,6 +104,7 @@ from pathlib import Path
 
 from autotune import data as data_module
 from autotune import workloads, yamlio
+from autotune.exports import recipe_input
 from autotune.exports.recipes import recipe_command
 from autotune.knobs.config import TrialConfig
 from autotune.probe.command import TrainingCommand
@@ -103,6 +138,12 @@ WENET_ARGS = (
 # the training list (prepare.py puts every 8th in dev), an epoch of 28 steps at batch 16: each WeNet trial's window
 # ends inside its first epoch, before the dev pass and checkpoint at the epoch's end (see the docstring).
 CONFORMER_CORPUS = {"n_speakers": 8, "files_per_speaker": 64, "min_duration_s": 2.0, "max_duration_s": 2.0}
+SPEAKERLAB_CPU = ROOT / "tests" / "exports" / "speakerlab_cpu.py"  # train.py on the CPU (see the docstring)
+CAMPPLUS_CONFIG = ROOT / "tests" / "exports" / "recipes" / "3d-speaker_cam++.yaml"
+SPEAKERLAB_ARGS = (
+    "cpu/speakerlab/bin/train.py --config conf/cam++.yaml --gpu 0 --data data/train.csv --noise data/musan/wav.scp "
+    "--reverb data/rirs/wav.scp --exp_dir exp/cam++ --speed_pertub False"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,6 +233,85 @@ def _prepare_conformer(work: Path, args: argparse.Namespace) -> Pair:
     return Pair(workload="conformer", options=options, data_file=data_file, command=command, notes=notes)
 
 
+def _prepare_campplus(work: Path, args: argparse.Namespace) -> Pair:
+    from autotune.data.corruption import AUGMENTATION_LISTS, read_augmentation_files
+    from autotune.data.synth_noise import ensure_noise_set
+
+    project = work / "recipe"
+    (project / "conf").mkdir(parents=True)
+    shutil.copy(CAMPPLUS_CONFIG, project / "conf" / "cam++.yaml")
+    (project / "cpu" / "speakerlab" / "bin").mkdir(parents=True)
+    shutil.copy(SPEAKERLAB_CPU, project / "cpu" / "speakerlab" / "bin" / "train.py")
+    source = data_module.default_source()
+    rows = [f"{u.utt_id},{u.duration_s},{u.path},0,{u.duration_s},{u.speaker}" for u in source.utterances]
+    (project / "data").mkdir()
+    (project / "data" / "train.csv").write_text("\n".join(["ID,dur,path,start,stop,spk", *rows]) + "\n")
+    lists = {}
+    for kind, folder in (("noise", "musan"), ("reverb", "rirs")):  # absolute paths: speakerlab reads them as given
+        files = read_augmentation_files(ensure_noise_set() / AUGMENTATION_LISTS[kind], kind)
+        lists[kind] = project / "data" / folder / "wav.scp"
+        lists[kind].parent.mkdir()
+        lists[kind].write_text("".join(f"{Path(path).stem} {path}\n" for path in files))
+    workload = workloads.get("cam++")
+    read = workload.load_data(str(project / "data" / "train.csv"))
+    options = {**workload.options, "speed_perturb": False, **{kind: str(path) for kind, path in lists.items()}}
+    template = (
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc_per_node=1 {SPEAKERLAB_ARGS}"
+    )
+    sox_effects, _ = recipe_input.audio_stack()
+    real_stack = recipe_input.audio_stack
+    # The port decodes with soundfile (see the docstring): the recipe's torchaudio.load never runs. This command only.
+    recipe_input.audio_stack = lambda: (sox_effects, None)
+    try:
+        command, _ = recipe_command("3d-speaker", template, cwd=str(project))
+    finally:
+        recipe_input.audio_stack = real_stack
+    recorded = re.search(r"3D-Speaker ([0-9a-f]{40})", CAMPPLUS_CONFIG.read_text())
+    notes = [
+        f"corpus: the embedded one, {len(read.utterances)} files of {_durations(read)}, {len(read.speakers)} speakers, "
+        "as one train.csv both sides read (a row a whole file); augmentation aug_prob 0.2 on both from "
+        f"{sum(1 for _ in lists['noise'].open())} synthetic noise clips and "
+        f"{sum(1 for _ in lists['reverb'].open())} room responses",
+        f"speakerlab {_version('speakerlab')}, torch {_version('torch')}, torchaudio {_version('torchaudio')}; "
+        f"conf/cam++.yaml as recorded from 3D-Speaker {recorded.group(1) if recorded else '?'}, unchanged; the "
+        f"command: {SPEAKERLAB_ARGS}",
+        _parameters(project, len(read.speakers), workload),
+    ]
+    data_file = yamlio.write_json(work / "data.json", read.to_dict())
+    return Pair(workload="cam++", options=options, data_file=data_file, command=command, notes=notes)
+
+
+def _parameters(project: Path, speakers: int, workload: workloads.Workload) -> str:
+    """The networks' sizes on both sides: speakerlab's built from conf/cam++.yaml as train.py builds them."""
+    from speakerlab.utils.builder import build
+    from speakerlab.utils.config import build_config
+
+    from autotune.models.margin import CosineClassifier
+
+    config = build_config(str(project / "conf" / "cam++.yaml"), ["--data", str(project / "data" / "train.csv")])
+    config.num_classes = speakers  # train.py: len(label_encoder), without speed perturbation
+    embedder, classifier = build("embedding_model", config), build("classifier", config)
+    theirs = [sum(p.numel() for p in module.parameters()) for module in (embedder, classifier)]
+    embedding_size = int(str(workload.options["embedding_size"]))
+    assert workload.count_parameters is not None
+    ours = [
+        workload.count_parameters(),
+        sum(p.numel() for p in CosineClassifier(embedding_size, speakers).parameters()),
+    ]
+    checkpointed = sorted({bool(m.memory_efficient) for m in embedder.modules() if hasattr(m, "memory_efficient")})
+    return (
+        f"parameters ({'the same' if ours == theirs else 'DIFFERENT'}): CAM++ {ours[0]:,} built-in, {theirs[0]:,} "
+        f"speakerlab (its CAMPPlus from conf/cam++.yaml); classifier {ours[1]:,} / {theirs[1]:,}; memory_efficient "
+        f"{workload.options['memory_efficient']} / {', '.join(map(str, checkpointed))}"
+    )
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
 def _durations(source: data_module.DataSource) -> str:
     seconds = [u.duration_s for u in source.utterances]
     return f"{min(seconds):.1f}-{max(seconds):.1f} s"
@@ -232,6 +352,22 @@ SYSTEMS = {
             ),
         },
         prepare=_prepare_conformer,
+    ),
+    # 3D-Speaker's loader knobs: batch_size (global: train.py divides it by the world size, here 1), num_workers and
+    # the dataloader block's pin_memory, prefetch_factor, persistent_workers; no precision knob (no AMP).
+    "cam++": System(
+        framework="3D-Speaker",
+        title="Built-in CAM++ beside 3D-Speaker's own training",
+        provenance="speakerlab's speakerlab/bin/train.py through its CPU port, with 3D-Speaker's "
+        "egs/voxceleb/sv-cam++/conf/cam++.yaml",
+        report_stem="cam++-3d-speaker-side-by-side",
+        configs={
+            "bs16 w0 fp32": TrialConfig(per_device_batch_size=16, num_workers=0, precision="fp32"),
+            "bs16 w1 fp32": TrialConfig(
+                per_device_batch_size=16, num_workers=1, prefetch_factor=2, persistent_workers=True, precision="fp32"
+            ),
+        },
+        prepare=_prepare_campplus,
     ),
 }
 
@@ -276,7 +412,7 @@ def _trial(side: str, pair: Pair, config: TrialConfig, timing: TimingSettings, f
 
 
 def _report(system: System, pair: Pair, rates: dict[tuple[str, str], list[tuple[float, float]]],
-            minutes: float) -> str:  # fmt: skip
+            minutes: float, loads: list[float]) -> str:  # fmt: skip
     command = " ".join(sys.argv[1:])
     lines = [
         f"# {system.title} ({date.today()}, {platform.node()}, CPU)",
@@ -284,7 +420,9 @@ def _report(system: System, pair: Pair, rates: dict[tuple[str, str], list[tuple[
         f"`.venv/bin/python benchmarks/recipe_side_by_side.py {command}` ({minutes:.0f} min; {system.provenance})",
         "",
         *(f"- {note}" for note in pair.notes),
-        *([""] if pair.notes else []),
+        f"- load average (1 min, the trial's own work included) at each trial's end, {os.cpu_count()} CPUs: "
+        f"{min(loads):.1f}-{max(loads):.1f}",
+        "",
         f"| configuration | built-in samples/s (rounds) | {system.framework} samples/s (rounds) | "
         f"built-in / {system.framework} (medians) | spread of a side's rounds (max/min) |",
         "|---|---|---|---|---|",
@@ -313,6 +451,7 @@ def main() -> None:
     system = SYSTEMS[args.system]
     timing = TimingSettings(window_s=args.window, max_throughput_cv=None)
     rates: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    loads: list[float] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as temp:
         work = Path(temp)
@@ -324,11 +463,13 @@ def main() -> None:
                     folder = work / f"r{round_index}-{name.replace(' ', '_')}-{side}"
                     window, step = _trial(side, pair, config, timing, folder)
                     rates.setdefault((name, side), []).append((window, step))
+                    loads.append(os.getloadavg()[0])  # this machine is shared: how busy it was
                     print(
-                        f"round {round_index + 1} {name} {side}: {window:.2f} samples/s (median step: {step:.2f})",
+                        f"round {round_index + 1} {name} {side}: {window:.2f} samples/s (median step: {step:.2f}; "
+                        f"load average {loads[-1]:.1f})",
                         flush=True,
                     )
-    report = _report(system, pair, rates, (time.perf_counter() - started) / 60)
+    report = _report(system, pair, rates, (time.perf_counter() - started) / 60, loads)
     print(report)
     out = args.out or ROOT / "benchmarks" / "results" / f"{system.report_stem}-{date.today()}.md"
     out.write_text(report)
