@@ -29,6 +29,7 @@ from autotune.run.preload_probe import preload_report
 from autotune.search.candidates import group_by_config
 from autotune.trial import TrialResult, TrialSpec, launch
 from autotune.trial.amp_check import (
+    AUTOCAST_PRECISIONS,
     AmpCheckResult,
     AmpCheckSpec,
     amp_precisions,
@@ -290,6 +291,31 @@ def larger_batches(outcome: TuningOutcome, space: SearchSpace, config: TrialConf
     )
 
 
+def _unjudged_winner_precision(amp: AmpCheckResult, config: TrialConfig) -> str | None:
+    """A note where the winner trains in a precision the AMP check did not judge (its time ran out on a short --budget
+    on a slow or busy machine, or it failed): nothing said the winner's loss follows fp32's. The run keeps it (a
+    precision is rejected only on a verdict); the user is told before a long run rests on it."""
+    if amp.status == "ok" or config.precision not in AUTOCAST_PRECISIONS or config.precision in amp.final:
+        return None  # judged (accepted: a rejected precision cannot win), or fp32 / tf32, which need no check
+    verdict = next((v for v in amp.verdicts if v.precision == config.precision), None)
+    strayed = (
+        f" (its loss strayed {verdict.max_deviation_fraction:.0%} from fp32's over the check's steps; how far fp32 "
+        "itself strays was not measured)"
+        if verdict is not None and verdict.max_deviation_fraction is not None
+        else ""
+    )
+    if amp.status == "partial":
+        return (
+            f"the winner trains in {config.precision}, which the AMP check had no time to judge{strayed}: before a "
+            f"long run, judge it with a longer --budget (the check gets {AMP_BUDGET_SHARE:.0%} of it) or compare its "
+            "first steps' loss with fp32's"
+        )
+    return (
+        f"the winner trains in {config.precision}, which the AMP check could not judge (above): before a long run, "
+        "compare its first steps' loss with fp32's"
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Assessment:
     """The result's assessment sections (compute, overhead, noise, amp_check, preload, diagnosis) and the notes
@@ -338,6 +364,8 @@ def assess(
             notes.append(f"the AMP check was cut short: {amp.reason}")
         elif amp.status != "ok":
             notes.append(f"the AMP check could not judge: {amp.reason}")
+        if unjudged := _unjudged_winner_precision(amp, config):
+            notes.append(unjudged)
     metrics["preload"], preload_note = preload_report(outcome)
     if preload_note:
         notes.append(preload_note)

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from autotune.space.search_space import SearchSpace
 
 __all__ = [
+    "AUTOCAST_PRECISIONS",
     "AmpCheckSpec",
     "AmpCheckResult",
     "amp_precisions",
@@ -64,6 +65,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _LOG_TAIL_CHARS = 4000
+AUTOCAST_PRECISIONS = ("bf16", "fp16")  # what the check judges against fp32; fp32 and tf32 need no check
 # A check judges nothing unless its fp32 reference and each precision's curve all fit in its time limit. After
 # PACE_STEPS steps of the reference (the first carries start-up and is left out) it projects the rest; where even
 # at AUTOCAST_PACE of fp32's step time for each autocast curve (bf16 on AMX or tensor cores trains about twice as
@@ -209,7 +211,7 @@ def space_compile_modes(space: SearchSpace) -> tuple[str, ...]:
 
 def amp_precisions(space: SearchSpace) -> tuple[str, ...]:
     """The autocast precisions (bf16, fp16) a search space may try; fp32 and tf32 need no check."""
-    return tuple(precision for precision in space_precisions(space) if precision in ("bf16", "fp16"))
+    return tuple(precision for precision in space_precisions(space) if precision in AUTOCAST_PRECISIONS)
 
 
 def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambda result: None) -> AmpCheckResult:

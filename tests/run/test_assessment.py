@@ -202,6 +202,48 @@ def test_assess_adds_every_section_and_notes_a_rejected_precision(cpu_hardware):
     assert "bf16 rejected by the AMP check: 40%" in tuned.notes
 
 
+def test_a_winner_in_a_precision_the_amp_check_did_not_judge_says_so(cpu_hardware):
+    """Beside busy processes a 5-minute run's check ran out of time before fp32's own noise floor, so bf16 (52.8% off
+    fp32's curve) was neither accepted nor rejected, and won: the result says the winner's precision is unjudged."""
+    winner = _record(0, status="ok", samples_per_second=100.0, data_wait_fraction=0.0, setup_s=3.0, wall_s=9.0)
+    outcome = TuningOutcome(
+        records=[winner], baseline=None, winner=Candidate(config=BF16, records=[winner]), stopped_by="budget",
+        elapsed_s=20.0,
+    )  # fmt: skip
+    data = {"total_audio_hours": 1.0, "sample_rates": [16000], "n_utterances": 10, "n_utterances_total": 10}
+    strays = PrecisionVerdict(precision="bf16", accepted=False, max_deviation_fraction=0.528)
+
+    def notes(amp: AmpCheckResult, config: TrialConfig = BF16) -> tuple[str, ...]:
+        return assessment.assess(
+            Measurements(status="ok", samples_per_second=100.0, data_wait_fraction=0.0),
+            config,
+            hardware=cpu_hardware,
+            data=data,
+            space=space.load(space.space_path("cam++"), cpu_hardware),
+            outcome=outcome,
+            ceiling=CEILING,
+            amp=amp,
+        ).notes
+
+    cut = AmpCheckResult(status="partial", reason="bf16 strayed", verdicts=[strays], final=[])
+    unjudged = [note for note in notes(cut) if note.startswith("the winner trains in bf16")]
+    assert unjudged == [
+        "the winner trains in bf16, which the AMP check had no time to judge (its loss strayed 53% from fp32's over "
+        "the check's steps; how far fp32 itself strays was not measured): before a long run, judge it with a longer "
+        "--budget (the check gets 20% of it) or compare its first steps' loss with fp32's"
+    ]
+    failed = [note for note in notes(AmpCheckResult(status="error", reason="fp32 failed")) if "winner trains" in note]
+    assert failed == [
+        "the winner trains in bf16, which the AMP check could not judge (above): before a long run, compare its first "
+        "steps' loss with fp32's"
+    ]
+    accepted = PrecisionVerdict(precision="bf16", accepted=True, max_deviation_fraction=0.01)
+    judged_in_time = AmpCheckResult(status="partial", verdicts=[accepted], final=["bf16"])
+    fp32 = TrialConfig(per_device_batch_size=64, num_workers=4, precision="fp32")
+    for amp, config in ((judged_in_time, BF16), (AmpCheckResult(status="ok", verdicts=[accepted]), BF16), (cut, fp32)):
+        assert not [note for note in notes(amp, config) if "winner trains" in note]
+
+
 def test_a_run_checks_amp_first_measures_the_ceiling_and_explains_its_winner(tmp_path, tiny_corpus):
     import io
 
