@@ -21,6 +21,8 @@ autotune, and is written to benchmarks/results/peers-DATE-HOST.md with the comma
 
     .venv/bin/python benchmarks/peers.py --model cam++ --budget 5m --rounds 3
     .venv/bin/python benchmarks/peers.py --rehearse          # 4-minute budgets, one short round: ~25 min
+    .venv/bin/python benchmarks/speech_corpus.py /tmp/speech && \
+        .venv/bin/python benchmarks/peers.py --model cam++ --data /tmp/speech/train.csv   # real speech (espeak-ng)
 """
 
 from __future__ import annotations
@@ -162,6 +164,7 @@ def tune_autotune(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "--out",
         str(out),
         "--no-warm-start",
+        *(["--data", args.data] if args.data else []),
     ]
     started = time.monotonic()
     failed = run_logged(argv, work / "autotune.log", args.budget_min * 60 + 900)
@@ -377,7 +380,8 @@ def report(
 
     command = ".venv/bin/python benchmarks/peers.py " + shlex.join(sys.argv[1:])
     lines = [
-        f"# Against the peers: {args.model}, {args.budget_min} min per tool, {args.rounds} neutral round(s)",
+        f"# Against the peers: {args.model} on {args.data or 'the embedded corpus'}, {args.budget_min} min per tool, "
+        f"{args.rounds} neutral round(s)",
         "",
         f"`{command}`, started {started:%Y-%m-%d %H:%M}, on {platform.node()} ({os.cpu_count()} cores, "
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}); load average "
@@ -398,6 +402,12 @@ def report(
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cam++", help="an autotune workload (cam++, conformer, ...)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="the workload's data as `autotune run --data` takes it (default: "
+        "the embedded corpus); benchmarks/speech_corpus.py makes real speech",
+    )
     parser.add_argument("--budget", default="5m", help="wall-clock budget per tool, in minutes: 5m")
     parser.add_argument("--rounds", type=int, default=3, help="neutral rounds: every configuration once each")
     parser.add_argument("--seconds", type=float, default=60.0, help="timed seconds of each neutral measurement")
@@ -439,7 +449,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         request = RunRequest(
             model=args.model,
-            data=None,
+            data=args.data,
             space=None,
             results_dir=str(work / "plan"),
             device="cpu",
