@@ -44,7 +44,7 @@ class Preflight:
 
 def measure_machine(settings: TunerSettings, reporter: Reporter | None) -> Preflight:
     """Calibrate the machine's load before anything of ours runs on it, adapt the settings, and say so."""
-    load = machine_load.calibrate()
+    load = machine_load.measure_load()
     adapted, changes = adapt(settings, load)
     if reporter is not None:
         reporter.machine_measured(load.describe() + "".join(f"; {change}" for change in changes), load.busy)

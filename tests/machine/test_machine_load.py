@@ -17,6 +17,7 @@ from autotune.machine.cpu_load import (
     MachineLoad,
     calibrate,
     cpu_sample,
+    measure_load,
     others_fraction,
     process_tree,
 )
@@ -66,6 +67,45 @@ def test_the_calibration_sees_a_neighbour_burning_a_core(tmp_path):
         assert load.busy and "other processes took" in load.describe()
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+@linux_only
+def test_a_load_that_lasts_reads_busy_in_both_calibrations(tmp_path):
+    """The same real neighbour, through the run's measure_load: busy once, taken again, busy again."""
+    spin = "import time; end = time.time() + 20\nwhile time.time() < end: pass"
+    pid_file = tmp_path / "spinner.pid"
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{spin}" >/dev/null 2>&1 & echo $! > {pid_file}'], check=True)
+    pid = int(pid_file.read_text())
+    try:
+        time.sleep(0.3)
+        load = measure_load(seconds=1.0)
+        assert load.busy and load.calibrations == 2
+        assert "during the quieter of 2 calibrations of" in load.describe()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_busy_first_reading_is_taken_again_and_the_quieter_stands(monkeypatch):
+    """A moment's load (another process starting, the VM's host taking the CPU) must not set the whole run's plan: a
+    busy reading is taken again and the quieter of the two stands; a quiet first reading is not repeated."""
+
+    def reading(others: float) -> MachineLoad:
+        return MachineLoad(
+            cores=2, load_average=0.8, others_cpu_fraction=others, kernel_spread_fraction=0.1, seconds=1.0
+        )
+
+    readings: list[MachineLoad] = []
+    monkeypatch.setattr(machine_load, "calibrate", lambda seconds: readings.pop(0))
+    readings[:] = [reading(0.34), reading(0.01)]
+    load = measure_load()
+    assert (load.others_cpu_fraction, load.busy, load.calibrations, readings) == (0.01, False, 2, [])
+    readings[:] = [reading(0.45), reading(0.30)]
+    load = measure_load()
+    assert (load.others_cpu_fraction, load.busy, load.calibrations) == (0.30, True, 2)
+    readings[:] = [reading(0.02), reading(0.5)]
+    load = measure_load()
+    assert (load.others_cpu_fraction, load.calibrations, len(readings)) == (0.02, 1, 1)
+    assert "during a 1.0-s calibration" in load.describe()
 
 
 def test_a_busy_machine_gets_longer_windows():
