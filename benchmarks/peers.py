@@ -23,6 +23,11 @@ autotune, and is written to benchmarks/results/peers-DATE-HOST.md with the comma
     .venv/bin/python benchmarks/peers.py --rehearse          # 4-minute budgets, one short round: ~25 min
     .venv/bin/python benchmarks/speech_corpus.py /tmp/speech && \
         .venv/bin/python benchmarks/peers.py --model cam++ --data /tmp/speech/train.csv   # real speech (espeak-ng)
+    .venv/bin/python benchmarks/peers.py --model conformer --reuse KEPT   # re-measure a --keep run's recommendations
+
+`--keep DIR` keeps the data list, every tool's recommendation and its tuning time (DIR/tools.json) and the logs;
+`--reuse DIR` measures those recommendations again with the neutral timer, without tuning: the way to re-measure
+after the timer changes, and to add rounds, with the tools' choices held fixed.
 """
 
 from __future__ import annotations
@@ -310,7 +315,8 @@ def measure(configs: dict[str, str], args: argparse.Namespace, data_file: Path, 
                 str(args.warmup_steps),
             ]
             log_path = work / f"neutral-r{round_number}-{names.index(name)}.log"
-            failed = run_logged(argv, log_path, args.seconds * 20 + 600)
+            # a sort window's samples at 0.25 samples/s at worst, or twenty times the timed seconds
+            failed = run_logged(argv, log_path, max(args.seconds * 20, span_samples(args) * 4) + 600)
             lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
             measured = [json.loads(line) for line in lines if line.startswith("{")]
             if failed or not measured:
@@ -324,6 +330,13 @@ def measure(configs: dict[str, str], args: argparse.Namespace, data_file: Path, 
             values[name].append(reading)
             log(f"round {round_number} {name}: {reading.rate:.2f} samples/s, others {reading.others}")
     return values
+
+
+def span_samples(args: argparse.Namespace) -> int:
+    """Samples of one neutral measurement where the workload is length-sorted (peers_train.py), else 0: seconds."""
+    import peers_train
+
+    return peers_train.sort_window(args.model, {})
 
 
 def median(rates: list[float]) -> float:
@@ -379,6 +392,16 @@ def report(
     import torch
 
     command = ".venv/bin/python benchmarks/peers.py " + shlex.join(sys.argv[1:])
+    span = span_samples(args)
+    timed = (
+        f"one sort window of {span} samples timed (a length-sorted workload: a span of seconds would time whichever "
+        "clip lengths it reached)"
+        if span
+        else f"{args.seconds:g} s timed"
+    )
+    reused = ""
+    if args.reuse:
+        reused = f" The recommendations are those a run kept in {args.reuse} (its tools.json), measured again."
     lines = [
         f"# Against the peers: {args.model} on {args.data or 'the embedded corpus'}, {args.budget_min} min per tool, "
         f"{args.rounds} neutral round(s)",
@@ -386,11 +409,11 @@ def report(
         f"`{command}`, started {started:%Y-%m-%d %H:%M}, on {platform.node()} ({os.cpu_count()} cores, "
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}); load average "
         f"{load[0][0]:.1f} at the start, {load[1][0]:.1f} at the end. Every samples/s figure is the neutral loop's "
-        f"(benchmarks/peers_train.py: {args.warmup_steps} untimed steps, then {args.seconds:g} s timed, end to end), "
+        f"(benchmarks/peers_train.py: {args.warmup_steps} untimed steps, then {timed}, end to end), "
         "one fresh process per configuration and round, interleaved, the order rotated each round; a ratio is the "
         "median over rounds of the two configurations' ratio within the round (paired: a round's load falls on both); "
         "spread = (max - min) / median over the rounds; where other processes took 20% or more of the CPU during a "
-        "measurement, its share is given beside it.",
+        f"measurement, its share is given beside it.{reused}",
         "",
         *table(tools, values),
         "",
@@ -415,12 +438,19 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--rehearse", action="store_true", help="4-minute budgets, one round of 5 s: a quick check")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/peers-DATE-HOST.md")
     parser.add_argument("--keep", type=Path, default=None, help="keep the tools' logs and configs in this folder")
+    parser.add_argument(
+        "--reuse", type=Path, default=None, help="measure the recommendations a --keep folder holds again, no tuning"
+    )
     args = parser.parse_args()
     if args.rehearse:
         # 4m: autotune reports nothing until its baseline trial finishes, and on a loaded 2-core CPU its checks and
         # that trial outlast 1m and 2m budgets; every tool gets the same budget, so all get 4m
         args.budget, args.rounds, args.seconds, args.warmup_steps = "4m", 1, 5.0, 2
     args.budget_min = int(args.budget.rstrip("m"))
+    if args.reuse and not (args.reuse / "tools.json").is_file():
+        parser.exit(2, f"error: --reuse {args.reuse}: no tools.json there; give a folder a run kept with --keep\n")
+    if args.reuse and args.keep and args.reuse.resolve() == args.keep.resolve():
+        parser.exit(2, "error: --reuse and --keep name the same folder; keep the new logs in another one\n")
     return args
 
 
@@ -447,36 +477,51 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
         work = args.keep or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        request = RunRequest(
-            model=args.model,
-            data=args.data,
-            space=None,
-            results_dir=str(work / "plan"),
-            device="cpu",
-            devices=1,
-            settings=TunerSettings(),
-            warm_start=False,
-        )
-        plan = runner.prepare(request)  # the workload's options checked and its synthetic augmentation made
-        runner.prepare_data(plan)  # the recipe's one-off preparation (the conformer's CMVN), as a run does it
-        data_file = yamlio.write_json(work / "data.json", plan.data.to_dict())
-        recipe = recipe_plain(plan)
-        tools = tune_all(args, work, data_file, recipe)
-        configs: dict[str, str] = {}
-        for name, tool in tools.items():
-            if "plain" in tool:
-                path = work / f"{name.replace(' ', '-')}.json"
-                path.write_text(json.dumps(tool["plain"]), encoding="utf-8")
-                configs[name] = str(path)
-            elif "config" in tool:
-                configs[name] = tool["config"]
-        values = measure(configs, args, data_file, work)
+        if args.reuse:
+            data_file = args.reuse / "data.json"
+            tools = json.loads((args.reuse / "tools.json").read_text(encoding="utf-8"))
+        else:
+            data_file, tools = tune(args, work)
+        values = measure(recommendations(tools, work), args, data_file, work)
     text = report(args, tools, values, (load_start, os.getloadavg()), started)
     out = args.out or BENCH / "results" / f"peers-{started:%Y-%m-%d}-{platform.node()}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     print(text)
     log(f"written to {out}")
+
+
+def tune(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """The data list and every tool's recommendation, kept in work (data.json, tools.json)."""
+    request = RunRequest(
+        model=args.model,
+        data=args.data,
+        space=None,
+        results_dir=str(work / "plan"),
+        device="cpu",
+        devices=1,
+        settings=TunerSettings(),
+        warm_start=False,
+    )
+    plan = runner.prepare(request)  # the workload's options checked and its synthetic augmentation made
+    runner.prepare_data(plan)  # the recipe's one-off preparation (the conformer's CMVN), as a run does it
+    data_file = yamlio.write_json(work / "data.json", plan.data.to_dict())
+    tools = tune_all(args, work, data_file, recipe_plain(plan))
+    yamlio.write_json(work / "tools.json", tools)
+    return data_file, tools
+
+
+def recommendations(tools: dict[str, dict[str, Any]], work: Path) -> dict[str, str]:
+    """Each tool's recommendation as the file the neutral loop reads: a plain JSON, or autotune's result."""
+    configs: dict[str, str] = {}
+    for name, tool in tools.items():
+        if "plain" in tool:
+            path = work / f"{name.replace(' ', '-')}.json"
+            path.write_text(json.dumps(tool["plain"]), encoding="utf-8")
+            configs[name] = str(path)
+        elif "config" in tool:
+            configs[name] = tool["config"]
+    return configs
 
 
 if __name__ == "__main__":

@@ -13,10 +13,17 @@ comes from exactly one place, and nothing else is tuned behind its back:
 Throughput is end to end (the data wait included): samples over the wall time of the timed steps, after untimed
 warm-up steps. Five by default: on a CPU with AMX, bf16's first steps run several times slower than its settled ones
 (oneDNN builds its kernels as they are first met: 4, 10, 4, 2.5, then 1.9 s a step for CAM++ at batch 16, against
-fp32's settled 1.9-2.7 s), so one warm-up step ranks bf16 below fp32 when it is not. The share of the CPU other
-processes took during the timed steps is measured too (autotune's machine/cpu_load.py), so a reader can tell a
-measurement someone else's job disturbed. It prints one `throughput: X samples/s` line (ZenithTune's regex reads it)
-and one JSON line.
+fp32's settled 1.9-2.7 s), so one warm-up step ranks bf16 below fp32 when it is not.
+
+The timed span is `--seconds`, except for a length-sorted workload (the conformer: WeNet sorts each window of
+`sort_size` shuffled utterances by length and batches the sorted run, so batches go from the shortest clips to the
+longest), timed over one sort window's worth of samples: a span of seconds holds whichever lengths it reached, which
+after a few warm-up steps are the shortest clips of the first window, a rate no whole epoch reaches; a span of
+`sort_size` samples covers every length about once, whatever the batch.
+
+The share of the CPU other processes took during the timed steps is measured too (autotune's machine/cpu_load.py), so
+a reader can tell a measurement someone else's job disturbed. It prints one `throughput: X samples/s` line (ZenithTune's
+regex reads it) and one JSON line.
 
     .venv/bin/python benchmarks/peers_train.py --data-file DATA.json --config PLAIN.json --seconds 30
 """
@@ -147,8 +154,18 @@ def batches_forever(loader: Any) -> Iterator[Any]:
         yield from loader
 
 
-def train(setup: Any, applied: Applied, warmup_steps: int, seconds: float, steps: int) -> dict[str, Any]:
-    """Warm-up steps untimed, then timed steps until `steps` are done (when given) or `seconds` have passed."""
+def sort_window(model: str, options: dict[str, Any]) -> int:
+    """Samples in one of the workload's length-sorted windows; 0 where its batches are not formed by sorting."""
+    from autotune import workloads
+
+    return int({**workloads.get(model).options, **options}.get("sort_size") or 0)
+
+
+def train(
+    setup: Any, applied: Applied, warmup_steps: int, seconds: float, steps: int, span_samples: int = 0
+) -> dict[str, Any]:
+    """Warm-up steps untimed, then timed steps until `steps` are done (when given), `span_samples` are trained (when
+    given) or `seconds` have passed."""
     import torch
 
     model = setup.model
@@ -173,12 +190,21 @@ def train(setup: Any, applied: Applied, warmup_steps: int, seconds: float, steps
         samples += setup.samples_in(batch)
         done += 1
         elapsed = time.perf_counter() - started
-        if step >= warmup_steps and ((steps and done >= steps) or (not steps and elapsed >= seconds)):
+        if step < warmup_steps:
+            continue
+        if steps:
+            if done >= steps:
+                break
+        elif span_samples:
+            if samples >= span_samples:
+                break
+        elif elapsed >= seconds:
             break
     others = others_fraction(before, cpu_sample())
     return {
         "samples_per_second": samples / elapsed,
         "timed_steps": done,
+        "timed_samples": samples,
         "timed_s": round(elapsed, 2),
         "others_cpu_fraction": None if others is None else round(others, 3),
     }
@@ -197,6 +223,12 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=30.0, help="timed wall seconds (unless --steps)")
     parser.add_argument("--steps", type=int, default=0, help="timed steps instead of --seconds")
+    parser.add_argument(
+        "--span",
+        choices=("auto", "seconds"),
+        default="auto",
+        help="auto: a length-sorted workload is timed over one sort window's samples, others over --seconds",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--prefetch-factor", type=int, default=None)
@@ -214,7 +246,8 @@ def main() -> None:
         applied = from_plain(plain_from_flags(args))
     applied.set_process()  # before any tensor work, as a training script sets its threads first
     setup = build(args.model, args.data_file, options, applied.config)
-    measured = train(setup, applied, args.warmup_steps, args.seconds, args.steps)
+    span = sort_window(args.model, options) if args.span == "auto" and setup.batch_sampler_factory else 0
+    measured = train(setup, applied, args.warmup_steps, args.seconds, args.steps, span)
     print(f"throughput: {measured['samples_per_second']:.3f} samples/s", flush=True)
     print(json.dumps({**measured, "config": applied.label}), flush=True)
 
