@@ -7,15 +7,15 @@ runs one (`recipe_command` + `CommandLauncher`: the framework's own arguments, u
 audio and time a steady window with the same rules. `--system` picks the pair.
 
 **ecapa**: the built-in `ecapa-tdnn` (its SpeechBrain-faithful ECAPA-TDNN, C=1024, embedding 192, 80 mels, 3-second
-crops, Adam, additive angular margin) with `augment_copies=0` (its fbank then computed where the pipeline puts it
-without augmentation: in the DataLoader's workers, or the main process without any), beside
-`examples/speechbrain_recipe` (a Brain subclass in the layout of SpeechBrain's VoxCeleb recipe, trained by
-SpeechBrain's own Brain.fit, DynamicItemDataset, read_audio and Fbank), its hparams overridden to the recipe's network
-(channels [1024, 1024, 1024, 1024, 3072], attention 128, embedding 192, 80 mels, 3-second crops), on the embedded
-synthetic corpus. What they do not share: the built-in crops from a decoded buffer in its dataset while SpeechBrain's
-pipeline decodes with torchaudio and crops in its dynamic item; SpeechBrain computes its fbank in the training step
-(with workers, the built-in computes it in them); SpeechBrain's Brain adds its bookkeeping per step (the running loss
-average, the progress bar, the checkpoint-interval check); neither augments.
+crops, Adam, additive angular margin) with `augment_copies=0` (its SpeechBrain Fbank still computed in the training
+step, as the recipe's compute_forward computes it), beside `examples/speechbrain_recipe` (a Brain subclass in the
+layout of SpeechBrain's VoxCeleb recipe, trained by SpeechBrain's own Brain.fit, DynamicItemDataset, read_audio and
+Fbank), its hparams overridden to the recipe's network (channels [1024, 1024, 1024, 1024, 3072], attention 128,
+embedding 192, 80 mels, 3-second crops), on the embedded synthetic corpus. What they do not share: the built-in crops
+from a decoded buffer in its dataset while SpeechBrain's pipeline decodes with torchaudio and crops in its dynamic
+item; SpeechBrain's Brain adds its bookkeeping per step (the running loss average, the progress bar, the
+checkpoint-interval check); the Fbank's code (SpeechBrain's Fbank module against the built-in's re-implementation of
+it, tests/data/test_augment.py compares them); neither augments.
 
 **conformer**: the built-in `conformer` (WeNet's aishell conformer: 12 conformer blocks, attention 256, 4 heads, 2048
 units, 6 transformer decoder blocks, CTC weight 0.3, label smoothing 0.1, Adam with WarmupLR and clipping at 5) with

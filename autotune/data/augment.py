@@ -38,6 +38,7 @@ __all__ = [
     "drop_freq",
     "notch_kernel",
     "speechbrain_fbank",
+    "speechbrain_filters",
     "speechbrain_inputs",
 ]
 
@@ -134,17 +135,28 @@ def augment_batch(waveforms: torch.Tensor, labels: torch.Tensor, copies: int) ->
     return torch.cat([waveforms, *augmented]), labels.repeat(copies + 1)
 
 
+def speechbrain_filters(n_mels: int, n_fft: int, sample_rate: int, device: torch.device) -> torch.Tensor:
+    """SpeechBrain's Filterbank matrix (n_fft // 2 + 1, n_mels): triangles on n_mels + 2 points equally spaced in mel
+    up to Nyquist, each symmetric in Hz about its centre with the half-width of the gap to the point below (not
+    torchaudio's melscale_fbanks, whose triangles reach from neighbour to neighbour), peak 1, unnormalised."""
+    top_mel = 2595 * torch.log10(torch.tensor(1 + (sample_rate / 2) / 700))
+    points = 700 * (10 ** (torch.linspace(0.0, float(top_mel), n_mels + 2) / 2595) - 1)
+    centres, bands = points[1:-1].unsqueeze(1), (points[1:-1] - points[:-2]).unsqueeze(1)
+    slope = (torch.linspace(0, sample_rate // 2, n_fft // 2 + 1) - centres) / bands
+    return torch.minimum(slope + 1.0, 1.0 - slope).clamp_min(0.0).transpose(0, 1).to(device)
+
+
 def speechbrain_fbank(waveforms: torch.Tensor, n_mels: int = 80, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
     """SpeechBrain's Fbank + sentence mean normalisation of (B, samples): (B, frames, n_mels), 301 frames for 3 s.
 
     STFT with a 25 ms Hamming window every 10 ms (400-point FFT, zero-padded centred frames), power spectrum,
-    triangular mel filters up to Nyquist, 10 log10 clamped at 1e-10 and to 80 dB below each utterance's peak.
+    SpeechBrain's triangular mel filters up to Nyquist (`speechbrain_filters`), 10 log10 clamped at 1e-10 and to 80 dB
+    below each utterance's peak.
     """
     n_fft, hop = int(0.025 * sample_rate), int(0.010 * sample_rate)
     window = torch.hamming_window(n_fft, device=waveforms.device)
     spectrum = torch.stft(waveforms, n_fft, hop, window=window, center=True, pad_mode="constant", return_complex=True)
-    filters = AF.melscale_fbanks(n_fft // 2 + 1, 0.0, sample_rate / 2, n_mels, sample_rate).to(waveforms.device)
-    mel = spectrum.abs().square().transpose(1, 2) @ filters
+    mel = spectrum.abs().square().transpose(1, 2) @ speechbrain_filters(n_mels, n_fft, sample_rate, waveforms.device)
     decibels = 10 * torch.log10(mel.clamp_min(1e-10))
     decibels = torch.maximum(decibels, decibels.amax(dim=(1, 2), keepdim=True) - 80.0)
     return decibels - decibels.mean(dim=1, keepdim=True)

@@ -34,7 +34,8 @@ CAMPPLUS_RECIPE = {**THREED_SPEAKER_PIPELINE, "lr": 0.1, "margin": 0.2, "aug_pro
 ERES2NET_RECIPE = {**THREED_SPEAKER_PIPELINE, "lr": 0.2, "margin": 0.3, "aug_prob": 0.8}
 # SpeechBrain recipes/VoxCeleb/SpeakerRec/hparams/train_ecapa_tdnn.yaml (9c826ef): Adam (weight decay 2e-6), AAM
 # margin 0.2 scale 30, and in compute_forward, on the device, the original batch plus 4 augmented copies
-# (augment_copies; 0 = none, features then computed in the workers) and Fbank: see autotune/data/augment.py.
+# (augment_copies; 0 = none) and Fbank, there with or without copies, as the recipe's compute_forward has it: see
+# autotune/data/augment.py.
 SPEECHBRAIN_RECIPE = {"optimizer": "adam", "lr": 0.001, "scale": 30.0, "margin": 0.2, "augment_copies": 4}
 # Where each pipeline can compute its fbank (autotune/knobs/feature_device.py), the recipe's placement first:
 # 3D-Speaker's WavSVDataset featurises in the workers, and the same Kaldi fbank can run batch-wise in the step;
@@ -145,7 +146,7 @@ def _dataset(pipeline: Pipeline, context: WorkloadContext) -> Any:
             corruption=_corruption(options),
             featurise=placement != DEVICE,
         )
-    if options["augment_copies"]:  # SpeechBrain's shape: waveform crops from the workers, the rest on the device
+    if pipeline == "speechbrain":  # SpeechBrain's shape: waveform crops from the workers, the rest on the device
         from autotune.data.augment import WaveformCropDataset
 
         return WaveformCropDataset(data.utterances, data.speakers, crop_s=crop_s)
@@ -182,7 +183,7 @@ def _build_speaker_setup(
 
     def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         features, labels = batch
-        if copies:  # the model sees (1 + copies) x the loader batch; samples_in still counts loader samples
+        if pipeline == "speechbrain":  # the model sees (1 + copies) x the loader batch; samples_in counts loader ones
             from autotune.data.augment import speechbrain_inputs
 
             features, labels = speechbrain_inputs(features, labels, copies)

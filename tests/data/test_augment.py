@@ -98,3 +98,17 @@ def test_fbank_is_speechbrains_shape_and_float32_under_autocast(speech_like: tor
         inputs, labels = speechbrain_inputs(speech_like, torch.arange(4), copies=4)
     assert inputs.dtype == torch.float32 and inputs.shape == (20, 51, 80) and labels.shape == (20,)
     assert torch.isfinite(inputs).all()
+
+
+def test_fbank_is_speechbrains_own_fbank_and_sentence_normalisation(speech_like: torch.Tensor) -> None:
+    """The recipe's compute_features (speechbrain.lobes.features.Fbank, n_mels 80) and mean_var_norm
+    (InputNormalization, sentence, std_norm False), run from SpeechBrain's own code on the same batch."""
+    features = pytest.importorskip("speechbrain.lobes.features")
+    normalisation = pytest.importorskip("speechbrain.processing.features")
+    quiet = 0.001 * torch.randn(2, 48000, generator=torch.Generator().manual_seed(1))  # the 80 dB floor matters here
+    for waveforms in (speech_like, quiet):
+        theirs = features.Fbank(n_mels=80)(waveforms)
+        theirs = normalisation.InputNormalization(norm_type="sentence", std_norm=False)(
+            theirs, torch.ones(waveforms.shape[0])
+        )
+        torch.testing.assert_close(speechbrain_fbank(waveforms), theirs, atol=2e-3, rtol=0)

@@ -138,9 +138,17 @@ def test_speechbrain_shape_model_batch_is_five_times_the_loader_batch(tiny_corpu
     assert torch.isfinite(loss)
 
 
-def test_no_copies_keeps_fbank_in_the_workers(tiny_corpus: Path) -> None:
-    features, _ = build("ecapa-tdnn", tiny_corpus, **SMALL_ECAPA, augment_copies=0).dataset[0]  # type: ignore[misc]
-    assert features.shape == (48, 80)
+def test_no_copies_still_computes_the_fbank_in_the_step(tiny_corpus: Path) -> None:
+    """SpeechBrain's compute_forward featurises the batch whether or not it augments: so does the built-in."""
+    torch.manual_seed(0)
+    setup = build("ecapa-tdnn", tiny_corpus, **SMALL_ECAPA, augment_copies=0)
+    waveform, _ = setup.dataset[0]  # type: ignore[misc]
+    assert waveform.shape == (8000,)  # the worker hands over the crop, not its fbank
+    batch = setup.collate_fn([setup.dataset[index] for index in range(3)])  # type: ignore[misc]
+    seen: list[tuple[int, ...]] = []
+    setup.model["embedder"].register_forward_hook(lambda module, args, out: seen.append(tuple(args[0].shape)))
+    assert torch.isfinite(setup.loss_fn(setup.model, batch))
+    assert seen == [(3, 51, 80)]  # the loader batch alone, featurised by SpeechBrain's Fbank in the step
 
 
 @pytest.mark.parametrize("copies", [-1, 2.5, True, "4"])
@@ -171,10 +179,10 @@ def test_preloaded_dataset_reads_nothing_from_disk(tiny_corpus: Path, tmp_path: 
     assert setup.preload_s > 0 and len(setup.dataset.audio) == len(setup.dataset) == 12  # type: ignore[attr-defined]
     for wav in copied.rglob("*.wav"):
         wav.unlink()
-    features, _ = setup.dataset[0]  # type: ignore[misc]
+    crop, _ = setup.dataset[0]  # type: ignore[misc]
     waveform, _ = waveforms.dataset[0]  # type: ignore[misc]
-    perturbed, _ = speakerlab.dataset[0]  # type: ignore[misc]
-    assert features.shape == perturbed.shape == (48, 80) and waveform.shape == (8000,)
+    features, _ = speakerlab.dataset[0]  # type: ignore[misc]
+    assert crop.shape == waveform.shape == (8000,) and features.shape == (48, 80)
     assert build("ecapa-tdnn", tiny_corpus, **SMALL_ECAPA).preload_s == 0.0
 
 
