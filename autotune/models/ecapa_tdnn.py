@@ -37,7 +37,10 @@ class Conv1d(nn.Module):
     """Stride-1 1-D convolution with "same" output length obtained by reflect padding, as SpeechBrain does.
 
     Reflection needs the padding (``dilation * (kernel_size - 1) / 2``, at most 4 frames here) to be shorter than
-    the input, so inputs must have at least 5 frames.
+    the input, so inputs must have at least 5 frames. The pad runs before every convolution, kernel size 1 included
+    (padding 0), as SpeechBrain's Conv1d(padding="same") runs it: there it copies the input, forward and backward, a
+    cost of SpeechBrain's network that the built-in must pay to cost what it costs (benchmarks/README.md, "The
+    built-in beside the framework").
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1) -> None:
@@ -47,9 +50,7 @@ class Conv1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Convolve (B, C_in, T) into (B, C_out, T)."""
-        if self.padding:
-            x = F.pad(x, (self.padding, self.padding), mode="reflect")
-        return self.conv(x)
+        return self.conv(F.pad(x, (self.padding, self.padding), mode="reflect"))
 
 
 class BatchNorm1d(nn.Module):

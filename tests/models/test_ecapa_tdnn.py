@@ -90,3 +90,49 @@ def test_state_dict_keys_follow_3d_speaker() -> None:
         "fc.conv.weight",
     }
     assert expected <= keys
+
+
+# The ops that move whole (B, C, T) activations: a count that differs is work one side does and the other does not.
+ACTIVATION_OPS = (
+    "aten.convolution",
+    "aten.convolution_backward",
+    "aten.reflection_pad1d",
+    "aten.reflection_pad1d_backward",
+    "aten.native_batch_norm",
+    "aten.native_batch_norm_backward",
+    "aten.cat",
+)
+
+
+def _activation_ops(model: torch.nn.Module, features: torch.Tensor) -> dict[str, int]:
+    """How many times one forward and backward dispatches each of ACTIVATION_OPS."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as counted:
+        model(features).sum().backward()
+    return {name: counted.ops[name] for name in ACTIVATION_OPS}
+
+
+def test_a_step_runs_speechbrains_activation_ops_one_for_one() -> None:
+    """SpeechBrain's own ECAPA_TDNN and the built-in, at one small width, dispatch the same convolutions, pads (its
+    Conv1d pads before every convolution, kernel 1 included: a copy forward and backward), batch norms and
+    concatenations, so that the built-in costs what SpeechBrain's network costs, not only holds its parameters."""
+    ecapa = pytest.importorskip("speechbrain.lobes.models.ECAPA_TDNN")
+    torch.manual_seed(0)
+    features = torch.randn(2, 50, 80)
+    reference = ecapa.ECAPA_TDNN(80, channels=[64, 64, 64, 64, 192], attention_channels=16, lin_neurons=32)
+    ours = ECAPATDNN(channels=64, embedding_size=32, attention_channels=16, se_channels=16)
+    theirs = _activation_ops(reference, features)
+    assert theirs["aten.reflection_pad1d"] == theirs["aten.convolution"] == 38
+    assert _activation_ops(ours, features) == theirs
