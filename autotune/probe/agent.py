@@ -351,12 +351,28 @@ class Session:
             stream.flush()
         os._exit(0)
 
+    def _empty_loader(self) -> dict[str, Any] | None:
+        """A DataLoader this process built whose epoch holds no batch (a batch larger than the data with drop_last, or
+        no data): why a training can end without a step, said where the loader was built."""
+        for loader in self.loaders.values():
+            if loader.epoch.get("batches_per_epoch") == 0:
+                return {
+                    "built_at": loader.built_at,
+                    "dataset_size": loader.epoch.get("dataset_size"),
+                    "batch_size": loader.arguments.get("batch_size"),
+                    "sampler": loader.epoch.get("sampler"),
+                }
+        return None
+
     def on_exit(self) -> None:
         """The training ended without the probe ending it: say where it was (or what it raised), for the parent."""
-        if (self._clock is None or self._clock.steps == 0) and self.exception is None:
-            return  # not a training process (torchrun's agent, a DataLoader worker) or no step at all: the parent says
         steps, phase = (self._clock.steps, self._clock.phase) if self._clock is not None else (0, "warmup")
+        empty = self._empty_loader() if steps == 0 else None
+        if steps == 0 and self.exception is None and empty is None:
+            return  # not a training process (torchrun's agent, a DataLoader worker) or no step at all: the parent says
         note: dict[str, Any] = {"steps": steps, "phase": phase}
+        if empty is not None:  # the cause, whatever the training raised after its empty epoch
+            note["empty_loader"] = empty
         if self.exception is not None:
             note["status"], note["reason"] = self.exception
         try:

@@ -231,6 +231,8 @@ def _ended_note(result_path: str) -> dict[str, Any] | None:
 def _failure(result_path: str, returncode: int | None, tail: str) -> TrialResult:
     """Why a training wrote no result: what it raised, how it ended, or that it never stepped."""
     note = _ended_note(result_path)
+    if note is not None and note.get("empty_loader"):
+        return TrialResult(status="error", reason=_empty_loader_reason(note["empty_loader"]), log_tail=tail)
     if note is not None and note.get("status"):
         reason = f"the training failed after {note.get('steps', 0)} optimizer steps: {note.get('reason', '')}"
         return TrialResult(status=str(note["status"]), reason=reason, log_tail=tail)
@@ -266,4 +268,18 @@ def _failure(result_path: str, returncode: int | None, tail: str) -> TrialResult
         else "the command ended without an optimizer step: is it a training command? "
         "(autotune times torch.optim optimizer steps in Python processes it starts)",
         log_tail=tail,
+    )
+
+
+def _empty_loader_reason(empty: dict[str, Any]) -> str:
+    """Why a training whose DataLoader had no batch never stepped, and what to change."""
+    size, batch = empty.get("dataset_size"), empty.get("batch_size")
+    sampler = empty.get("sampler")
+    holds = f"{size} samples" if size is not None else "its data"
+    if sampler == "DistributedSampler":
+        holds += " shared among the ranks"
+    at = f" at batch {batch} per process" if batch else ""
+    return (
+        f"the training's DataLoader (built at {empty.get('built_at')}) has no batch to give: {holds}{at}; give it a "
+        "batch no larger than the samples each process gets, or more data"
     )

@@ -140,6 +140,21 @@ def test_a_training_too_short_for_its_window_says_so(tmp_path: Path, training: P
     assert result.reason.startswith("the training ended after 6 optimizer steps, before its window was measured")
 
 
+def test_a_batch_larger_than_the_data_is_named_not_taken_for_a_command_that_does_not_train(
+    tmp_path: Path, training: Path
+) -> None:
+    """The example's DataLoader drops its last partial batch: at a batch larger than the data an epoch is empty and
+    the training ends without a step, which the result says, with the loader's line and the sizes."""
+    spec = spec_for(tmp_path, per_device_batch_size=5000, num_workers=0)
+    result = _launcher(training)(spec, workdir=tmp_path / "trial", timeout_s=120)
+    assert result.status == "error"
+    assert re.fullmatch(
+        rf"the training's DataLoader \(built at train\.py:{_loader_line(training)}\) has no batch to give: \d+ samples "
+        r"at batch 5000 per process; give it a batch no larger than the samples each process gets, or more data",
+        result.reason,
+    ), result.reason
+
+
 def test_a_loss_that_is_not_finite_is_caught(tmp_path: Path, training: Path) -> None:
     script = (
         (training / "train.py")

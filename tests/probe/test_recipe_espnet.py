@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune import load_config
-from autotune.cli import app
 from autotune.errors import UserError
 from autotune.exports.espnet import AMP_WORDS, TRAINER_OPTIONS
 from autotune.exports.recipes import recipe_command
 from autotune.probe.command import TrainingCommand
 from autotune.probe.launcher import CommandLauncher
 from tests.probe.conftest import spec_for
+from tests.probe.recipe_run import measure_export_again, tune
 
 pytest.importorskip("espnet2")
 runner = CliRunner()
@@ -149,17 +148,10 @@ def test_a_value_a_patched_trainer_ignores_is_reported(recipe: Path, tmp_path: P
 
 
 @pytest.mark.slow
-def test_an_espnet_recipe_is_tuned_end_to_end(recipe: Path) -> None:
-    fast = ["--trials", "2", "--budget", "none", "--window", "1", "--confirm", "0", "--no-prune"]
-    result = runner.invoke(
-        app,
-        ["run", "--recipe", "espnet", "--command", COMMAND, "--results-dir", "results", *fast],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    [result_path] = (recipe / "results" / "asr_train").glob("*.yaml")  # named after the module it runs
-    tuned = load_config(result_path)
-    assert tuned.workload["options"]["command"]["recipe"] == "espnet"
+def test_an_espnet_recipe_is_tuned_and_its_command_measured_again(recipe: Path, tmp_path: Path) -> None:
+    result_path, tuned = tune("espnet", COMMAND, recipe)
+    assert result_path.parent.name == "asr_train"  # named after the module it runs
     assert tuned.config.precision == "fp32"
-    verdicts = tuned.metrics["winner"]["in_force"]
-    assert verdicts["per_device_batch_size"]["in_force"] and verdicts["num_workers"]["in_force"]
+    assert tuned.metrics["winner"]["in_force"]["num_workers"]["in_force"]
+    line = measure_export_again(result_path, tuned, tmp_path)
+    assert f"--batch_size {tuned.config.per_device_batch_size}" in line

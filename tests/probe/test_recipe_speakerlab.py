@@ -20,6 +20,7 @@ from autotune.exports.recipes import recipe_command
 from autotune.probe.command import TrainingCommand
 from autotune.probe.launcher import CommandLauncher
 from tests.probe.conftest import spec_for
+from tests.probe.recipe_run import measure_export_again, tune
 
 pytest.importorskip("speakerlab")
 RECORDED = Path(__file__).resolve().parents[1] / "exports" / "recipes" / "3d-speaker_cam++.yaml"
@@ -198,3 +199,48 @@ def test_a_3d_speaker_trial_trains_through_speakerlabs_train_py_with_the_values_
     assert epoch["sampler"] == "DistributedSampler" and "unchecked" not in epoch  # train.py's own sampler, checked
     assert (epoch["dataset_size"], epoch["batches_per_epoch_per_rank"], epoch["samples_per_epoch"]) == (96, [24], 96)
     assert result.samples_per_second > 0  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_a_value_a_patched_train_py_ignores_is_reported(cpu_recipe: Path, tmp_path: Path) -> None:
+    """The user's own copy of train.py pins its loader's workers after the config is built: the override autotune
+    passed is read back as not in force, with the value the training ran with."""
+    import speakerlab.bin.train
+
+    source = Path(speakerlab.bin.train.__file__).read_text()
+    pinned = "    train_dataloader = build('dataloader', config)\n"
+    assert pinned in source  # speakerlab 0.0.6's train.py, as the patch expects it
+    patched = source.replace(pinned, "    config.dataloader['args']['num_workers'] = 1\n" + pinned)
+    (cpu_recipe / "cpu" / "speakerlab" / "bin" / "patched_train.py").write_text(patched)
+    port = cpu_recipe / "cpu" / "speakerlab" / "bin" / "train.py"
+    port.write_text(
+        port.read_text().replace(
+            "    from speakerlab.bin import train\n",
+            "    import patched_train as train  # the user's copy, beside this script (on sys.path as its folder)\n",
+        )
+    )
+    command, _ = recipe_command("3d-speaker", CPU_COMMAND)
+    spec = spec_for(tmp_path, per_device_batch_size=4, num_workers=2, prefetch_factor=2)
+    result = CommandLauncher(command=command)(spec, workdir=tmp_path / "trial", timeout_s=300)
+    assert result.status == "ok", result.reason + result.log_tail
+    verdicts = result.in_force or {}
+    assert verdicts["num_workers"]["in_force"] is False
+    assert verdicts["num_workers"]["note"].startswith("num_workers: your training ran with 1, not 2")
+    assert verdicts["per_device_batch_size"]["in_force"] is True
+
+
+@pytest.mark.slow
+def test_a_3d_speaker_recipe_is_tuned_and_its_command_measured_again(
+    cpu_recipe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`autotune run --recipe 3d-speaker` end to end through speakerlab's train.py (the CPU port stands in for the
+    GPU node, so the run's no-GPU refusal is lifted here), then the exported command measured again under the probe."""
+    from autotune.run import runner
+
+    monkeypatch.setattr(runner, "check_device", lambda framework, device_type: None)
+    config = cpu_recipe / "conf" / "cam++.yaml"  # the recipe's batch of 256 is more than the 96 files hold
+    config.write_text(config.read_text().replace("\nbatch_size: 256\n", "\nbatch_size: 16\n"))
+    result_path, tuned = tune("3d-speaker", CPU_COMMAND, cpu_recipe)
+    assert tuned.metrics["winner"]["in_force"]["num_workers"]["in_force"]
+    line = measure_export_again(result_path, tuned, tmp_path)
+    assert f"--batch_size {tuned.config.per_device_batch_size} --num_workers {tuned.config.num_workers}" in line

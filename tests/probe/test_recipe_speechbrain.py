@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune import load_config
 from autotune.cli import app
 from autotune.errors import UserError
 from autotune.exports.recipes import recipe_command
@@ -20,6 +19,7 @@ from autotune.exports.speechbrain import LOADER_OPTIONS, PRECISION_WORDS
 from autotune.probe.command import TrainingCommand
 from autotune.probe.launcher import CommandLauncher
 from tests.probe.conftest import spec_for
+from tests.probe.recipe_run import measure_export_again, tune
 
 pytest.importorskip("speechbrain")
 runner = CliRunner()
@@ -108,28 +108,7 @@ def test_a_value_the_recipe_script_ignores_is_reported(recipe: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_a_speechbrain_recipe_is_tuned_and_its_command_measured_again(recipe: Path, tmp_path: Path) -> None:
-    fast = ["--trials", "2", "--budget", "none", "--window", "1", "--confirm", "0", "--no-prune"]
-    result = runner.invoke(
-        app,
-        ["run", "--recipe", "speechbrain", "--command", COMMAND, "--results-dir", "results", *fast],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    [result_path] = (recipe / "results" / "train").glob("*.yaml")
-    tuned = load_config(result_path)
-    assert tuned.workload["options"]["command"]["recipe"] == "speechbrain"
-    verdicts = tuned.metrics["winner"]["in_force"]
-    assert verdicts["per_device_batch_size"]["in_force"] and verdicts["precision"]["in_force"]
-    exported = runner.invoke(app, ["export", str(result_path)], catch_exceptions=False)
-    assert exported.exit_code == 0, exported.output
-    line = next(text for text in exported.output.splitlines() if text.startswith(sys.executable))
+    result_path, tuned = tune("speechbrain", COMMAND, recipe)
+    assert tuned.metrics["winner"]["in_force"]["precision"]["in_force"]
+    line = measure_export_again(result_path, tuned, tmp_path)
     assert f"--dataloader_options '{{batch_size: {tuned.config.per_device_batch_size}," in line
-    # The exported command, measured again under the probe: the winner's figure holds within this CPU's noise.
-    again = CommandLauncher(command=TrainingCommand.checked(line.replace("{", "{{").replace("}", "}}"), cwd="."))(
-        spec_for(tmp_path, per_device_batch_size=tuned.config.per_device_batch_size),
-        workdir=tmp_path / "again",
-        timeout_s=240,
-    )
-    assert again.status == "ok", again.reason
-    assert again.observed["per_device_batch_size"] == tuned.config.per_device_batch_size  # type: ignore[index]
-    assert 1 / 3 < again.samples_per_second / tuned.metrics["winner"]["samples_per_second"] < 3  # type: ignore[operator]

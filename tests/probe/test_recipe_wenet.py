@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune import load_config
 from autotune.cli import app
 from autotune.errors import UserError
 from autotune.exports import recipe_input
@@ -27,6 +26,7 @@ from autotune.exports.wenet import BATCH_KEY, FLAG_WORDS, LOADER_FLAGS
 from autotune.probe.command import COMMAND_KNOBS, TrainingCommand
 from autotune.probe.launcher import CommandLauncher
 from tests.probe.conftest import spec_for
+from tests.probe.recipe_run import measure_export_again, tune
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wenet_recipe"
@@ -256,29 +256,7 @@ def test_a_value_a_patched_train_py_ignores_is_reported(
 @needs_wenet
 @pytest.mark.slow
 def test_a_wenet_recipe_is_tuned_and_its_command_measured_again(recipe: Path, tmp_path: Path) -> None:
-    fast = ["--trials", "2", "--budget", "none", "--window", "1", "--confirm", "0", "--no-prune"]
-    command = COMMAND + " --num_workers 1 --prefetch 4"
-    result = runner.invoke(
-        app,
-        ["run", "--recipe", "wenet", "--command", command, "--results-dir", "results", *fast],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    [result_path] = (recipe / "results").glob("*/*.yaml")
-    tuned = load_config(result_path)
-    assert tuned.workload["options"]["command"]["recipe"] == "wenet"
-    verdicts = tuned.metrics["winner"]["in_force"]
-    assert verdicts["per_device_batch_size"]["in_force"] and verdicts["num_workers"]["in_force"]
-    exported = runner.invoke(app, ["export", str(result_path)], catch_exceptions=False)
-    assert exported.exit_code == 0, exported.output
-    line = next(text for text in exported.output.splitlines() if text.startswith(sys.executable))
+    result_path, tuned = tune("wenet", COMMAND + " --num_workers 1 --prefetch 4", recipe)
+    assert tuned.metrics["winner"]["in_force"]["num_workers"]["in_force"]
+    line = measure_export_again(result_path, tuned, tmp_path)
     assert f"'{BATCH_KEY} {tuned.config.per_device_batch_size}'" in line
-    # The exported command, measured again under the probe: the winner's figure holds within this CPU's noise.
-    again = CommandLauncher(command=TrainingCommand.checked(line, cwd="."))(
-        spec_for(tmp_path, per_device_batch_size=tuned.config.per_device_batch_size),
-        workdir=tmp_path / "again",
-        timeout_s=300,
-    )
-    assert again.status == "ok", again.reason + again.log_tail
-    assert again.observed["per_device_batch_size"] == tuned.config.per_device_batch_size  # type: ignore[index]
-    assert 1 / 3 < again.samples_per_second / tuned.metrics["winner"]["samples_per_second"] < 3  # type: ignore[operator]
