@@ -226,11 +226,14 @@ def run(
     ] = None,
     epoch_samples: Annotated[
         Optional[int],
-        typer.Option(help="Samples per training epoch for the epoch-time prediction (default: the data list's size)."),
+        typer.Option(
+            help="Samples per epoch of your training (default: the data list's size): the epoch-time prediction, and "
+            "the epoch each new epoch's start is charged over (on the embedded corpus, none is charged without it)."
+        ),
     ] = None,
     epoch_hours: Annotated[
         Optional[float],
-        typer.Option(help="Hours of audio per training epoch for the epoch-time prediction (instead of samples)."),
+        typer.Option(help="Hours of audio per epoch of your training, instead of --epoch-samples."),
     ] = None,
     run_length: Annotated[
         str,

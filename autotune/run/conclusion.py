@@ -13,6 +13,7 @@ from autotune.result.sections import ClusterSection, DataSection, HardwareSectio
 from autotune.result.tuned_config import TunedConfig
 from autotune.search.in_flight import placement_notes
 from autotune.storage import redact_url
+from autotune.trial.run_length import RunLength
 
 if TYPE_CHECKING:
     from autotune.knobs.config import TrialConfig
@@ -69,7 +70,7 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         notes.append(plan.preparation.note())
     if not outcome.winner.config.in_order:
         notes.append(UNORDERED_NOTE)
-    epoch_note = epoch_start_note(outcome.winner.records)
+    epoch_note = epoch_start_note(outcome.winner.records, plan.objective_run_length())
     if epoch_note:
         notes.append(epoch_note)
     return TunedConfig(
@@ -83,7 +84,7 @@ def tuned_config(plan: RunPlan, outcome: TuningOutcome) -> TunedConfig:
         device_type=plan.hardware.device_type,
         metrics={
             "objective": "samples_per_second",
-            "run_length": plan.request.run_length.to_dict(),  # what one-off costs (compiling) were charged over
+            "run_length": plan.objective_run_length().to_dict(),  # what one-off costs were charged over
             "winner": winner.to_dict(),
             "baseline": baseline.to_dict(),
             "speedup": speedup,
@@ -129,23 +130,33 @@ def cluster_section(plan: RunPlan, outcome: TuningOutcome) -> ClusterSection:
 EPOCH_START_NOTE_SHARE = 0.05  # of an epoch's time: a new epoch's start that weighs this much is worth a note
 
 
-def epoch_start_note(records: list[Any]) -> str | None:
+def epoch_start_note(records: list[Any], run: RunLength) -> str | None:
     """A note where a new epoch's start (trial/epoch_boundary.py) takes a large share of each epoch: a small corpus,
-    a large batch, few steps an epoch. Real training over a larger corpus pays it less often than this run did."""
+    a large batch, few steps an epoch. Real training over a larger corpus pays it less often than this run did; on
+    the synthetic stand-in it is measured but not charged (trial/run_length.py), and the note says what it would cost
+    an epoch of the stand-in's size, where a loop over that corpus pays it."""
     for record in records:
         result = record.result
         boundary, rate = result.epoch_boundary_s, result.window_samples_per_second
         accounting = result.epoch_accounting or {}
-        samples = accounting.get("dataset_size")
+        samples = run.epoch_samples or accounting.get("dataset_size")
         if boundary is None or not rate or not samples:
             continue
         epoch_s = samples / rate + boundary  # the samples of every rank at the rate of every rank
         share = boundary / epoch_s
         if share < EPOCH_START_NOTE_SHARE:
             return None
+        if not run.per_epoch_costs:
+            return (
+                f"a new epoch's first batch waits {boundary:.2f} s (prepared with nothing prefetched): not charged in "
+                f"samples_per_second, since the synthetic corpus' {epoch_s:.1f}-s epochs are no training's; a loop "
+                f"over this corpus pays it every epoch ({share:.0%} of each), and over your data once per epoch: give "
+                "--epoch-samples N (your corpus) to rank by it"
+            )
+        where = "--epoch-samples" if run.epoch_samples else "this data"
         return (
             f"a new epoch's first batch waits {boundary:.2f} s (prepared with nothing prefetched): {share:.0%} of each "
-            f"{epoch_s:.1f}-s epoch of this data, charged in samples_per_second; over a larger corpus (longer epochs) "
+            f"{epoch_s:.1f}-s epoch of {where}, charged in samples_per_second; over a larger corpus (longer epochs) "
             f"the winner runs nearer its steady {rate:,.1f} samples/s, and the ranking can differ: rerun with --data "
             "on your own list"
         )

@@ -4,7 +4,7 @@ checks once, and the stages after it (preflight, the result, the display) read."
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,3 +81,15 @@ class RunPlan:
     started_s: float = field(default_factory=time.monotonic)  # when the run began checking its inputs (its budget)
     reach: ReachCheck | None = None  # --command: which of its values reached the training (run/own_training.py)
     written_beside: list[str] = field(default_factory=list)  # --command: the winner's command and config file
+
+    def objective_run_length(self) -> RunLength:
+        """The run the trials' objective charges one-off costs over (trial/run_length.py): the user's epoch where
+        --epoch-samples or --epoch-hours gives it (hours through the data's audio per sample), the data's where the
+        data is the user's, and on the synthetic stand-in with neither, no per-epoch cost."""
+        request, samples = self.request, self.request.epoch_samples
+        described = self.data.describe() if self.data is not None else {}
+        if samples is None and request.epoch_hours is not None and described.get("total_audio_hours"):
+            per_sample_h = described["total_audio_hours"] / max(1, described["n_utterances"])
+            samples = max(1, round(request.epoch_hours / per_sample_h))
+        stand_in = bool(described.get("synthetic")) and samples is None
+        return replace(request.run_length, epoch_samples=samples, per_epoch_costs=not stand_in)

@@ -292,7 +292,7 @@ def spec_maker(plan: RunPlan, settings: TunerSettings, data_file: Path) -> Calla
             result_path=result_path,
             seed=settings.seed,
             collective_timeout_s=settings.trial_timeout_s,
-            run_length=plan.request.run_length,
+            run_length=plan.objective_run_length(),
             nodes=plan.nodes,
         )
 

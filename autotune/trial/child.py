@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.machine.cpu_load import BUSY_OTHERS_FRACTION
 from autotune.trial.distributed import RankInfo
+from autotune.trial.run_length import RunLength
 from autotune.trial.scaler import skip_gate_reason
 from autotune.trial.spec import LAUNCHED_AT_ENV, PROGRESS_SUFFIX, TrialResult, TrialSpec
 
@@ -132,7 +133,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
         # Shut the workers down now (persistent ones too), so nothing outlives the measurement.
         del batches
         loader = None  # noqa: F841
-    summary = window.summary(_epoch_samples(setup, config, rank), config, spec.run_length, mix=mix)
+    summary = window.summary(_objective_epoch(setup, config, rank, spec.run_length), config, spec.run_length, mix=mix)
     summary.update(setup_s=setup_s, preload_s=setup.preload_s, memory_capacity_bytes=memory.capacity_bytes)
     summary.update(flops_per_sample=flops)
     summary.update(scan.summary(), peak_memory_bytes=max(memory.peak_bytes, scan.peak_memory_bytes))
@@ -152,6 +153,13 @@ def _epoch_samples(setup: Any, config: Any, rank: RankInfo) -> int:
     from autotune.trial.sampling import epoch_size
 
     return max(1, epoch_size(setup, config, rank.world_size) // rank.world_size)
+
+
+def _objective_epoch(setup: Any, config: Any, rank: RankInfo, run: RunLength) -> int:
+    """This rank's share of the epoch the objective charges over: the user's where given, else the data's."""
+    if run.epoch_samples is not None:
+        return max(1, run.epoch_samples // rank.world_size)
+    return _epoch_samples(setup, config, rank)
 
 
 def _epoch_boundary(loader: Any, batches: Any, window: Any, config: Any, samples: int) -> float | None:

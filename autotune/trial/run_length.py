@@ -11,9 +11,10 @@ compile that costs 8 minutes and saves 8% pays off after 100 minutes of training
   epoch end (epoch_boundary.py);
 - **hours**: ``epoch rate x max(0, T - compile) / T`` over T seconds of training: compiling eats into the run.
 
-A compile the run cannot repay loses to eager on this objective, and so never wins (search/candidates.py pick_winner
-ranks by it); the window's steady-state rate stays beside it (window_samples_per_second), and the compile figures too
-(compile_s, recompiles), so the report shows both.
+An epoch is the user's: ``--epoch-samples`` (or ``--epoch-hours``) where given, else the data's. On autotune's
+synthetic stand-in corpus with neither given, no per-epoch cost is charged: the stand-in's epochs are a few steps at a
+GPU's batch, no training's, and charging their loader restarts ranks configurations by how they suit such an epoch
+(benchmarks/gpu_proof.md#results); a real corpus' epochs are thousands of steps, where the charge is under 1%.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class RunLength:
 
     epochs: float | None = 1.0
     hours: float | None = None
+    # The user's epoch in samples where the trials' data is not it (--epoch-samples, --epoch-hours); None: the data's
+    epoch_samples: int | None = None
+    # False on the synthetic stand-in with no epoch given: its epochs say nothing of the user's (module docstring)
+    per_epoch_costs: bool = True
 
     def __post_init__(self) -> None:
         if (self.epochs is None) == (self.hours is None):
@@ -40,6 +45,8 @@ class RunLength:
         value = self.epochs if self.epochs is not None else self.hours
         if value is None or not math.isfinite(value) or value <= 0:
             raise ValueError(f"a run length must be positive and finite, not {value!r}")
+        if self.epoch_samples is not None and self.epoch_samples < 1:
+            raise ValueError(f"an epoch holds at least one sample, not {self.epoch_samples!r}")
 
     def describe(self) -> str:
         if self.hours is not None:

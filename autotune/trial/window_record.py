@@ -60,6 +60,8 @@ class WindowMeasurement:
         restart_s = self.epoch_boundary_s
         if restart_s is None:
             restart_s = self.loader_start_s if config.num_workers > 0 and not config.persistent_workers else 0.0
+        if run is not None and not run.per_epoch_costs:  # the stand-in corpus: measured, reported, not charged
+            restart_s = 0.0
         compiled = self.compile.summary(self.step_times_s) if config.compile != compile_modes.OFF else {}
         compile_s = float(compiled.get("compile_s", 0.0))
         mixed_rate = window_rate * (mix_factor or 1.0)

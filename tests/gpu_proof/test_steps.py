@@ -11,6 +11,8 @@ from autotune.gpu_proof.steps_runs import (
     _oom_space,
     _plain_training,
     autotune_command,
+    oom_batch,
+    predicted_loop_rate,
     result_figures,
     study_verdict,
 )
@@ -25,6 +27,16 @@ def test_the_oom_space_measures_the_huge_batch_right_after_the_baseline(tmp_path
     assert [seed["per_device_batch_size"] for seed in loaded.seeds] == [OOM_BATCH]
     # Only the OOM is proven here: no cuDNN search per shape, the fbank on the GPU rather than in one worker.
     assert loaded.fixed["cudnn_benchmark"] is False and loaded.seeds[0]["feature_device"] == "device"
+    sized = space.load(_oom_space(tmp_path, 4096), make_cuda("NVIDIA H200", (9, 0)))
+    assert [seed["per_device_batch_size"] for seed in sized.seeds] == [4096]
+
+
+def test_the_oom_batch_needs_well_over_the_devices_memory() -> None:
+    """bs=2048 fitted an H200 (133 GiB of 139.8) and was refused for headroom: the batch grows with the device."""
+    assert oom_batch(None) == OOM_BATCH  # a CPU rehearsal
+    assert oom_batch(80 * 10**9) == 2048  # an H100: 2,048 x 64 MiB = 128 GiB, 1.7x its 74.5 GiB
+    assert oom_batch(150_109_880_320) == 4096  # the H200 as NVML reads it
+    assert oom_batch(192 * 2**30) == 8192
 
 
 @pytest.fixture
@@ -53,8 +65,26 @@ def cpu_result(tmp_path, tiny_corpus):
 
 @pytest.mark.slow
 def test_the_plain_loop_trains_with_what_load_config_gives(cpu_result) -> None:
-    measured = _plain_training(cpu_result, "cpu", window_s=1.0)
-    assert measured["samples_per_second"] > 0 and measured["steps"] >= 4
+    measured = _plain_training(cpu_result, "cpu", window_s=1.0, read_loss=True)
+    assert measured["samples_per_second"] > 0 and measured["steps"] >= 4 and measured["epochs"] >= 1
+
+
+def test_the_loop_is_held_to_what_the_result_predicts_for_its_own_epochs() -> None:
+    """Where the run charged each epoch's start, the winner's figure; on the synthetic stand-in (measured, not
+    charged), the steady rate with the measured start added to each epoch of the result's accounting."""
+    winner = {
+        "samples_per_second": 1153.84,
+        "steady_samples_per_second": 1153.84,
+        "epoch_start_s": 2.0855,
+        "epoch_accounting": {"samples_per_epoch": 1792},
+    }
+    stand_in = {"metrics": {"winner": winner, "run_length": {"epochs": 1.0, "per_epoch_costs": False}}}
+    rate, basis = predicted_loop_rate(stand_in)
+    assert rate == pytest.approx(1792 / (1792 / 1153.84 + 2.0855)) and "2.09-s epoch start" in basis
+    charged = {"metrics": {"winner": {**winner, "samples_per_second": 523.7}, "run_length": {"epochs": 1.0}}}
+    assert predicted_loop_rate(charged)[0] == 523.7  # a result from before the stand-in rule: charged
+    unmeasured = {"metrics": {"winner": {"samples_per_second": 10.0}, "run_length": {"per_epoch_costs": False}}}
+    assert predicted_loop_rate(unmeasured)[0] == 10.0
 
 
 def test_the_full_runs_figures_and_exports_come_from_its_yaml(cpu_result, tmp_path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from autotune.knobs.config import TrialConfig
 from autotune.result.measurements import NOT_MEASURED, Measurements
 from autotune.run.conclusion import learning_rate_advice, predict_epoch
+from autotune.trial.run_length import RunLength
 
 WINNER = Measurements(status="ok", samples_per_second=100.0, audio_seconds_per_second=400.0, measurements=3)
 BASELINE = Measurements(status="ok", samples_per_second=50.0, audio_seconds_per_second=200.0, measurements=1)
@@ -53,8 +54,16 @@ def test_a_new_epoch_that_weighs_on_a_small_corpus_is_said_and_a_light_one_is_no
         return TrialRecord(number=1, role="seed", config=TrialConfig(per_device_batch_size=512), result=result)
 
     # The H200's winner on the default corpus: 1.5 s of steps an epoch, then a 1.4-s wait for the next one's batch.
-    note = epoch_start_note([record(1.4)])
+    note = epoch_start_note([record(1.4)], RunLength())
     assert note is not None and note.startswith("a new epoch's first batch waits 1.40 s")
-    assert "48% of each 2.9-s epoch" in note and "steady 1,334.0 samples/s" in note
-    assert epoch_start_note([record(0.01)]) is None  # under 1% of an epoch
-    assert epoch_start_note([record(None)]) is None  # not measured: a long epoch
+    assert "48% of each 2.9-s epoch of this data, charged" in note and "steady 1,334.0 samples/s" in note
+    assert epoch_start_note([record(0.01)], RunLength()) is None  # under 1% of an epoch
+    assert epoch_start_note([record(None)], RunLength()) is None  # not measured: a long epoch
+    # The synthetic stand-in with no epoch given: measured, said, not charged, and how to have it charged.
+    stand_in = epoch_start_note([record(1.4)], RunLength(per_epoch_costs=False))
+    assert stand_in is not None and "not charged in samples_per_second" in stand_in
+    assert "(48% of each)" in stand_in and "--epoch-samples N" in stand_in
+    # The user's epoch (--epoch-samples): its share is what the note weighs; a long one needs no note.
+    assert epoch_start_note([record(1.4)], RunLength(epoch_samples=1_000_000)) is None
+    short = epoch_start_note([record(1.4)], RunLength(epoch_samples=4000))
+    assert short is not None and "epoch of --epoch-samples, charged" in short

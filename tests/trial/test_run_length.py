@@ -3,11 +3,15 @@ wins; and --run-length read from the command line."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from autotune.cli.parsing import parse_run_length
 from autotune.errors import UserError
+from autotune.knobs.config import TrialConfig
 from autotune.trial.run_length import RunLength, run_rate
+from autotune.trial.window_record import WindowMeasurement
 
 
 def test_one_epoch_without_compiling_is_the_objective_as_it_was() -> None:
@@ -68,3 +72,58 @@ def test_a_bad_run_length_stops_the_cli_before_any_trial(tmp_path) -> None:
     assert result.exit_code == 2
     assert "cannot read --run-length 'soon'" in result.output and "Traceback" not in result.output
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def _window(epoch_boundary_s: float | None) -> WindowMeasurement:
+    """A 10-s window of 100 samples (10 samples/s), ten steps, a loader that started in 1 s."""
+    return WindowMeasurement(
+        samples=100,
+        audio_s=300.0,
+        window_s=10.0,
+        loader_start_s=1.0,
+        epoch_boundary_s=epoch_boundary_s,
+        step_times_s=[1.0] * 10,
+        step_samples=[10] * 10,
+        step_audio_s=[30.0] * 10,
+    )
+
+
+@pytest.mark.parametrize("boundary_s", [2.0, None], ids=["measured", "a trial's cold start"])
+def test_the_stand_in_corpus_is_charged_no_per_epoch_cost(boundary_s: float | None) -> None:
+    """Epochs of autotune's synthetic corpus are no training's: its new epochs are measured but not charged, so the
+    objective is the steady rate; the user's --epoch-samples charges the same wait over the user's epoch."""
+    config = TrialConfig(per_device_batch_size=10, num_workers=2, persistent_workers=False)
+    window = _window(boundary_s)
+    restart = boundary_s if boundary_s is not None else 1.0
+    charged = window.summary(100, config, RunLength())
+    assert charged["samples_per_second"] == pytest.approx(100 / (10 + restart))
+    stand_in = window.summary(100, config, RunLength(per_epoch_costs=False))
+    assert stand_in["samples_per_second"] == pytest.approx(10.0)
+    assert stand_in["epoch_boundary_s"] == boundary_s  # still reported
+
+
+def test_an_epoch_holds_a_sample() -> None:
+    with pytest.raises(ValueError, match="at least one sample"):
+        RunLength(epoch_samples=0)
+
+
+def test_the_objective_prices_epochs_of_the_users_corpus_where_the_run_is_told_it() -> None:
+    """RunPlan.objective_run_length: --epoch-samples, --epoch-hours through the data's audio per sample, the data's
+    own epochs, and none on the synthetic stand-in."""
+    from types import SimpleNamespace
+
+    from autotune.run.plan import RunPlan, RunRequest
+
+    def run_length(synthetic: bool, **asked: Any) -> RunLength:
+        data = SimpleNamespace(
+            describe=lambda: {"synthetic": synthetic, "n_utterances": 2000, "total_audio_hours": 2.0}
+        )
+        plan = SimpleNamespace(request=RunRequest(model="cam++", **asked), data=data)
+        return RunPlan.objective_run_length(plan)  # type: ignore[arg-type]
+
+    assert run_length(False) == RunLength()  # the user's data: its epochs
+    assert run_length(True) == RunLength(per_epoch_costs=False)
+    assert run_length(True, epoch_samples=1_000_000) == RunLength(epoch_samples=1_000_000)
+    assert run_length(True, epoch_hours=2000.0) == RunLength(epoch_samples=2_000_000)  # 3.6 s a sample
+    hours = run_length(False, epoch_hours=10.0, run_length=RunLength(epochs=None, hours=4.0))
+    assert hours == RunLength(epochs=None, hours=4.0, epoch_samples=10_000)
