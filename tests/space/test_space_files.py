@@ -14,7 +14,7 @@ from autotune.space import files as space_files
 from tests.conftest import make_cpu, make_cuda
 from tests.faults.conftest import error_line, invoke
 from tests.fixtures.inductor import NEEDS_INDUCTOR
-from tests.fixtures.space_loads import BUILTINS, FIRST_RECORDED, RECORDED, load_everywhere
+from tests.fixtures.space_loads import BUILTINS, FIRST_RECORDED, KNOBS_RECORDED, RECORDED, load_everywhere
 
 
 @NEEDS_INDUCTOR  # recorded where the compile knob is offered; an older torch leaves it out, with its notes
@@ -57,11 +57,30 @@ def _without_issue20_knobs(recorded: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", BUILTINS)
+def test_the_spaces_differ_from_the_knobs_recording_only_by_the_conformers_careful_cpu_seed(name):
+    """The conformer's first CPU seed became what a careful user sets by hand (the recipe's batch in bf16, a
+    persistent worker per core: benchmarks/README.md#against-the-peers); nothing else in any space changed."""
+    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    before = json.loads(KNOBS_RECORDED.read_text())["spaces"][name]
+    if name == "conformer":
+        for machine, load in recorded["loads"].items():
+            if load.get("device_type") != "cpu":
+                continue
+            careful, cores = load["seeds"][0], {"cpu-2-cores": 2, "cpu-2-cores-2-ranks-global-32": 1}[machine]
+            assert careful["batch_type"] == "static" and careful["per_device_batch_size"] == 16, machine
+            assert careful["precision"] == "bf16" and careful["persistent_workers"] is True
+            assert careful["num_workers"] == careful["intra_op_threads"] == cores  # every core a rank has
+            load["seeds"][0] = before["loads"][machine]["seeds"][0]
+        recorded["source"]["cpu"]["seeds"][0] = before["source"]["cpu"]["seeds"][0]
+    assert json.dumps(recorded) == json.dumps(before)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
 def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
     """The spaces were re-recorded when shared/core.yaml gained optimizer_impl: without it they are a8cb464's loads,
     and with it every space searches it on CUDA from a `default` baseline, foreach left out there (torch's default);
     on a CPU it is not searched (its step is ~1% of a CAM++ step there: core.yaml)."""
-    recorded = json.loads(RECORDED.read_text())["spaces"][name]
+    recorded = json.loads(KNOBS_RECORDED.read_text())["spaces"][name]
     assert _without_issue20_knobs(_without_buckets(recorded)) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
     for machine, load in recorded["loads"].items():
         found = [param for param in load["params"] if param["name"] == "optimizer_impl"]
