@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotune.knobs import compile_modes
+from autotune.knobs.length_batching import FRAMES_KNOB as DYNAMIC_BATCH_KNOB
 from autotune.machine import cpu_load as machine_load
 from autotune.run import assessment
 from autotune.search.budget import Stage
@@ -28,7 +30,15 @@ if TYPE_CHECKING:
     from autotune.trial import TrialSpec
     from autotune.trial.amp_check import AmpCheckResult
 
-__all__ = ["Preflight", "adapt", "check_precisions", "load_notes", "measure_machine", "record"]
+__all__ = [
+    "Preflight",
+    "adapt",
+    "baseline_step_estimate",
+    "check_precisions",
+    "load_notes",
+    "measure_machine",
+    "record",
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -74,6 +84,35 @@ def check_precisions(
     if amp is not None:
         stages.append(Stage(name="AMP check", done=1, spent_s=amp.wall_s or 0.0))
     return dataclasses.replace(preflight, settings=settings, amp=amp, stages=tuple(stages))
+
+
+def baseline_step_estimate(
+    amp: AmpCheckResult | None, device_type: str
+) -> Callable[[TrialConfig], float | None] | None:
+    """What a configuration's training step should take, from the AMP check's fp32 steps, for the budget's check
+    before the first trial (search/budget.py Budget.check_fits_one); None where the check cannot say.
+
+    On a CPU a step's compute grows with its batch about in proportion (CAM++ fp32 on 2 cores: 0.13-0.15 s a sample at
+    a batch of 4 and 16, 0.20 at 64), so the check's step at its small batch, scaled to the configuration's, is its
+    compute; the data pipeline only adds to it. Only for fp32 configurations of a fixed batch in eager mode: an
+    accelerator's small batch is latency, not compute, and autocast, torch.compile or a batch counted in frames step at
+    another cost per sample.
+    """
+    batch = (amp.settings.get("batch_size") if amp is not None else None) or 0
+    if amp is None or amp.fp32_step_s is None or batch <= 0 or device_type != "cpu":
+        return None
+    step_s = amp.fp32_step_s
+
+    def estimate(config: TrialConfig) -> float | None:
+        if (
+            config.precision != "fp32"
+            or config.compile != compile_modes.OFF
+            or DYNAMIC_BATCH_KNOB in config.workload_knobs
+        ):
+            return None
+        return step_s * config.per_device_batch_size / batch
+
+    return estimate
 
 
 def record(preflight: Preflight, tuned: TunedConfig, records: list[TrialRecord]) -> TunedConfig:

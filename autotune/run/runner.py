@@ -33,12 +33,12 @@ from autotune.run.output import check_replaceable, check_writable, make_folders,
 from autotune.run.plan import RunPlan, RunRequest
 from autotune.run.validation import check_request, check_workload_options
 from autotune.search import warmstart
-from autotune.search.budget import BudgetTooShort, cut_window_notes
+from autotune.search.budget import BudgetTooShort, budget_that_holds, cut_window_notes, measurement_s
 from autotune.search.reporting import Reporter
 from autotune.search.settings import STORAGE_FAILED, TunerSettings, TuningOutcome
 from autotune.search.tuner import Tuner
 from autotune.space.knob_checks import check_checkpointing, check_complete, check_feature_device
-from autotune.trial import TrialResult, TrialSpec
+from autotune.trial import TimingSettings, TrialResult, TrialSpec
 from autotune.trial.slurm import SlurmLauncher, check_slurm
 from autotune.trial.slurm_nodes import check_nodes, check_parallel
 from autotune.workloads.registry import call_plugin
@@ -299,13 +299,17 @@ def spec_maker(plan: RunPlan, settings: TunerSettings, data_file: Path) -> Calla
     return make_spec
 
 
-def _budget_too_short(budget_s: float | None, trials_budget_s: float | None, outcome: TuningOutcome) -> str:
+def _budget_too_short(
+    budget_s: float | None, trials_budget_s: float | None, outcome: TuningOutcome, timing: TimingSettings
+) -> str:
     """Why a run whose every trial the budget stopped measured nothing: the budget, said as such (not the machine's
-    load, not the configurations), with where its time went."""
+    load, not the configurations), with where its time went and, from the steps a stopped trial timed, the budget
+    that would measure it and one configuration beside it."""
     given = "the budget"
     if budget_s is not None:
         given = f"the --budget of {budget_s:.0f} s" if budget_s < 120 else f"the --budget of {budget_s / 60:.1f} min"
     went: list[str] = []
+    before_s = 0.0
     if budget_s is not None and trials_budget_s is not None and budget_s - trials_budget_s >= 1:
         before_s = budget_s - trials_budget_s
         went.append(f"what comes before the trials (data, calibration, AMP check) took {before_s:.0f} s")
@@ -313,10 +317,18 @@ def _budget_too_short(budget_s: float | None, trials_budget_s: float | None, out
     went.append(
         f"{len(outcome.records)} trial(s) stopped" + (f", the longest after {longest:.0f} s" if longest else "")
     )
-    return (
-        f"{given} ran out before any configuration was measured ({'; '.join(went)}): give a larger --budget, "
-        "or --budget none"
-    )
+    timed = [r for r in outcome.records if r.result.status == "stopped" and r.result.step_time_median_s]
+    first = next((r for r in timed if r.role == "baseline"), timed[0] if timed else None)
+    if first is None or first.result.step_time_median_s is None:
+        fix = "give a larger --budget, or --budget none"
+    else:
+        step_s = first.result.step_time_median_s
+        trial_s = measurement_s(step_s, timing)
+        fix = (
+            f"trial #{first.number} ({first.role}) takes steps of {step_s:.1f} s here, so measuring it takes about "
+            f"{trial_s:.0f} s: give --budget {budget_that_holds(before_s, trial_s)}m or more, or --budget none"
+        )
+    return f"{given} ran out before any configuration was measured ({'; '.join(went)}): {fix}"
 
 
 def execute(plan: RunPlan, reporter: Reporter | None = None) -> RunReport:
@@ -381,6 +393,10 @@ def _tune(plan: RunPlan, reporter: Reporter | None) -> _Searched:
         closing_trials=1 if request.compute_ceiling else 0,
         before=machine.stages,
         launcher=launcher,
+        # the user's own command reads and prepares its data as it will: no estimate of its step from ours
+        step_estimate=None
+        if request.command is not None
+        else preflight.baseline_step_estimate(amp, plan.hardware.device_type),
     )
     try:
         outcome = tuner.run()
@@ -410,7 +426,9 @@ def _conclude(plan: RunPlan, searched: _Searched) -> tuple[TunedConfig, drift.Dr
         )
     stopped = all(r.result.status == "stopped" for r in outcome.records)
     if outcome.winner is None and stopped and (outcome.records or outcome.stopped_by == "budget"):
-        raise TuningFailed(_budget_too_short(request.settings.budget_s, machine.settings.budget_s, outcome))
+        raise TuningFailed(
+            _budget_too_short(request.settings.budget_s, machine.settings.budget_s, outcome, machine.settings.timing)
+        )
     if outcome.winner is None:
         reasons = Counter(f"{r.result.status}: {r.result.reason}" for r in outcome.records if not r.result.feasible)
         common = "; ".join(f"{reason} (x{count})" for reason, count in reasons.most_common(3))

@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UserError
 from autotune.search.candidates import Candidate, TrialRecord, config_key
-from autotune.trial.steady import expected_trial_s
+from autotune.trial.steady import expected_trial_s, least_kept_trial_s
 
 if TYPE_CHECKING:
     from autotune.knobs.config import TrialConfig
     from autotune.trial import TimingSettings
 
 __all__ = [
+    "BASELINE_STEP_OPTIMISM",
     "CONFIRM_SHARE",
     "PRIOR_FIXED_S",
     "Stage",
@@ -49,7 +50,9 @@ __all__ = [
     "PlanState",
     "TrialCosts",
     "Budget",
+    "budget_that_holds",
     "cut_window_notes",
+    "measurement_s",
     "shortest_trial_s",
 ]
 
@@ -59,6 +62,10 @@ CONFIRM_SHARE = 0.25  # of the budget, at most, kept for confirmation while the 
 # Its estimate rests on the baseline's precision and threads: on a busy CPU the bf16 seeds on the free cores took
 # 0.30-0.53 of it (benchmarks/README.md#a-busy-machine), and one the budget stops costs no more than the time left.
 LAST_CHANCE_SHARE = 0.3
+# Of the baseline's estimated step (run/preflight.py baseline_step_estimate), the least it is taken to be when a budget
+# is refused: the estimate scales a small batch's compute to the recipe's and leaves the data pipeline out, and a
+# CPU's step at one batch varies by a quarter between runs (benchmarks/README.md#short-budgets-and-what-a-trial-costs).
+BASELINE_STEP_OPTIMISM = 0.7
 PRIOR_FIXED_S = 5.0  # a trial's process start, setup and teardown before any was measured (2-core CPU: 3-4 s)
 # roles whose wall time says little about a search trial's (a long run's confirmation may measure longer windows)
 _NOT_ESTIMATES = ("baseline", "preload", "confirm")
@@ -73,6 +80,18 @@ def shortest_trial_s(timing: TimingSettings) -> float:
     configuration: PRIOR_FIXED_S of process start and set-up, the shortest warm-up, and the window that so much
     start-up calls for, at a step too short to count (a millisecond)."""
     return expected_trial_s(1e-3, PRIOR_FIXED_S, timing)
+
+
+def measurement_s(step_s: float, timing: TimingSettings) -> float:
+    """What one honest measurement of a configuration whose steps take step_s should cost: a full trial by the window
+    rules, and no less than the least trial whose window a budget may cut and keep (least_kept_trial_s)."""
+    return max(expected_trial_s(step_s, PRIOR_FIXED_S, timing), least_kept_trial_s(step_s, PRIOR_FIXED_S, timing))
+
+
+def budget_that_holds(spent_s: float, trial_s: float) -> int:
+    """Whole minutes of --budget that hold what was spent before the trials and two trials of trial_s: the recipe's
+    and one configuration to compare it with."""
+    return math.ceil((spent_s + 2 * trial_s) / 60.0)
 
 
 def cut_window_notes(records: Sequence[TrialRecord]) -> list[str]:
@@ -239,10 +258,16 @@ class Budget:
         left = self.left_s()
         return left is None or cost_s + keep_s <= left
 
-    def check_fits_one(self) -> None:
-        """Before the first trial: refuse a budget whose trials' share cannot hold one honest measurement
-        (shortest_trial_s), saying which budget would. Such a trial could only be stopped, or give a window the
-        budget cut; a run that could never measure is better refused now than after spending its budget.
+    def check_fits_one(self, baseline_step_s: float | None = None) -> None:
+        """Before the first trial: refuse a budget whose trials' share cannot hold one honest measurement, saying
+        which budget would. Such a trial could only be stopped, or give a window the budget cut; a run that could never
+        measure is better refused now than after spending its budget.
+
+        Without baseline_step_s, one honest measurement is a full window at a step too short to count
+        (shortest_trial_s). With it (the step the baseline's trial should take, run/preflight.py
+        baseline_step_estimate), it is the least the baseline's trial can keep even with its window cut
+        (least_kept_trial_s) at BASELINE_STEP_OPTIMISM of that step, so that an estimate on the high side refuses
+        nothing that could have been measured; the budget it names holds the baseline's full trial and one more.
 
         Raises:
             BudgetTooShort: with what the trials are left, what went before them, and the budget that would do.
@@ -250,16 +275,27 @@ class Budget:
         left = self.left_s()
         if left is None or self.budget_s is None:
             return
-        least = shortest_trial_s(self.costs.timing)
-        if left >= least:
+        timing = self.costs.timing
+        least = shortest_trial_s(timing)
+        estimated = 0.0
+        if baseline_step_s is not None and baseline_step_s > 0:
+            estimated = least_kept_trial_s(BASELINE_STEP_OPTIMISM * baseline_step_s, PRIOR_FIXED_S, timing)
+        if left >= max(least, estimated):
             return
         spent = self.spent_before_s + self.elapsed_s()
-        would = math.ceil((spent + least) / 60.0)
         before = f" once what came before them (input checks, data, AMP check) took {spent:.0f} s" if spent >= 1 else ""
+        if estimated > least and baseline_step_s is not None:
+            would = budget_that_holds(spent, measurement_s(baseline_step_s, timing))
+            needs = (
+                f"the recipe's configuration needs at least {estimated:.0f} s to be measured (its step should take "
+                f"about {baseline_step_s:.0f} s here, by the AMP check's fp32 steps)"
+            )
+        else:
+            would = math.ceil((spent + least) / 60.0)
+            needs = f"one trial takes at least {least:.0f} s to time a full window (start, warm-up, window)"
         raise BudgetTooShort(
-            f"--budget leaves {max(left, 0.0):.0f} s for the trials{before}, and one trial takes at least "
-            f"{least:.0f} s to time a full window (start, warm-up, window): give --budget {would}m or more, or "
-            "--budget none"
+            f"--budget leaves {max(left, 0.0):.0f} s for the trials{before}, and {needs}: give --budget {would}m or "
+            "more, or --budget none"
         )
 
     def last_chance(self, cost_s: float, measured_configs: int) -> bool:

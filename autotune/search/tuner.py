@@ -64,6 +64,8 @@ class Tuner:
             ceiling of the winner): time for them is kept free, as for confirmation.
         before: stages the run went through before the trials (the AMP check), with the seconds they took, for the
             plan; settings.budget_s is what is left of the run's budget after them.
+        step_estimate: what a configuration's step should take before any trial measured one (run/preflight.py
+            baseline_step_estimate), None where unknown: a budget that cannot measure the baseline is refused before it.
     """
 
     def __init__(
@@ -86,8 +88,9 @@ class Tuner:
         clock: Callable[[], float] = time.monotonic,
         closing_trials: int = 0,
         before: tuple[Stage, ...] = (),
+        step_estimate: Callable[[TrialConfig], float | None] | None = None,
     ) -> None:
-        self.preload_probe = preload_probe
+        self.preload_probe, self.step_estimate = preload_probe, step_estimate
         self.study, self.space, self.make_spec, self.settings = study, space, make_spec, settings
         self.rejected_precisions = dict(rejected_precisions or {})  # by the AMP check: precision -> why
         self.workdir, self.reporter = workdir, reporter or SilentReporter()
@@ -261,7 +264,11 @@ class Tuner:
         returns what stopped it. A queued trial needs room only for itself and the closing trials: it comes before
         confirmation, which is kept room for only once there is something to compare (search/budget.py). A budget
         that cannot hold one honest measurement is refused before the baseline (Budget.check_fits_one)."""
-        self.budget.check_fits_one()
+        baseline_config = self._config({**self.space.fixed, **self.space.baseline})
+        step_s = self.step_estimate(baseline_config) if self.step_estimate else None
+        if step_s is not None:
+            logger.info("the baseline's step should take about %.2f s here (the AMP check's fp32 steps)", step_s)
+        self.budget.check_fits_one(step_s)
         self._plan_changed()
         baseline = self._run_one("baseline", dict(self.space.baseline))
         if self.strict_baseline and baseline.result.status == "error":

@@ -134,6 +134,9 @@ class AmpCheckResult:
     # the learning rate of the fp32 reference's first and last step, as the recipe's schedule set it: a check trained
     # under a warm-up (WeNet's 25000 steps: 1.6e-6 at step 20) compares rounding more than training at speed
     learning_rates: list[float] = field(default_factory=list)
+    # the fp32 reference's median step at the check's batch, its first step (start-up) left out: on a CPU, where a
+    # step's cost grows with its batch, what the run's first trial should take per step (run/preflight.py)
+    fp32_step_s: float | None = None
     wall_s: float | None = None
     log_tail: str = ""
 
@@ -235,9 +238,19 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
     try:
         runner = CurveRunner(spec.trial, spec.settings)
         progress("built")
+        step_times: list[float] = []
         pace = _pace(started, len(spec.labels()), settings)
+
+        def on_step(step: int, step_s: float) -> None:
+            step_times.append(step_s)
+            pace(step, step_s)
+
         reference_started = time.perf_counter()
-        result.reference_losses = runner.curve("fp32", on_step=pace)
+        try:
+            result.reference_losses = runner.curve("fp32", on_step=on_step)
+        finally:
+            if len(step_times) >= 2:
+                result.fp32_step_s = statistics.median(step_times[1:])
         reference_s = time.perf_counter() - reference_started
         result.learning_rates = [runner.learning_rates[0], runner.learning_rates[-1]] if runner.learning_rates else []
         progress("fp32 reference trained")
@@ -252,6 +265,7 @@ def run_check(spec: AmpCheckSpec, save: Callable[[AmpCheckResult], None] = lambd
     if not all(math.isfinite(loss) for loss in result.reference_losses):
         result.status, result.reason = "error", "the fp32 reference loss became non-finite: nothing to compare with"
         return result
+    _save_partial(result, save)  # nothing judged yet; a check stopped from here on still says what fp32 steps take
     for precision in spec.precisions:
         try:
             losses = runner.curve(precision)

@@ -377,6 +377,10 @@ def run_trial(spec: TrialSpec, started: float | None = None, rank: RankInfo | No
         if rank.distributed:
             reason = f"rank {rank.rank} of {rank.world_size}: {reason}"
         logger.error("trial failed (%s): %s", status, reason)
-        return TrialResult(status=status, reason=reason, log_tail=traceback.format_exc()[-4000:])
+        # a trial the budget stopped says what its steps took: the run's error names the budget that would measure it
+        step_s = getattr(error, "step_s", None) if status == "stopped" else None
+        return TrialResult(
+            status=status, reason=reason, step_time_median_s=step_s, log_tail=traceback.format_exc()[-4000:]
+        )
     result = TrialResult.from_dict({"status": "ok", "all_losses_finite": True, **summary})
     return _gate(result, spec)

@@ -46,7 +46,11 @@ class NonFiniteLossError(RuntimeError):
 
 class BudgetStopped(RuntimeError):
     """The run's --budget ended the window before it had timed enough to keep: the trial says nothing about its
-    configuration (status "stopped")."""
+    configuration (status "stopped"), only what its steps took, for the budget that would measure it."""
+
+    def __init__(self, message: str, step_s: float | None = None) -> None:
+        super().__init__(message)
+        self.step_s = step_s
 
 
 FIRST_STEPS_KEPT = 4  # warm-up steps whose times a result keeps: where a trial's start-up went
@@ -388,7 +392,8 @@ def _budget_ends_window(steps: _Window, result: WindowMeasurement, stop_by: floa
     if not steps.cut_short():
         raise BudgetStopped(
             f"stopped when --budget ran out, {kept} window step(s) ({steps.seconds:.1f} s) into the window: too few "
-            "to measure their spread (two parts of two steps and a second each)"
+            "to measure their spread (two parts of two steps and a second each)",
+            step_s=steps.seconds / kept if kept else steps.times_s[-1],
         )
     result.cut_by_budget, result.planned_s = True, steps.target_s()
     logger.warning(

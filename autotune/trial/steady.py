@@ -37,6 +37,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from autotune.trial.window_record import MIN_STABILITY_PART_S
+
 if TYPE_CHECKING:
     from autotune.trial.spec import TimingSettings
 
@@ -47,6 +49,7 @@ __all__ = [
     "window_target_s",
     "transient_front",
     "expected_trial_s",
+    "least_kept_trial_s",
     "planned_batches",
 ]
 
@@ -125,6 +128,16 @@ def expected_trial_s(step_s: float, fixed_s: float, timing: TimingSettings) -> f
     warmup_s = (warmup_steps + 0.5) * step_s
     window_s = max(window_target_s(fixed_s + warmup_s, timing), timing.min_window_steps * step_s)
     return fixed_s + warmup_s + math.ceil(window_s / step_s) * step_s
+
+
+def least_kept_trial_s(step_s: float, fixed_s: float, timing: TimingSettings) -> float:
+    """The least wall time of a trial whose window a budget may cut and still keep: fixed_s, warm-up as
+    expected_trial_s takes it, and the shortest window whose spread can be measured (two parts of two steps and
+    MIN_STABILITY_PART_S each, window_record.throughput_cv). A trial stopped sooner measures nothing."""
+    step_s = max(step_s, 1e-3)
+    warmup_steps = max(timing.warmup_steps, math.ceil(timing.min_warmup_s / step_s))
+    window_steps = max(4, math.ceil(2 * MIN_STABILITY_PART_S / step_s))
+    return fixed_s + (warmup_steps + 0.5 + window_steps) * step_s
 
 
 def planned_batches(timing: TimingSettings, accum_steps: int) -> int:

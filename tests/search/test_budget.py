@@ -351,6 +351,57 @@ def test_a_budget_that_cannot_hold_one_full_window_is_refused_before_any_trial_w
     assert "at least 30 s" in message and message.endswith("give --budget 2m or more, or --budget none")
 
 
+def test_a_budget_that_cannot_measure_the_recipe_at_its_estimated_step_is_refused_with_the_budget_that_would():
+    """CAM++ on this 2-core CPU: the AMP check's fp32 steps put the recipe's batch of 64 at about 13 s a step, and a
+    --budget of 2m left the trials 66 s after 54 s of checks. At 0.7 of that step (the estimate leaves the pipeline
+    out and may be high) the least trial a budget may cut and keep is 5 + 5.5 x 9.1 = 55 s: 66 s holds that, so the
+    run goes on; 50 s does not, and the message names the step and a budget holding two full measurements."""
+    from autotune.search.budget import BASELINE_STEP_OPTIMISM, budget_that_holds, measurement_s
+    from autotune.trial.steady import least_kept_trial_s
+
+    timing = TimingSettings()
+    least = least_kept_trial_s(BASELINE_STEP_OPTIMISM * 13.0, 5.0, timing)
+    assert least == pytest.approx(5.0 + 5.5 * BASELINE_STEP_OPTIMISM * 13.0)
+    Budget(66.0, timing, clock=lambda: 0.0, spent_before_s=54.0).check_fits_one(baseline_step_s=13.0)
+    Budget(50.0, timing, clock=lambda: 0.0, spent_before_s=54.0).check_fits_one(baseline_step_s=None)  # no estimate
+    with pytest.raises(BudgetTooShort) as refused:
+        Budget(50.0, timing, clock=lambda: 0.0, spent_before_s=54.0).check_fits_one(baseline_step_s=13.0)
+    message = str(refused.value)
+    assert message.startswith("--budget leaves 50 s for the trials once what came before them")
+    assert f"needs at least {least:.0f} s to be measured (its step should take about 13 s here" in message
+    # a full measurement at 13-s steps: 5 s, a warm-up of 1.5 steps and a window of 4 (the least with a spread)
+    assert measurement_s(13.0, timing) == pytest.approx(5.0 + 5.5 * 13.0)
+    would = budget_that_holds(54.0, measurement_s(13.0, timing))
+    assert would == 4 and message.endswith("give --budget 4m or more, or --budget none")
+
+
+def test_a_small_estimated_step_refuses_no_more_than_the_shortest_trial_does():
+    timing = TimingSettings()
+    Budget(31.0, timing, clock=lambda: 0.0).check_fits_one(baseline_step_s=0.05)
+    with pytest.raises(BudgetTooShort, match="one trial takes at least 30 s to time a full window"):
+        Budget(20.0, timing, clock=lambda: 0.0).check_fits_one(baseline_step_s=0.05)
+
+
+def test_the_tuner_asks_for_the_baseline_steps_estimate_before_its_first_trial(tmp_path, cpu_hardware):
+    asked: list[TrialConfig] = []
+    launched = []
+
+    def estimate(config: TrialConfig) -> float:
+        asked.append(config)
+        return 30.0
+
+    def launcher(spec, **kwargs) -> TrialResult:
+        launched.append(spec)
+        return _result(5.0, 30.0)
+
+    settings = TunerSettings(trials=3, budget_s=60.0, prune=False)
+    tuner = cam_tuner(tmp_path, cpu_hardware, settings, launcher=launcher, clock=lambda: 0.0, step_estimate=estimate)
+    with pytest.raises(BudgetTooShort, match="its step should take about 30 s here"):
+        tuner.run()
+    assert launched == [] and len(asked) == 1
+    assert asked[0].per_device_batch_size == tuner.space.baseline["per_device_batch_size"]
+
+
 def test_the_tuner_launches_nothing_when_its_budget_cannot_hold_one_trial(tmp_path, cpu_hardware):
     launched = []
 

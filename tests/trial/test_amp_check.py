@@ -101,7 +101,8 @@ def test_precisions_are_judged_to_the_end_before_compiling_and_saved_as_they_bec
     settings = AmpCheckSettings(steps=8, smoothing_steps=1)
     spec = AmpCheckSpec(trial=None, precisions=("bf16", "fp16"), settings=settings, compile_modes=("default",))
     result = amp_check.run_check(spec, saved.append)
-    (partial,) = saved
+    reference_only, partial = saved  # the reference trained (nothing judged), then the precisions judged
+    assert reference_only.status == "partial" and reference_only.final == [] and not reference_only.verdicts
     assert partial.status == "partial" and partial.final == ["bf16", "fp16"] and len(partial.verdicts) == 2
     assert list(partial.rejected()) == ["bf16"]  # 30% against 2 x 5%, after three perturbed runs: final
     assert runner.drawn == [0, 1, 2]  # the floor ran before anything compiled
@@ -236,6 +237,8 @@ def test_a_precision_that_does_not_train_like_fp32_is_rejected(tmp_path: Path, t
     result = run_amp_check(AmpCheckSpec(trial=trial, precisions=("bf16", "fp16"), settings=settings), tmp_path / "c")
     assert result.status == "ok", result.log_tail
     assert len(result.reference_losses) == 6
+    # the reference's median step after its first (start-up), for the budget's check before the first trial
+    assert result.fp32_step_s is not None and 0.0 < result.fp32_step_s < 1.0
     bf16, fp16 = result.verdicts
     assert fp16.accepted and fp16.max_deviation_fraction < 0.05
     assert not bf16.accepted and bf16.max_deviation_fraction == pytest.approx(0.5, abs=0.05)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotune.knobs.config import TrialConfig
+from autotune.trial import TimingSettings, TrialSpec
 from autotune.trial.child import classify_exception
 
 
@@ -23,11 +25,37 @@ def test_out_of_memory_is_oom_however_the_cuda_library_reports_it(error):
     assert status == "oom" and reason.startswith("out of memory: ") and "\n" not in reason
 
 
+def _bare_spec() -> TrialSpec:
+    """A CPU trial's spec with nothing behind it, for what a trial does with its result."""
+    return TrialSpec(
+        workload="x",
+        workload_options={},
+        data_file="",
+        config=TrialConfig(per_device_batch_size=4),
+        timing=TimingSettings(),
+        device_type="cpu",
+        result_path="",
+    )
+
+
 def test_a_window_the_budget_stopped_too_soon_is_stopped_not_failed():
     from autotune.trial.loop import BudgetStopped
 
     status, reason = classify_exception(BudgetStopped("stopped when --budget ran out, 2 window step(s) (2.0 s) in"))
     assert status == "stopped" and reason.startswith("stopped when --budget ran out")
+
+
+def test_a_trial_the_budget_stopped_says_what_its_steps_took(monkeypatch):
+    """What the run's error needs to name the budget that would measure the configuration (run/runner.py)."""
+    from autotune.trial import child
+    from autotune.trial.loop import BudgetStopped
+
+    def stopped(spec, started, rank):
+        raise BudgetStopped("stopped when --budget ran out, 2 window step(s) (29.6 s) into the window", step_s=14.8)
+
+    monkeypatch.setattr(child, "_measure", stopped)
+    result = child.run_trial(_bare_spec())
+    assert result.status == "stopped" and result.step_time_median_s == 14.8 and not result.feasible
 
 
 def test_the_progress_file_says_which_steps_a_rate_covers_and_who_else_used_the_cpu(tmp_path):
@@ -60,20 +88,10 @@ def test_other_runtime_errors_stay_errors():
 def test_an_erratic_window_is_disturbed_not_erratic_when_other_processes_took_the_cpu(others, status, disturbed):
     """Someone else's job taking 45% of the CPU made the window vary: the configuration is kept, flagged; on a quiet
     machine the same variation condemns it."""
-    from autotune.knobs.config import TrialConfig
-    from autotune.trial import TimingSettings, TrialResult, TrialSpec
+    from autotune.trial import TrialResult
     from autotune.trial.child import _gate
 
-    spec = TrialSpec(
-        workload="x",
-        workload_options={},
-        data_file="",
-        config=TrialConfig(per_device_batch_size=4),
-        timing=TimingSettings(),
-        device_type="cpu",
-        result_path="",
-    )
-    result = _gate(TrialResult(status="ok", throughput_cv=0.47, others_cpu_fraction=others), spec)
+    result = _gate(TrialResult(status="ok", throughput_cv=0.47, others_cpu_fraction=others), _bare_spec())
     assert (result.status, result.disturbed) == (status, disturbed)
     assert ("other processes took 45%" in result.reason) is disturbed
 

@@ -304,8 +304,9 @@ def test_a_window_the_budget_ends_keeps_the_steps_it_timed_and_says_so(clock):
 
 def test_a_window_the_budget_ends_too_soon_to_measure_a_spread_is_stopped(clock):
     """Two timed steps are no spread (two parts of two steps and a second each): the trial says nothing."""
-    with pytest.raises(BudgetStopped, match="2 window step"):
+    with pytest.raises(BudgetStopped, match="2 window step") as stopped:
         _measure(_setup(slow_steps=0, clock=clock, fast_s=1.0), BUDGET_CUT, stop_by=3.5)
+    assert stopped.value.step_s == pytest.approx(1.0)  # what its window's steps took: for the budget that would do
 
 
 def test_a_window_the_budget_does_not_reach_runs_by_its_rules(clock):
