@@ -73,6 +73,12 @@ def _fit(rows: list[tuple[float, ...]], times: list[float]) -> tuple[float, ...]
     return best[1] if best is not None and any(value > 0 for value in best[1]) else None
 
 
+def _updates(start: int, stop: int, accum: int) -> int:
+    """Optimiser updates among a window's steps start..stop-1: the window starts on an update's boundary (warm-up and
+    a trimmed front end on one, trial/loop.py), so the update lands on every accum-th step."""
+    return (stop // accum) - (start // accum)
+
+
 def epoch_mix_factor(
     step_times_s: Sequence[float],
     step_samples: Sequence[int],
@@ -80,35 +86,60 @@ def epoch_mix_factor(
     epoch: EpochMix | None,
     *,
     block_steps: int = 1,
+    steps_timed_alone: bool = False,
 ) -> float:
     """(Epoch samples per second) / (window samples per second) under the fitted cost of a step; 1.0 where it cannot
     be judged (no epoch counted, no audio per step, fewer than two steps).
 
     block_steps: the fewest steps fitted together (a trial's gradient accumulation: the optimiser's step lands on
     every k-th batch).
+    steps_timed_alone: each step's time is its own (one CPU rank: nothing runs asynchronously). The window's whole
+    optimiser steps are then fitted step by step, and the optimiser's cost, paid on one batch in k, is the per-step
+    term's share of it: a slow step's window holds few optimiser steps (the conformer's recipe on a CPU: 8 steps of
+    6.4 s, 2 blocks of its accumulation of 4), and two blocks fit only one cost term, whichever explains the two
+    best, so a window of short batches could read as the epoch's (per step) where a + b x audio is the cost.
     """
     steps = len(step_times_s)
     if epoch is None or not epoch.usable() or steps < 2 or len(step_samples) != steps or len(step_audio_s) != steps:
         return 1.0
     if min(step_audio_s) <= 0:
         return 1.0
-    size = max(1, block_steps, math.ceil(steps / MAX_BLOCKS))
+    accum = max(1, block_steps)
+    if steps_timed_alone:
+        steps -= steps % accum  # whole optimiser steps: each pays its update once
+        size = max(1, math.ceil(steps / MAX_BLOCKS))
+    else:
+        size = max(1, accum, math.ceil(steps / MAX_BLOCKS))
+    # Fitted step by step under accumulation, the optimiser's update is a cost of its own: the k-th batch pays it.
+    updates = steps_timed_alone and accum > 1 and size < accum
     rows: list[tuple[float, ...]] = []
     times: list[float] = []
     for start in range(0, steps - size + 1, size):  # whole blocks only: a short last block would weigh like a full one
         stop = start + size
-        rows.append((float(size), float(sum(step_audio_s[start:stop])), float(sum(step_samples[start:stop]))))
+        row = (float(size), float(sum(step_audio_s[start:stop])), float(sum(step_samples[start:stop])))
+        rows.append((*row, float(_updates(start, stop, accum))) if updates else row)
         times.append(float(sum(step_times_s[start:stop])))
     if len(rows) < 2:
         return 1.0
     coefficients = _fit(rows, times)
     if coefficients is None:
         return 1.0
-    per_step, per_audio_s, per_sample = coefficients
+    per_step, per_audio_s, per_sample = coefficients[:3]
+    per_update = coefficients[3] if updates else 0.0
     used = len(rows) * size
     window_samples = sum(step_samples[:used])
-    window_cost = per_step * used + per_audio_s * sum(step_audio_s[:used]) + per_sample * window_samples
-    epoch_cost = per_step * epoch.batches + per_audio_s * epoch.audio_s + per_sample * epoch.samples
+    window_cost = (
+        per_step * used
+        + per_audio_s * sum(step_audio_s[:used])
+        + per_sample * window_samples
+        + per_update * _updates(0, used, accum)
+    )
+    epoch_cost = (
+        per_step * epoch.batches
+        + per_audio_s * epoch.audio_s
+        + per_sample * epoch.samples
+        + per_update * epoch.batches / accum
+    )
     if window_cost <= 0 or epoch_cost <= 0 or window_samples <= 0:
         return 1.0
     return (epoch.samples / epoch_cost) / (window_samples / window_cost)

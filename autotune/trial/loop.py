@@ -311,9 +311,11 @@ def measure(
     non_blocking = config.pin_memory and device.type == "cuda"
     step = Stepper(setup, forward, precision, config.grad_accum_steps, non_blocking=non_blocking)
     watch = CompileWatch(compiling=config.compile != compile_modes.OFF)
-    result = WindowMeasurement(compile=watch.cost)
-    # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front.
-    hindsight = timing.trim_transient and device.type == "cpu" and distributed.world_size() == 1
+    # One CPU rank: every step's time is its own (nothing runs asynchronously), so the window can judge its own front,
+    # and the epoch's mix can be fitted step by step (trial/epoch_mix.py).
+    alone = device.type == "cpu" and distributed.world_size() == 1
+    result = WindowMeasurement(compile=watch.cost, steps_timed_alone=alone)
+    hindsight = timing.trim_transient and alone
     memory.start()  # from the first step: on CUDA read at each step's end (trial/memory.py), cuDNN's searches gone
     rates = RunningRates(on_progress)
     warmup_times = _warm_up(

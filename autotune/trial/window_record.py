@@ -40,6 +40,7 @@ class WindowMeasurement:
     warmup_first_steps_s: list[float] = field(default_factory=list)  # where start-up went: the first warm-up steps
     cut_by_budget: bool = False  # the run's --budget ended the window before its rules did (trial/loop.py)
     planned_s: float | None = None  # ...and the window the rules asked for then
+    steps_timed_alone: bool = False  # each step's time is its own (one CPU rank): trial/epoch_mix.py fits them so
 
     def summary(
         self, dataset_size: int, config: TrialConfig, run: RunLength | None = None, *, mix: EpochMix | None = None
@@ -50,7 +51,12 @@ class WindowMeasurement:
         window_rate = self.samples / self.window_s
         mix_factor = (
             epoch_mix_factor(
-                self.step_times_s, self.step_samples, self.step_audio_s, mix, block_steps=config.grad_accum_steps
+                self.step_times_s,
+                self.step_samples,
+                self.step_audio_s,
+                mix,
+                block_steps=config.grad_accum_steps,
+                steps_timed_alone=self.steps_timed_alone,
             )
             if mix is not None
             else None
