@@ -69,7 +69,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     from autotune.trial.memory import PeakMemory
     from autotune.trial.process import TrialProcess
     from autotune.trial.steady import planned_batches
-    from autotune.trial.worst_case import WorstCaseScan, scan_worst_case
+    from autotune.trial.worst_case import WorstCaseScan, release_freed_memory, scan_worst_case
 
     config, timing = spec.config, spec.timing
     process = TrialProcess.open(spec, rank)
@@ -96,6 +96,7 @@ def _measure(spec: TrialSpec, started: float, rank: RankInfo) -> dict[str, Any]:
     scan = WorstCaseScan()
     if timing.worst_case_scan:  # the most expensive batches first: an OOM there fails the trial before warm-up
         scan = scan_worst_case(setup, config, forward=forward, precision=precision, device=device)
+        release_freed_memory(device)
     if spec.compute_only:  # the ceiling: a few batches already on the device, no DataLoader in the window
         batches = in_memory_batches(setup, config, device=device, seed=spec.seed, rank=rank)
     else:
