@@ -120,12 +120,16 @@ def transient_front(step_times_s: Sequence[float], step_work: Sequence[float], t
     return front if rest_rate > 0 and abs(front_rate / rest_rate - 1.0) > tolerance_fraction else 0
 
 
+def _expected_warmup_s(step_s: float, timing: TimingSettings) -> float:
+    """Warm-up at a steady step time: its steps by the rules, the first taken as one and a half (start-up)."""
+    return (max(timing.warmup_steps, math.ceil(timing.min_warmup_s / step_s)) + 0.5) * step_s
+
+
 def expected_trial_s(step_s: float, fixed_s: float, timing: TimingSettings) -> float:
     """A trial's wall time at a steady step time, by these rules: fixed_s (process start, setup, teardown), warm-up
     (its first step taken as one and a half steps: start-up), and the window in whole steps."""
     step_s = max(step_s, 1e-3)
-    warmup_steps = max(timing.warmup_steps, math.ceil(timing.min_warmup_s / step_s))
-    warmup_s = (warmup_steps + 0.5) * step_s
+    warmup_s = _expected_warmup_s(step_s, timing)
     window_s = max(window_target_s(fixed_s + warmup_s, timing), timing.min_window_steps * step_s)
     return fixed_s + warmup_s + math.ceil(window_s / step_s) * step_s
 
@@ -135,9 +139,8 @@ def least_kept_trial_s(step_s: float, fixed_s: float, timing: TimingSettings) ->
     expected_trial_s takes it, and the shortest window whose spread can be measured (two parts of two steps and
     MIN_STABILITY_PART_S each, window_record.throughput_cv). A trial stopped sooner measures nothing."""
     step_s = max(step_s, 1e-3)
-    warmup_steps = max(timing.warmup_steps, math.ceil(timing.min_warmup_s / step_s))
     window_steps = max(4, math.ceil(2 * MIN_STABILITY_PART_S / step_s))
-    return fixed_s + (warmup_steps + 0.5 + window_steps) * step_s
+    return fixed_s + _expected_warmup_s(step_s, timing) + window_steps * step_s
 
 
 def planned_batches(timing: TimingSettings, accum_steps: int) -> int:
