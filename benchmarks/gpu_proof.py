@@ -39,11 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="report path (default: named after the GPU)")
     parser.add_argument("--steps", nargs="+", default=None, help="only these steps, in the proof's order")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the steps' files and logs here")
+    parser.add_argument(
+        "--rehearse-on-cpu", action="store_true", help="the steps on the CPU: their plumbing only, nothing about CUDA"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    out = args.out or report_path(_gpu_name())
+    out = args.out or report_path("cpu-rehearsal" if args.rehearse_on_cpu else _gpu_name())
     steps = tuple(args.steps) if args.steps else None
-    report = run_proof(ProofSettings(out=out, time_limit_s=args.time_limit, steps=steps, workdir=args.workdir))
+    settings = ProofSettings(
+        out=out, time_limit_s=args.time_limit, steps=steps, workdir=args.workdir, rehearse_on_cpu=args.rehearse_on_cpu
+    )
+    report = run_proof(settings)
     print(report.verdict_line())
     if not report.nothing_proven:
         print(f"report: {out}")

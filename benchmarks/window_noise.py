@@ -35,6 +35,7 @@ as which part dominates, not to the digit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -47,14 +48,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder of scripts, not a package
 
-from autotune import (
-    space,  # noqa: E402
-    yamlio,
-)
-from autotune.data import default_source  # noqa: E402
+from autotune import yamlio  # noqa: E402
 from autotune.knobs.config import TrialConfig  # noqa: E402
-from autotune.machine.hardware import probe  # noqa: E402
-from autotune.trial import TimingSettings, TrialResult, TrialSpec, launch
+from autotune.run import runner  # noqa: E402
+from autotune.run.plan import RunPlan, RunRequest  # noqa: E402
+from autotune.search.settings import TunerSettings  # noqa: E402
+from autotune.trial import TimingSettings, TrialResult, launch  # noqa: E402
 from autotune.trial.window_record import MIN_STABILITY_PART_S  # noqa: E402
 from benchmarks.tables import markdown_table, publish  # noqa: E402
 
@@ -122,11 +121,23 @@ def white_density(splits: Sequence[Split]) -> float | None:
     return sum(s.trials * s.within**2 * s.window_s for s in splits) / sum(s.trials for s in splits)
 
 
-def configuration(workload: str, device: str, seed: int) -> TrialConfig:
+def run_plan(workload: str, device: str, folder: Path) -> RunPlan:
+    """What `autotune run --model WORKLOAD` would measure here: its space with the workload's own knobs, its data (the
+    embedded corpus) and the recipe's one-off preparation (the conformer's CMVN), as a run makes them."""
+    request = RunRequest(
+        model=workload, data=None, space=None, results_dir=str(folder / "plan"), device=device, warm_start=False
+    )
+    plan = runner.prepare(request)
+    runner.prepare_data(plan)
+    return plan
+
+
+def configuration(plan: RunPlan, seed: int) -> TrialConfig:
     """The shipped space's seed (0: its baseline) as this machine resolves it."""
-    loaded = space.load(space.space_path(workload), probe(device))
-    params = loaded.baseline if seed == 0 else loaded.seeds[seed - 1]
-    return TrialConfig.from_params({**loaded.fixed, **params})
+    params = plan.space.baseline if seed == 0 else plan.space.seeds[seed - 1]
+    return TrialConfig.from_params(
+        {**plan.space.fixed, **params}, world_size=plan.world_size, workload_knobs=tuple(plan.workload.knobs)
+    )
 
 
 def timing(window_s: float) -> TimingSettings:
@@ -212,23 +223,20 @@ def main() -> None:
         logged = read_log(args.from_log.read_text())
         _publish(logged, sorted(logged), args.out, args.note or f"read from {args.from_log}")
         return
-    device = args.device or probe("auto").device_type
-    config = configuration(args.workload, device, args.seed)
     results: dict[float, list[TrialResult]] = {window: [] for window in args.windows}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
-        data_file = str(yamlio.write_json(Path(folder) / "data.json", default_source().to_dict()))
+        plan = run_plan(args.workload, args.device or "auto", Path(folder))
+        device = plan.hardware.device_type
+        config = configuration(plan, args.seed)
+        data_file = yamlio.write_json(Path(folder) / "data.json", plan.data.to_dict())
+        make_spec = runner.spec_maker(plan, TunerSettings(), data_file)
         for rep in range(args.reps):
             for window in args.windows if rep % 2 == 0 else list(reversed(args.windows)):
                 workdir = Path(folder) / f"{rep}-{window:g}"
-                spec = TrialSpec(
-                    workload=args.workload,
-                    workload_options={},
-                    data_file=data_file,
-                    config=config,
+                spec = dataclasses.replace(
+                    make_spec(config, str(workdir / "result.json")),
                     timing=timing(window),
-                    device_type=device,
-                    result_path=str(workdir / "result.json"),
                     seed=rep if args.shuffle_each else 0,
                 )
                 result = launch(spec, workdir=workdir, timeout_s=600)

@@ -122,6 +122,17 @@ def test_the_benchmark_on_this_cpu_machine_proves_nothing(capsys) -> None:
     assert capsys.readouterr().out.startswith("no CUDA device: nothing proven")
 
 
+def test_the_benchmark_rehearses_its_steps_on_a_cpu_when_asked(capsys, tmp_path) -> None:
+    """The lend's prepared script (benchmarks/gpu_lend.sh) is rehearsed through this flag before a GPU is lent."""
+    out = tmp_path / "rehearsal.md"
+    code = _benchmark_script().main(
+        ["--rehearse-on-cpu", "--steps", "tf32", "--out", str(out), "--workdir", str(tmp_path)]
+    )
+    assert code == 1  # on a CPU, TF32 changes nothing: the step fails, as the runner's own rehearsal test shows
+    assert "CPU rehearsal" in out.read_text() and "| tf32 |" in out.read_text()
+    assert f"report: {out}" in capsys.readouterr().out
+
+
 def test_the_benchmark_takes_a_subset_of_steps_and_a_work_folder(capsys, tmp_path) -> None:
     with pytest.raises(UserError, match="unknown proof step 'nope'"):
         _benchmark_script().main(["--steps", "tf32", "nope", "--workdir", str(tmp_path)])
