@@ -94,10 +94,9 @@ def epoch_mix_factor(
     block_steps: the fewest steps fitted together (a trial's gradient accumulation: the optimiser's step lands on
     every k-th batch).
     steps_timed_alone: each step's time is its own (one CPU rank: nothing runs asynchronously). The window's whole
-    optimiser steps are then fitted step by step, and the optimiser's cost, paid on one batch in k, is the per-step
-    term's share of it: a slow step's window holds few optimiser steps (the conformer's recipe on a CPU: 8 steps of
-    6.4 s, 2 blocks of its accumulation of 4), and two blocks fit only one cost term, whichever explains the two
-    best, so a window of short batches could read as the epoch's (per step) where a + b x audio is the cost.
+    optimiser steps are then fitted step by step, and the optimiser's cost, paid on one batch in k, is a term of its
+    own: a slow step's window holds few optimiser steps, and two blocks fit only one cost term, whichever explains
+    the two best, so a window of short batches could read as the epoch's (per step) where a + b x audio is the cost.
     """
     steps = len(step_times_s)
     if epoch is None or not epoch.usable() or steps < 2 or len(step_samples) != steps or len(step_audio_s) != steps:

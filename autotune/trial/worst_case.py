@@ -171,19 +171,16 @@ def _repeat_holding_state(run_first: Callable[[], None], optimizer: Any, scaler:
 
 def release_freed_memory(device: torch.device) -> bool:
     """After the scan on a CPU: hand the heap the worst batches freed back to the system (glibc's malloc_trim), before
-    the DataLoader's workers are forked. Kept, that heap (15.6 GB at the conformer recipe's worst batch) is shared
-    copy-on-write with the workers, and every step's reuse of it copies pages, which a user's training, forking its
-    workers before any such batch, does not pay (benchmarks/results/conformer-own-figure-2026-12-04-vm.md).
-    True where the heap was trimmed; a no-op (False) on an accelerator or without glibc."""
+    the DataLoader's workers are forked. Kept, that heap is shared copy-on-write with the workers, and every step's
+    reuse of it copies pages, which a user's training, forking its workers before any such batch, does not pay
+    (benchmarks/results/conformer-own-figure-2026-12-04-vm.md). True where the heap was trimmed; a no-op (False) on an
+    accelerator or without glibc."""
     if device.type != "cpu":
         return False
     import ctypes
     import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = getattr(libc, "malloc_trim", None)
-    except OSError:
+    try:  # as trial/lifeline.py loads libc; a C library without malloc_trim is not glibc
+        return bool(ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim(0))
+    except (OSError, AttributeError):
         return False
-    return bool(trim(0)) if trim is not None else False
