@@ -6,7 +6,7 @@ measured as real trials (autotune's own trial specification, runner.spec_maker) 
 reported as the ratio of device's median samples/s to workers'. On a CPU "device" is the training process's CPU:
 the work leaves the workers for the intra-op threads, the honest test of the mechanics, not of a GPU's gain.
 
-    PYTHONPATH=. python benchmarks/feature_device.py --model cam++ --rounds 3 --out benchmarks/results/issue20/x.json
+    PYTHONPATH=. python benchmarks/feature_device.py --model cam++ --rounds 3 --out benchmarks/results/knob-costs/x.json
 
 For the conformer, `--share` measures instead what share of a step the workers' featurisation costs, and the step
 that computes it itself, side by side in one process (benchmarks/feature_share.py):

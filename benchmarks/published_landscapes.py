@@ -65,7 +65,7 @@ RTX4090_DESKTOP = Machine(
     physical_cores=16,  # assumed: a 16-core desktop CPU (WeNet issue #2661 does not name it)
     logical_cores=32,
 )
-THREED_SPEAKER_EPOCH = 1_287_000  # 3-s chunks of 3D-Speaker-train: 7540 x 128 x 4/3 (issue #258), see above
+THREED_SPEAKER_EPOCH = 1_287_000  # 3-s chunks of 3D-Speaker-train: 7540 x 128 x 4/3 (3D-Speaker issue #258), see above
 THREED_SPEAKER_WORKER_RATE = 180.0
 V100_FP16 = 1.7  # assumed for CAM++: memory-bound layers gain at most 2x from 16-bit traffic; SpeechBrain saw 1.89
 

@@ -144,7 +144,7 @@ class Variant:
     # the budgets stay fractions of the shipped grid's time
     timing: tuple[tuple[str, Any], ...] = ()
     # a window's noise falls with its length (simulate.Simulator), as an H200's did
-    # (benchmarks/results/issue18/window_noise-h200.md); False (--per-trial-noise): drawn once per trial whatever its
+    # (benchmarks/results/budget-lab/window_noise-h200.md); False (--per-trial-noise): drawn once per trial whatever its
     # length
     white: bool = True
 

@@ -27,7 +27,7 @@ class Simulator:
     """A trial launcher over a landscape, on its own clock."""
 
     def __init__(self, landscape: Landscape, seed: int, reference: Landscape | None = None) -> None:
-        """reference: where the window's noise is white (as an H200's was, benchmarks/results/issue18/
+        """reference: where the window's noise is white (as an H200's was, benchmarks/results/budget-lab/
         window_noise-h200.md), the landscape as shipped, at whose window lengths its noise is calibrated: a window of
         another length draws noise * sqrt(shipped window / this window)."""
         self.landscape, self.rng, self.now = landscape, random.Random(seed), 0.0

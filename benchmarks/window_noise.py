@@ -14,7 +14,7 @@ If the noise within a window is white, within^2 falls as 1/L and the per-trial p
 Why it matters: where a window's noise is drawn once per trial whatever its length (benchmarks/simulate.py
 --per-trial-noise), a confirmation trial's cost is mostly start-up and a shorter window is as good as a long one; where
 the noise is white, a longer window is quieter. The simulator's figures for the conformer move by several points
-between the two (benchmarks/results/issue18/NOTES.md), and which one a GPU has is what this measures there:
+between the two (benchmarks/results/budget-lab/NOTES.md), and which one a GPU has is what this measures there:
 
     .venv/bin/python benchmarks/window_noise.py --windows 10 40 --reps 6 --out benchmarks/results/window_noise-cpu.md
     python benchmarks/window_noise.py --device cuda --windows 5 20 --reps 5    # on a lent GPU, about 8 minutes
@@ -26,7 +26,7 @@ window priced at the epoch's mix, trial/epoch_mix.py) beside the window's own.
 
 With --out the table is rewritten after every trial, so a run cut short keeps what it measured; --from-log reads the
 lines a run printed instead of measuring (the H200's run, cut at its time limit before the table was written:
-benchmarks/results/issue18/window_noise-h200.log).
+benchmarks/results/budget-lab/window_noise-h200.log).
 
 The statistics assume few trials: with 6 per length, a standard deviation is known to about +-30%, so read the split
 as which part dominates, not to the digit.

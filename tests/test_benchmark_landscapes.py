@@ -207,9 +207,9 @@ def test_the_knobs_no_landscape_models_change_nothing_it_evaluates(name):
 
 def test_white_window_noise_grows_as_a_shorter_window_s_rule_shortens_the_window():
     """simulate.py --white-noise --timing: the H200's window noise fell with the window's length (2.65% at 5 s, 1.27% at
-    20 s, benchmarks/results/issue18/window_noise-h200.md); a landscape's noise is calibrated at the window the shipped
-    rule gives, and a rule that measures a quarter as long draws twice the noise, while the budget stays the shipped
-    grid's fraction."""
+    20 s, benchmarks/results/budget-lab/window_noise-h200.md); a landscape's noise is calibrated at the window the
+    shipped rule gives, and a rule that measures a quarter as long draws twice the noise, while the budget stays the
+    shipped grid's fraction."""
     simulate = _load("simulate")
     name = "cam++ 4xV100"
     landscape, config = _recipe(name)

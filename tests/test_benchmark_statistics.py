@@ -257,7 +257,7 @@ def test_window_noise_reads_back_the_h200_run_it_printed():
     """The H200's run reached its time limit before writing its table: the committed table is read from its log, and
     every printed window counts (their 'headroom' came from the peak-memory bug, not from the windows)."""
     window_noise = _load("window_noise")
-    log = BENCHMARKS / "results" / "issue18" / "window_noise-h200.log"
+    log = BENCHMARKS / "results" / "budget-lab" / "window_noise-h200.log"
     found = window_noise.read_log(log.read_text())
     assert sorted(found) == [5.0, 20.0] and [len(found[5.0]), len(found[20.0])] == [5, 4]
     first = found[5.0][0]
@@ -266,5 +266,5 @@ def test_window_noise_reads_back_the_h200_run_it_printed():
     short, long = window_noise.split(found[5.0]), window_noise.split(found[20.0])
     assert short.total == pytest.approx(0.0265, abs=5e-4) and long.total == pytest.approx(0.0127, abs=5e-4)
     assert long.within == pytest.approx(0.0091, abs=5e-4)
-    table = (BENCHMARKS / "results" / "issue18" / "window_noise-h200.md").read_text()
+    table = (BENCHMARKS / "results" / "budget-lab" / "window_noise-h200.md").read_text()
     assert "| 5 | 5.1 | 5 | 2.65% |" in table and "| 20 | 20.2 | 4 | 1.27% |" in table

@@ -3,7 +3,7 @@
 Amphion's NS2Dataset (models/tts/naturalspeech2/ns2_dataset.py, read_metadata true) reads
 ``processed_dir/<dataset>/train.json``, a JSON list of ``{Dataset, Uid, speaker, phones, num_frames}``, and opens
 ``processed_dir/metadata/<Dataset>/<Uid>.pkl`` for every item, a dict of ``code`` (16, T) EnCodec indices, ``pitch``
-(T,) in Hz and ``duration`` (N,) frames per phone. The recipe's data preparation is not in Amphion (issue #43);
+(T,) in Hz and ``duration`` (N,) frames per phone. The recipe's data preparation is not in Amphion (Amphion issue #43);
 `ensure_ns2_metadata` writes that layout once per corpus into autotune's cache (keyed by the corpus and these
 settings), so that the folder is Amphion's ``processed_dir`` with the dataset ``autotune``: ``autotune/train.json``,
 ``autotune/test.json`` (the same rows: NS2Trainer builds a validation loader from it), ``metadata/autotune/<Uid>.pkl``

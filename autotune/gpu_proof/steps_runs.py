@@ -301,7 +301,7 @@ def load_config_loop(context: StepContext) -> Proven:
 
 # At least 60 s (estimated, not yet run on a GPU): without cuDNN's search the baseline is ~25 s (start, set-up, a 12-s
 # window), the huge trial ~15 s to its OOM (2,048 decodes and crops), the run's own checks ~10 s. More would leave it
-# unrun after the full run in a 600-s proof (the step times of benchmarks/results/gpu_proof-h200-s17.md).
+# unrun after the full run in a 600-s proof (the step times of benchmarks/results/gpu_proof-h200-2026-11-28d.md).
 @step("oom_study", "a batch far too large is an 'oom' trial, and the study goes on to a winner", budget_s=180, min_s=60)
 def oom_study(context: StepContext) -> Proven:
     run_timeout_s = context.budget_s - STOP_GRACE_S

@@ -3,7 +3,8 @@ trial from the wall times measured so far.
 
 A run's stages, in order: the AMP check, the baseline, the seeds (or a rerun's warm start), the search, the
 confirmation of the leaders and the compute-only ceiling. `--budget` is a ceiling (a cluster job's time limit): no
-trial starts that should end past it. Within it the plan follows three rules the issue-18 runs showed were needed:
+trial starts that should end past it. Within it the plan follows three rules that short-budget runs on a 2-core CPU
+showed were needed (benchmarks/results/budget-lab/NOTES.md):
 
 - **Seeds before confirmation.** A seed only needs room for itself and the closing ceiling. Confirmation is kept
   room for only once there are two feasible configurations to compare: re-measuring a lone candidate while an

@@ -152,9 +152,9 @@ def score(candidate: Candidate, estimates: Estimates = None) -> float:
 
 def weighted_logs(candidates: Sequence[Candidate]) -> list[list[tuple[float, float]]]:
     """Each candidate's feasible windows as (log samples/s, weight): a window counts by its length, in units of the
-    median window among them, because a GPU window's noise is white (benchmarks/results/issue18/window_noise-h200.md),
-    so a window four times as long is worth four; a record without a length counts as one. Windows differ in length in
-    a long run's confirmation (confirmation.py)."""
+    median window among them, because a GPU window's noise is white
+    (benchmarks/results/budget-lab/window_noise-h200.md), so a window four times as long is worth four; a record without
+    a length counts as one. Windows differ in length in a long run's confirmation (confirmation.py)."""
     feasible = [[r for r in c.records if r.result.feasible and r.value > 0] for c in candidates]
     lengths = [r.result.window_s for records in feasible for r in records if r.result.window_s]
     unit = statistics.median(lengths) if lengths else 1.0

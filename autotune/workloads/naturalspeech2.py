@@ -117,7 +117,7 @@ def _check_options(options: dict[str, Any], data: DataSource) -> Sequence[str]:
 
 
 def _prepare(data: DataSource, options: dict[str, Any]) -> Preparation:
-    """The recipe's offline step (not in Amphion: issue #43): one pickle per utterance, once per run (cached)."""
+    """The recipe's offline step (Amphion does not ship it: its issue #43): one pickle per utterance, once (cached)."""
     from autotune.data.ns2_prep import ensure_ns2_metadata
 
     return ensure_ns2_metadata(_usable(data))[1]

@@ -31,23 +31,23 @@ def test_every_builtin_space_loads_as_it_did_spelled_out(name):
 
 
 # The knobs added to shared/core.yaml since a8cb464, each with the prefix of its space notes.
-ISSUE20_KNOBS = ("optimizer_impl", "in_order", "activation_checkpointing", "feature_device", "compile")
+LATER_KNOBS = ("optimizer_impl", "in_order", "activation_checkpointing", "feature_device", "compile")
 
 
-def _without_issue20_knobs(recorded: dict) -> dict:
-    """A recording with the knobs added since a8cb464 (ISSUE20_KNOBS) taken out: their parameters, baseline and seed
+def _without_later_knobs(recorded: dict) -> dict:
+    """A recording with the knobs added since a8cb464 (LATER_KNOBS) taken out: their parameters, baseline and seed
     values, and the space's notes (on the choices left out on a device; a8cb464 recorded no such key)."""
     stripped = json.loads(json.dumps(recorded))
     for load in stripped["loads"].values():
         if "error" in load:
             continue
-        load["params"] = [param for param in load["params"] if param["name"] not in ISSUE20_KNOBS]
-        for name in ISSUE20_KNOBS:
+        load["params"] = [param for param in load["params"] if param["name"] not in LATER_KNOBS]
+        for name in LATER_KNOBS:
             load["baseline"].pop(name, None)
             for seed in load["seeds"]:
                 seed.pop(name, None)
-        assert all(note.startswith(tuple(f"{name} " for name in ISSUE20_KNOBS)) for note in load.pop("space_notes"))
-    for name in ISSUE20_KNOBS:
+        assert all(note.startswith(tuple(f"{name} " for name in LATER_KNOBS)) for note in load.pop("space_notes"))
+    for name in LATER_KNOBS:
         stripped["source"]["params"].pop(name, None)
     cuda = stripped["source"].get("cuda") or {}
     for section in ("params", "baseline"):  # activation_checkpointing: cam++'s and the conformer's CUDA sections
@@ -81,7 +81,7 @@ def test_the_recording_differs_from_the_first_only_by_the_optimizer_knob(name):
     and with it every space searches it on CUDA from a `default` baseline, foreach left out there (torch's default);
     on a CPU it is not searched (its step is ~1% of a CAM++ step there: core.yaml)."""
     recorded = json.loads(KNOBS_RECORDED.read_text())["spaces"][name]
-    assert _without_issue20_knobs(_without_buckets(recorded)) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
+    assert _without_later_knobs(_without_buckets(recorded)) == json.loads(FIRST_RECORDED.read_text())["spaces"][name]
     for machine, load in recorded["loads"].items():
         found = [param for param in load["params"] if param["name"] == "optimizer_impl"]
         if load["device_type"] == "cpu":
