@@ -33,7 +33,12 @@ def fail(message: str, code: int = USER_ERROR_EXIT_CODE) -> typer.Exit:
 
 class ConsoleLogHandler(logging.Handler):
     """Library log records printed through the stderr console: above a live progress display rather than through
-    it (a raw stream write leaves the display's fragments behind), and as a word, not a logger's name and level."""
+    it (a raw stream write leaves the display's fragments behind), and as a word, not a logger's name and level.
+    Its own formatter is the message alone: logging.basicConfig gives a handler without one 'LEVEL:name:message'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

@@ -204,3 +204,21 @@ def test_a_library_warning_prints_through_the_console_as_a_word_not_a_logger_lin
     record = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "budget spent [%s]", ("x",), None)
     output.ConsoleLogHandler().emit(record)
     assert console.file.getvalue() == "warning: budget spent [x]\n"  # type: ignore[attr-defined]
+
+
+def test_the_cli_s_logging_set_up_prints_a_library_warning_as_the_word_and_the_message_alone(monkeypatch):
+    """Through `setup_logging` as every command calls it: basicConfig formats a handler that has no formatter as
+    'WARNING:autotune.run.assessment:...', which printed 'warning: WARNING:autotune...' after the word."""
+    import importlib
+    import logging
+
+    from autotune.cli import output
+
+    cli_app = importlib.import_module("autotune.cli.app")  # the package's `app` is the Typer application
+    console = Console(file=io.StringIO(), width=200)
+    monkeypatch.setattr(output, "stderr_console", console)
+    monkeypatch.setattr(logging.root, "handlers", [])  # basicConfig configures only a root without handlers
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
+    cli_app.setup_logging(verbose=False)
+    logging.getLogger("autotune.run.assessment").warning("the ceiling was not measured: %s", "no room")
+    assert console.file.getvalue() == "warning: the ceiling was not measured: no room\n"  # type: ignore[attr-defined]
